@@ -1,0 +1,1 @@
+"""Model families behind the common protocol in :mod:`stream_vips.models.base`."""

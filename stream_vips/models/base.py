@@ -1,0 +1,95 @@
+"""The model protocol every family implements.
+
+The engine owns sampling, the budget check, the ledger, noise and normalisation; a model owns
+record preprocessing (which bounds its sensitivity), the E-step behind the privacy wall
+(``clipped_sum``) and the M-step on privatized statistics (``update``). Anything a model
+computes from raw records stays inside ``clipped_sum``; ``update`` only sees noisy means, so
+everything after it is post-processing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Block:
+    """One released statistic.
+
+    ``bound`` is C_k: the L2 norm bound on one record's contribution to the block's batch sum
+    (after the model's clipping). ``symmetric`` blocks are d x d symmetric matrices whose noise is
+    drawn with Analyze-Gauss (upper triangle, mirrored).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    bound: float
+    symmetric: bool = False
+
+
+@dataclass
+class ParsedBatch:
+    """Result of validating and preprocessing a list of decoded records.
+
+    ``rows`` holds one array per reservoir column for the accepted records, in order;
+    ``accepted`` gives their indices in the input list; ``rejected`` lists
+    ``(index, reason_code, detail)`` for the others.
+    """
+
+    rows: dict[str, np.ndarray]
+    accepted: np.ndarray
+    rejected: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+class Model(ABC):
+    """A streaming Bayesian model with a private update."""
+
+    family: ClassVar[str]
+
+    @abstractmethod
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Reservoir columns: name -> (dtype, per-record shape)."""
+
+    @abstractmethod
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """Validate and preprocess decoded JSON values into reservoir rows."""
+
+    @abstractmethod
+    def blocks(self) -> tuple[Block, ...]:
+        """The statistics one step releases, with their per-record bounds."""
+
+    def diameter(self) -> float:
+        """Replace-one sensitivity of the joint release in units of its joint bound.
+
+        Two records with contributions u, v of norm <= C move the sum by ||u - v|| <= 2C.
+        A model that proves less (e.g. non-negative contributions: sqrt(2) C) overrides this.
+        """
+        return 2.0
+
+    @abstractmethod
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sum over the batch of per-record clipped contributions, per block (behind the wall)."""
+
+    @abstractmethod
+    def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
+        """M-step from privatized mean statistics with Robbins-Monro step ``rho``."""
+
+    @abstractmethod
+    def state(self) -> dict[str, np.ndarray]:
+        """Natural parameters to publish."""
+
+    @abstractmethod
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore natural parameters published by :meth:`state`."""
+
+    @abstractmethod
+    def hyperparameters(self) -> dict[str, Any]:
+        """Public configuration that shapes the model (JSON-serializable)."""
+
+    def joint_bound(self) -> float:
+        """L2 bound on one record's contribution to all blocks together."""
+        return float(np.sqrt(sum(b.bound**2 for b in self.blocks())))
