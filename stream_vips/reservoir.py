@@ -1,0 +1,172 @@
+"""A bounded, uniform reservoir of preprocessed records (Algorithm R over numpy columns).
+
+Every record the stream has delivered so far is in the reservoir with the same probability
+``min(1, M / seen)``. Which records are kept is decided from arrival positions and the reservoir's
+own random generator only, never from record values (DESIGN privacy rule 1): two streams that
+differ in one record's content, read with the same seed, keep exactly the same positions. Records
+are stored as rows of preallocated numpy arrays (one per column of ``Model.row_layout()``), so
+memory is fixed at construction and no Python object per record is retained.
+
+>>> import numpy as np
+>>> res = Reservoir({"x": (np.float64, (2,))}, capacity=3, rng=np.random.default_rng(0))
+>>> res.add_batch({"x": np.arange(10.0).reshape(5, 2)})
+>>> res.size, res.seen, res.full
+(3, 5, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+Layout = Mapping[str, tuple[Any, tuple[int, ...]]]
+
+
+class Reservoir:
+    """Algorithm R with whole-batch, vectorized replacement decisions.
+
+    For the record at 0-based arrival position ``p``: if ``p < M`` it fills slot ``p``; otherwise
+    a slot index ``j`` is drawn uniformly from ``{0, ..., p}`` and the record replaces slot ``j``
+    when ``j < M``. A whole batch draws its ``j``'s in one call from the positions alone; when
+    several records of one batch hit the same slot the latest one wins, exactly as if they had
+    been inserted one by one.
+    """
+
+    def __init__(self, layout: Layout, capacity: int, rng: np.random.Generator) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise ValueError(f"reservoir capacity must be a positive integer, got {capacity!r}")
+        if not layout:
+            raise ValueError("reservoir layout must name at least one column")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError("reservoir rng must be a numpy.random.Generator")
+        self._capacity = int(capacity)
+        self._layout = {name: (np.dtype(dt), tuple(shape)) for name, (dt, shape) in layout.items()}
+        self._cols = {
+            name: np.zeros((self._capacity, *shape), dtype=dt)
+            for name, (dt, shape) in self._layout.items()
+        }
+        self._rng = rng
+        self._seen = 0
+
+    @property
+    def capacity(self) -> int:
+        """M, the public number of slots."""
+        return self._capacity
+
+    @property
+    def seen(self) -> int:
+        """Number of records offered so far (arrival positions consumed)."""
+        return self._seen
+
+    @property
+    def size(self) -> int:
+        """Number of filled slots, ``min(seen, capacity)``."""
+        return min(self._seen, self._capacity)
+
+    @property
+    def full(self) -> bool:
+        """True once every slot is filled; no release may happen before (DESIGN rule 5)."""
+        return self._seen >= self._capacity
+
+    @property
+    def layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return dict(self._layout)
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Read-only views of the filled rows, one array per column."""
+        out = {}
+        for name, col in self._cols.items():
+            view = col[: self.size]
+            view.flags.writeable = False
+            out[name] = view
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the column storage (constant after construction)."""
+        return sum(col.nbytes for col in self._cols.values())
+
+    def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the rows at ``indices`` (slot numbers below :attr:`size`), per column."""
+        idx = np.asarray(indices, dtype=np.intp)
+        if idx.ndim != 1:
+            raise ValueError("reservoir indices must be one-dimensional")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise IndexError(f"reservoir index out of range [0, {self.size})")
+        return {name: col[idx] for name, col in self._cols.items()}
+
+    def _check_rows(self, rows: Mapping[str, np.ndarray]) -> int:
+        if set(rows) != set(self._layout):
+            raise ValueError(
+                f"reservoir rows have columns {sorted(rows)}, layout expects {sorted(self._layout)}"
+            )
+        n = None
+        for name, (_, shape) in self._layout.items():
+            arr = np.asarray(rows[name])
+            if arr.shape[1:] != shape:
+                raise ValueError(
+                    f"reservoir column {name!r}: per-record shape {arr.shape[1:]}, expected {shape}"
+                )
+            if n is None:
+                n = arr.shape[0]
+            elif arr.shape[0] != n:
+                raise ValueError("reservoir columns of one batch must have the same number of rows")
+        return int(n or 0)
+
+    def add_batch(self, rows: Mapping[str, np.ndarray]) -> None:
+        """Offer a batch of preprocessed records (arrays with the layout's columns), in order."""
+        n = self._check_rows(rows)
+        if n == 0:
+            return
+        m, start = self._capacity, self._seen
+        # Positions that still fill empty slots: slot = position.
+        n_fill = max(0, min(n, m - start))
+        if n_fill:
+            for name, col in self._cols.items():
+                col[start : start + n_fill] = rows[name][:n_fill]
+        if n_fill < n:
+            positions = np.arange(start + n_fill, start + n, dtype=np.int64)
+            draws = self._rng.integers(0, positions + 1)  # uniform on {0..p}, positions only
+            hit = np.flatnonzero(draws < m)
+            if hit.size:
+                slots = draws[hit]
+                # Keep the last record per slot: unique() on the reversed order finds it.
+                _, first_rev = np.unique(slots[::-1], return_index=True)
+                keep = hit[hit.size - 1 - first_rev]  # indices into `positions`
+                for name, col in self._cols.items():
+                    col[draws[keep]] = np.asarray(rows[name])[n_fill + keep]
+        self._seen = start + n
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: filled rows, ``seen`` and the RNG state."""
+        return {
+            "capacity": self._capacity,
+            "seen": self._seen,
+            "columns": {name: col[: self.size].copy() for name, col in self._cols.items()},
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`get_state` (same layout and capacity)."""
+        if int(state["capacity"]) != self._capacity:
+            raise ValueError(
+                f"reservoir state has capacity {state['capacity']}, this reservoir {self._capacity}"
+            )
+        seen = int(state["seen"])
+        size = min(seen, self._capacity)
+        cols = state["columns"]
+        if set(cols) != set(self._layout):
+            raise ValueError(f"reservoir state columns {sorted(cols)} do not match the layout")
+        for name, (_, shape) in self._layout.items():
+            arr = np.asarray(cols[name])
+            if arr.shape != (size, *shape):
+                raise ValueError(
+                    f"reservoir state column {name!r} has shape {arr.shape}, expected {(size, *shape)}"
+                )
+        for name, col in self._cols.items():
+            col[:size] = cols[name]
+            col[size:] = 0
+        self._rng.bit_generator.state = state["rng"]
+        self._seen = seen

@@ -1,0 +1,142 @@
+"""Reservoir: uniform inclusion, value-independent membership (DESIGN rule 1), bounded memory."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from stream_vips.reservoir import Reservoir
+
+LAYOUT = {"pos": (np.int64, ()), "x": (np.float64, (3,))}
+
+
+def stream(start: int, n: int) -> dict[str, np.ndarray]:
+    pos = np.arange(start, start + n, dtype=np.int64)
+    return {"pos": pos, "x": np.stack([pos, -pos, 2 * pos], axis=1).astype(float)}
+
+
+def feed(res: Reservoir, n: int, chunks: np.random.Generator | None = None) -> None:
+    """Offer positions 0..n-1, split into batches whose sizes come from ``chunks``."""
+    start = 0
+    while start < n:
+        k = n - start if chunks is None else int(min(n - start, chunks.integers(1, 12)))
+        res.add_batch(stream(start, k))
+        start += k
+
+
+def test_fills_in_order_then_keeps_size():
+    res = Reservoir(LAYOUT, capacity=5, rng=np.random.default_rng(1))
+    res.add_batch(stream(0, 3))
+    assert (res.size, res.seen, res.full) == (3, 3, False)
+    np.testing.assert_array_equal(res.columns["pos"], [0, 1, 2])
+    res.add_batch(stream(3, 20))
+    assert (res.size, res.seen, res.full) == (5, 23, True)
+    # rows stay consistent across columns
+    np.testing.assert_array_equal(res.columns["x"][:, 0], res.columns["pos"])
+    assert len(set(res.columns["pos"].tolist())) == 5
+
+
+def test_batch_equals_sequential_algorithm_r_with_same_draws():
+    """A batch applies replacements in arrival order: the last record hitting a slot wins."""
+    m, n = 4, 60
+    res = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(7))
+    res.add_batch(stream(0, n))
+    draws = np.random.default_rng(7).integers(0, np.arange(m, n) + 1)
+    slots = list(range(m))
+    for p, j in zip(range(m, n), draws):
+        if j < m:
+            slots[j] = p
+    assert np.sum(draws < m) > np.unique(draws[draws < m]).size  # collisions exercised
+    np.testing.assert_array_equal(res.columns["pos"], slots)
+
+
+def test_inclusion_uniform_over_positions_chi_square():
+    """Over R seeds each position is kept with probability M/n.
+
+    The inclusion vector of one run is a uniform M-subset, so the counts c have covariance
+    R p (1-p) n/(n-1) (I - 11^T/n) with p = M/n; hence
+    X = sum (c - Rp)^2 (n-1) / (R p (1-p) n) is approximately chi-square with n-1 degrees of
+    freedom. We require its p-value above 0.001 (fixed seeds, so the outcome is deterministic).
+    """
+    m, n, runs = 8, 40, 3000
+    counts = np.zeros(n)
+    chunks = np.random.default_rng(12345)
+    for seed in range(runs):
+        res = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(seed))
+        feed(res, n, chunks)
+        counts[res.columns["pos"]] += 1
+    p = m / n
+    x2 = np.sum((counts - runs * p) ** 2) * (n - 1) / (runs * p * (1 - p) * n)
+    assert stats.chi2.sf(x2, n - 1) > 1e-3
+    # and a biased reservoir (keep the first M) would fail the same test
+    biased = np.zeros(n)
+    biased[:m] = runs
+    xb = np.sum((biased - runs * p) ** 2) * (n - 1) / (runs * p * (1 - p) * n)
+    assert stats.chi2.sf(xb, n - 1) < 1e-3
+
+
+def test_membership_identical_for_neighbouring_streams():
+    """Replace-one neighbours (one record's value changed) keep the same positions."""
+    n, m, changed = 500, 50, 123
+    a = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(99))
+    b = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(99))
+    for start in range(0, n, 37):
+        k = min(37, n - start)
+        rows = stream(start, k)
+        a.add_batch(rows)
+        other = {"pos": rows["pos"], "x": rows["x"].copy()}
+        hit = np.flatnonzero(rows["pos"] == changed)
+        other["x"][hit] = [1e9, -1e9, 0.0]
+        b.add_batch(other)
+    np.testing.assert_array_equal(a.columns["pos"], b.columns["pos"])
+    differs = np.any(a.columns["x"] != b.columns["x"], axis=1)
+    assert np.array_equal(np.flatnonzero(differs), np.flatnonzero(a.columns["pos"] == changed))
+
+
+def test_memory_bounded():
+    res = Reservoir(LAYOUT, capacity=1000, rng=np.random.default_rng(3))
+    fixed = res.nbytes
+    assert fixed == 1000 * (8 + 3 * 8)
+    res.add_batch(stream(0, 5000))
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    for start in range(5000, 205_000, 5000):  # 200k records, ~6.4 MB of rows offered
+        res.add_batch(stream(start, 5000))
+    current, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert res.nbytes == fixed and res.size == 1000 and res.seen == 205_000
+    assert current - base < 100_000
+
+
+def test_state_round_trip_continues_identically():
+    a = Reservoir(LAYOUT, capacity=20, rng=np.random.default_rng(5))
+    a.add_batch(stream(0, 70))
+    state = a.get_state()
+    b = Reservoir(LAYOUT, capacity=20, rng=np.random.default_rng(999))
+    b.set_state(state)
+    for res in (a, b):
+        res.add_batch(stream(70, 300))
+    np.testing.assert_array_equal(a.columns["pos"], b.columns["pos"])
+    assert a.seen == b.seen == 370
+
+
+def test_take_and_validation():
+    res = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(0))
+    res.add_batch(stream(0, 4))
+    got = res.take(np.array([3, 1]))
+    np.testing.assert_array_equal(got["pos"], [3, 1])
+    got["x"][:] = 0  # a copy: the reservoir is unchanged
+    assert res.columns["x"][3, 0] == 3.0
+    with pytest.raises(IndexError):
+        res.take(np.array([4]))
+    with pytest.raises(ValueError, match="columns"):
+        res.add_batch({"pos": np.arange(2)})
+    with pytest.raises(ValueError, match="per-record shape"):
+        res.add_batch({"pos": np.arange(2), "x": np.zeros((2, 4))})
+    with pytest.raises(ValueError, match="capacity"):
+        Reservoir(LAYOUT, capacity=0, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        res.columns["x"][0, 0] = 1.0  # read-only view
