@@ -1,0 +1,103 @@
+"""BudgetMonitor: check before release, write before release (DESIGN rule 7).
+
+>>> from stream_vips.privacy.accountant import RdpAccountant
+>>> from stream_vips.privacy.events import SubsampledGaussianEvent
+>>> from stream_vips.privacy.ledger import MemoryLedger
+>>> monitor = BudgetMonitor(1.5, 1e-5, RdpAccountant(), MemoryLedger())
+>>> step = SubsampledGaussianEvent(noise_multiplier=10.0, sampling_rate=1.0, sampling="fixed")
+>>> [monitor.admit(step) for _ in range(4)]
+[0, 1, 2, None]
+>>> monitor.halted, monitor.spent() <= 1.5
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from .accountant import Accountant
+
+
+class BudgetMonitor:
+    """Admits an event only if the composition with it stays within (epsilon_budget, delta).
+
+    On construction the ledger is replayed (a restart never resets spent epsilon). ``admit``
+    appends an event that fits to the ledger durably and returns its step index; the first
+    event that would push epsilon over the budget is refused, nothing is appended, and the
+    monitor halts for good with ``halt_reason`` set.
+
+    The per-step check is O(1): for the current event the monitor asks the accountant once how
+    many more copies fit (``Accountant.headroom``) and then counts down, recomputing only when a
+    different event arrives. Because headroom uses the accountant's own ``epsilon`` and epsilon
+    is non-decreasing in the composition, this admits exactly the events that keep
+    ``accountant.epsilon(ledger.events(), delta) <= epsilon_budget``.
+    """
+
+    def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger) -> None:
+        if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
+            raise ValueError(f"epsilon budget must be finite and > 0, got {epsilon_budget!r}")
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        self.epsilon_budget = float(epsilon_budget)
+        self.delta = float(delta)
+        self.accountant = accountant
+        self.ledger = ledger
+        events = ledger.events()
+        self._counts: OrderedDict = accountant.group(events)
+        self._steps = len(events)
+        self._fit_unit = None
+        self._fit_left = 0
+        self._spent_cache: tuple[int, float] | None = None
+        self.halted = False
+        self.halt_reason: str | None = None
+        spent = self.spent()
+        if spent > self.epsilon_budget:
+            self._halt(f"the ledger already holds epsilon {spent:.6g} > budget {self.epsilon_budget:g} "
+                       f"at delta {self.delta:g} after {self._steps} steps")
+
+    @property
+    def steps(self) -> int:
+        """Number of events in the ledger."""
+        return self._steps
+
+    def spent(self) -> float:
+        """epsilon (at ``delta``) of everything in the ledger; one accountant evaluation, cached."""
+        if self._spent_cache is None or self._spent_cache[0] != self._steps:
+            self._spent_cache = (self._steps, self.accountant.epsilon_of_counts(self._counts, self.delta))
+        return self._spent_cache[1]
+
+    def would_spend(self, event) -> float:
+        """epsilon if ``event`` were added next."""
+        self.accountant.check(event)
+        trial = OrderedDict(self._counts)
+        unit = event.unit()
+        trial[unit] = trial.get(unit, 0) + event.count
+        return self.accountant.epsilon_of_counts(trial, self.delta)
+
+    def admit(self, event) -> int | None:
+        """Check ``event``, append it durably if it fits and return its step index; else halt.
+
+        Returns None when halted (now or before). An event the accountant cannot bound raises
+        ``UnsupportedEvent`` (a configuration error, not a budget decision).
+        """
+        if self.halted:
+            return None
+        self.accountant.check(event)
+        unit = event.unit()
+        if unit != self._fit_unit:
+            self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget)
+            self._fit_unit = unit
+        if event.count > self._fit_left:
+            self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
+                       f"{self.epsilon_budget:g} at delta {self.delta:g}")
+            return None
+        step = self.ledger.append(event)
+        self._counts[unit] = self._counts.get(unit, 0) + event.count
+        self._fit_left -= event.count
+        self._steps += 1
+        return step
+
+    def _halt(self, reason: str) -> None:
+        self.halted = True
+        self.halt_reason = reason

@@ -1,0 +1,126 @@
+"""Privacy events: what one release did, in a form any accountant can read.
+
+Events are small frozen dataclasses with a stable, versioned JSON form, because ledgers outlive
+code (DESIGN "Contracts"; the dp_accounting ``DpEvent`` discipline). Fields are never removed and
+their meaning never changes; a new mechanism gets a new event class. ``event_from_dict`` refuses
+a type or version it does not know rather than guessing.
+
+>>> e = SubsampledGaussianEvent(noise_multiplier=1.2, sampling_rate=0.1, sampling="poisson")
+>>> event_from_dict(e.to_dict()) == e
+True
+>>> e.to_dict()["type"], e.to_dict()["version"]
+('subsampled_gaussian', 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+SAMPLINGS = ("poisson", "fixed")
+ADJACENCIES = ("replace_one", "add_remove")
+
+
+class UnknownEvent(ValueError):
+    """A serialized event whose type, version or fields this code does not know."""
+
+
+@dataclass(frozen=True)
+class SubsampledGaussianEvent:
+    """``count`` compositions of a subsampled Gaussian mechanism on a sum.
+
+    Mathematics (everything an accountant needs):
+
+    * A batch B is drawn from a population of M records (the full reservoir). ``sampling`` is
+      ``"poisson"`` (each record joins B independently with probability q) or ``"fixed"``
+      (B is a uniformly random subset of size S = q*M, without replacement, drawn afresh each
+      step). q = ``sampling_rate`` in (0, 1]; q = 1 is the plain Gaussian mechanism on all M.
+    * Each record i contributes a vector c_i with ||c_i||_2 <= C. The release is
+      sum_{i in B} c_i + N(0, (z*C)^2 I) with z = ``noise_multiplier`` (DESIGN rule 2:
+      z = noise std / C). Any public normalisation afterwards is post-processing.
+    * ``adjacency`` is ``"replace_one"`` (one record's content changes; M and arrival order are
+      fixed; DESIGN rule 1) or ``"add_remove"`` (one record is added or removed).
+    * ``diameter`` is the L2 sensitivity of the sum in units of C: under replace-one
+      ||c_i - c_i'|| <= diameter * C, at most 2 (a model may prove less, e.g. sqrt(2) for
+      non-negative contributions); under add/remove it is 1 (the record's own contribution).
+      So the paper's sigma (noise std / sensitivity) is z / diameter.
+    * The event stands for ``count`` such releases in sequence (adaptive composition).
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    sampling: str
+    adjacency: str = "replace_one"
+    diameter: float = 2.0
+    count: int = 1
+
+    TYPE: ClassVar[str] = "subsampled_gaussian"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        z, q, d = self.noise_multiplier, self.sampling_rate, self.diameter
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
+            raise ValueError(f"noise_multiplier must be a finite number > 0, got {z!r}")
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if self.adjacency not in ADJACENCIES:
+            raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {self.adjacency!r}")
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+            raise ValueError(f"diameter must be a finite number, got {d!r}")
+        if self.adjacency == "replace_one" and not 0 < d <= 2:
+            raise ValueError(
+                f"diameter must be in (0, 2] under replace_one (contributions have norm <= C), got {d!r}"
+            )
+        if self.adjacency == "add_remove" and d != 1:
+            raise ValueError(f"diameter must be 1 under add_remove, got {d!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
+        # Canonical float fields, so equal events hash equally whatever numeric type came in.
+        object.__setattr__(self, "noise_multiplier", float(z))
+        object.__setattr__(self, "sampling_rate", float(q))
+        object.__setattr__(self, "diameter", float(d))
+
+    @property
+    def paper_sigma(self) -> float:
+        """Noise std over the L2 sensitivity (the VIPS paper's sigma): z / diameter."""
+        return self.noise_multiplier / self.diameter
+
+    def unit(self) -> "SubsampledGaussianEvent":
+        """The same mechanism with ``count = 1`` (the key accountants cache on)."""
+        return self if self.count == 1 else dataclasses.replace(self, count=1)
+
+    def with_count(self, count: int) -> "SubsampledGaussianEvent":
+        return dataclasses.replace(self, count=count)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
+        out.update(dataclasses.asdict(self))
+        return out
+
+
+EVENT_TYPES: dict[str, type] = {SubsampledGaussianEvent.TYPE: SubsampledGaussianEvent}
+
+
+def event_from_dict(data: Mapping[str, Any]):
+    """Rebuild an event from ``to_dict`` output; refuses unknown types, versions and fields."""
+    if not isinstance(data, Mapping):
+        raise UnknownEvent(f"an event must be a JSON object, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise UnknownEvent(f"unknown event type {kind!r}; known: {sorted(EVENT_TYPES)}")
+    if data.get("version") != cls.VERSION:
+        raise UnknownEvent(f"event type {kind!r} version {data.get('version')!r} is not supported (knows {cls.VERSION})")
+    fields = {k: v for k, v in data.items() if k not in ("type", "version")}
+    names = {f.name for f in dataclasses.fields(cls)}
+    extra = set(fields) - names
+    if extra:
+        raise UnknownEvent(f"event type {kind!r} has unknown fields {sorted(extra)}")
+    try:
+        return cls(**fields)
+    except TypeError as exc:  # missing required field
+        raise UnknownEvent(f"event type {kind!r}: {exc}") from exc
