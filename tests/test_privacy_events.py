@@ -1,0 +1,75 @@
+"""Privacy events: validation, stable versioned JSON, refusal of unknown types."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from stream_vips.privacy.events import SubsampledGaussianEvent, UnknownEvent, event_from_dict
+
+
+def test_round_trip_through_json_is_exact():
+    e = SubsampledGaussianEvent(1.3, 0.05, "fixed", "replace_one", math.sqrt(2), count=7)
+    back = event_from_dict(json.loads(json.dumps(e.to_dict())))
+    assert back == e and hash(back) == hash(e)
+
+
+def test_serialized_form_is_pinned():
+    # Ledgers outlive code: the field names, type tag and version are part of the format.
+    e = SubsampledGaussianEvent(2.0, 0.1, "poisson")
+    assert e.to_dict() == {
+        "type": "subsampled_gaussian", "version": 1, "noise_multiplier": 2.0, "sampling_rate": 0.1,
+        "sampling": "poisson", "adjacency": "replace_one", "diameter": 2.0, "count": 1,
+    }
+
+
+def test_numeric_types_are_canonical():
+    assert SubsampledGaussianEvent(2, 1, "fixed") == SubsampledGaussianEvent(2.0, 1.0, "fixed")
+
+
+def test_paper_sigma_is_z_over_diameter():
+    assert SubsampledGaussianEvent(3.0, 0.1, "fixed").paper_sigma == 1.5
+    assert SubsampledGaussianEvent(3.0, 0.1, "poisson", "add_remove", 1.0).paper_sigma == 3.0
+
+
+def test_unit_and_with_count():
+    e = SubsampledGaussianEvent(1.0, 0.1, "poisson", count=5)
+    assert e.unit() == SubsampledGaussianEvent(1.0, 0.1, "poisson") and e.unit().with_count(5) == e
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(noise_multiplier=float("inf")), "noise_multiplier"),
+    (dict(noise_multiplier=float("nan")), "noise_multiplier"),
+    (dict(sampling_rate=0.0), "sampling_rate"),
+    (dict(sampling_rate=1.5), "sampling_rate"),
+    (dict(sampling="shuffle"), "sampling"),
+    (dict(adjacency="bounded"), "adjacency"),
+    (dict(diameter=2.5), "diameter"),
+    (dict(diameter=0.0), "diameter"),
+    (dict(adjacency="add_remove"), "diameter"),  # add/remove needs diameter 1
+    (dict(count=0), "count"),
+    (dict(count=1.5), "count"),
+])
+def test_invalid_events_are_refused_naming_the_field(kwargs, word):
+    args = dict(noise_multiplier=1.0, sampling_rate=0.1, sampling="poisson") | kwargs
+    with pytest.raises(ValueError, match=word):
+        SubsampledGaussianEvent(**args)
+
+
+def test_unknown_type_version_and_fields_are_refused():
+    good = SubsampledGaussianEvent(1.0, 0.1, "poisson").to_dict()
+    with pytest.raises(UnknownEvent, match="unknown event type 'laplace'"):
+        event_from_dict(good | {"type": "laplace"})
+    with pytest.raises(UnknownEvent, match="version 2"):
+        event_from_dict(good | {"version": 2})
+    with pytest.raises(UnknownEvent, match="unknown fields"):
+        event_from_dict(good | {"truncation": 3})
+    missing = dict(good)
+    del missing["sampling"]
+    with pytest.raises(UnknownEvent):
+        event_from_dict(missing)
+    with pytest.raises(UnknownEvent):
+        event_from_dict([1, 2])
