@@ -1,0 +1,1 @@
+"""DP-SEP: private stochastic expectation propagation behind the common model protocol."""

@@ -1,0 +1,317 @@
+"""DP-SEP core: stochastic expectation propagation on Gaussian factors, in natural parameters.
+
+The approximate posterior is a product of K independent Gaussian factors over d-dimensional
+parameters (a mixture's K component means, or one weight vector), stored as natural parameters
+theta = (eta_k = Lambda_k mu_k, Lambda_k) per factor. SEP (Li et al. 2015; DP-SEP paper,
+Algorithm 2) keeps one averaged site f, so that q = p0 * f^N, i.e. theta_q = theta_0 + N theta_f,
+where N is the configured dataset size (the reservoir capacity M: configuration, never a count
+of the data, DESIGN rule 5).
+
+Packing. One record's site (eta, Lambda) is released through the vector
+v = (eta_k, diag Lambda_k, sqrt(2) * upper Lambda_k  for k = 1..K), whose L2 norm is
+sqrt(sum_k ||eta_k||^2 + ||Lambda_k||_F^2), the norm of the natural parameters the paper clips;
+i.i.d. noise on v puts std s on diagonals and s / sqrt(2) on each symmetric off-diagonal pair,
+exactly like :func:`stream_vips.privacy.mechanisms.symmetric_noise`. One block ``"site"`` of
+length K * (d + d(d+1)/2) carries the whole release, so the paper's joint clipping to C and the
+engine's one-block noise z * C agree exactly.
+
+One step (the streaming form of Algorithm 3). The engine draws a batch B from the full reservoir
+(fixed size S, or Poisson with rate q) and calls :meth:`SEPModel.clipped_sum`:
+
+1. cavity theta_cav = theta_q - theta_f = theta_0 + (N - 1) theta_f (public: built from the
+   previous privatized state);
+2. for each record n in B, the tilted distribution q_cav * p(x_n | .) is projected onto the
+   Gaussian family (moment matching) and its local site theta_fn = proj - theta_cav computed;
+3. theta_fn is clipped to ||theta_fn|| <= C (``clip``), and the batch sum is returned.
+
+The engine adds N(0, (z C)^2) to every coordinate of the sum and divides by the public
+normaliser Z (S, or q * M; DESIGN rule 4): m~ = (sum_{n in B} clip(theta_fn) + e) / Z. Then
+:meth:`SEPModel.update` (post-processing) does the damped update of the averaged site with
+step s = min(1, gamma * rho_t) and forms the released posterior natural parameters
+
+    theta_new = theta_0 + N [(1 - s) theta_f + s m~]                                   (R)
+
+(with S = 1 and s = gamma / N^2 this is the paper's eq. 5, theta_new = theta_0 +
+(N - gamma/N) theta_f + (gamma/N) theta_fn; with s = gamma / N it is Li et al.'s
+f <- f^(1 - gamma/N) f_n^(gamma/N)), projects each precision to eigenvalues >= a public floor
+(post-processing, after the noise), and refreshes the site theta_f = (theta_new - theta_0) / N,
+clipped to ||theta_f|| <= C. Every step releases: no step is skipped or left un-noised for a
+data-dependent reason (DESIGN rule 8).
+
+Sensitivity of one step (replace-one, DESIGN rule 1). theta_f and theta_0 are the same on
+neighbouring streams (previous releases are post-processed public values), and reservoir
+membership and the batch depend only on positions and the RNG, so neighbouring batches differ in
+at most one record, whose clipped site changes from u to u' with ||u||, ||u'|| <= C. In (R) only
+the term N s m~ depends on the batch, hence
+
+    ||theta_new - theta_new'|| = (N s / Z) ||u - u'|| <= 2 N s C / Z.
+
+So one record moves the released natural parameters by at most 2 * (N s C / Z): its bound in the
+released statistic is C_rel = N s C / Z (:meth:`SEPModel.release_bound`), the replace-one
+diameter is 2 C_rel, and for S = 1, s = gamma / N^2 this is the paper's Delta = 2 gamma C / N
+(Proposition 1).
+
+Noise equivalence. The engine's noise e ~ N(0, (z C)^2 I) on the clipped sum enters (R) through
+the public affine map m~ -> theta_new, so the released natural parameters carry Gaussian noise of
+std N s z C / Z = z * C_rel on every packed coordinate: exactly the paper's step 9 (noise on
+theta_new with std sigma * Delta) with the paper's sigma = std / Delta = z / 2 (DESIGN rule 2),
+and the event the engine records (noise multiplier z on a sum with per-record bound C,
+diameter 2) describes it. Precision projection, site refresh and clipping act on theta_new only
+and are post-processing.
+
+Modes: ``clip=None`` is plain SEP (no clipping; only usable with the engine's non-private mode),
+``clip=C`` with the engine in non-private mode is clipped SEP, and with z > 0 it is DP-SEP.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.privacy.mechanisms import clip_factors, project_pd
+from stream_vips.records import FieldBatch
+
+SITE = "site"
+
+
+def packed_size(n_factors: int, dim: int) -> int:
+    """Length of the packed natural parameters of ``n_factors`` d-dimensional Gaussians."""
+    return n_factors * (dim + dim * (dim + 1) // 2)
+
+
+def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
+    """(..., K, d), (..., K, d, d) natural parameters -> (..., K * P) vectors with the norm of (eta, prec).
+
+    Per factor: eta, then diag(prec), then sqrt(2) times the strict upper triangle (row-major), so
+    ||pack(eta, prec)||_2^2 = sum_k ||eta_k||^2 + ||prec_k||_F^2 for symmetric prec.
+    """
+    eta = np.asarray(eta, dtype=float)
+    prec = np.asarray(prec, dtype=float)
+    d = eta.shape[-1]
+    iu = np.triu_indices(d, 1)
+    diag = np.diagonal(prec, axis1=-2, axis2=-1)
+    off = np.sqrt(2.0) * prec[..., iu[0], iu[1]]
+    per_factor = np.concatenate([eta, diag, off], axis=-1)
+    return per_factor.reshape(*per_factor.shape[:-2], -1)
+
+
+def unpack(v: np.ndarray, n_factors: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`pack`: (..., K * P) -> eta (..., K, d), symmetric prec (..., K, d, d)."""
+    v = np.asarray(v, dtype=float)
+    d = dim
+    per = v.reshape(*v.shape[:-1], n_factors, d + d * (d + 1) // 2)
+    eta = per[..., :d]
+    prec = np.zeros(per.shape[:-1] + (d, d))
+    idx = np.arange(d)
+    prec[..., idx, idx] = per[..., d : 2 * d]
+    iu = np.triu_indices(d, 1)
+    off = per[..., 2 * d :] / np.sqrt(2.0)
+    prec[..., iu[0], iu[1]] = off
+    prec[..., iu[1], iu[0]] = off
+    return eta.copy(), prec
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _optional_positive(name: str, value: Any) -> float | None:
+    return None if value is None else _positive(name, value)
+
+
+def _vector(name: str, value: Any, dim: int) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        arr = np.full(0, np.nan)
+    if arr.ndim == 0:
+        arr = np.full(dim, float(arr))
+    if arr.shape != (dim,) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be a finite number or a list of {dim} finite numbers, got {value!r}")
+    return arr
+
+
+class SEPModel(Model):
+    """Shared DP-SEP machinery for families whose posterior is K independent d-dim Gaussians.
+
+    Subclasses define the records (``row_layout``, ``parse_batch``) and the local sites of a
+    batch (``local_sites``, or an override of ``clipped_sum`` for structured sites), plus their
+    read-side predictions. Constructor arguments (all public configuration):
+
+    - ``dataset_size``: N in theta_q = theta_0 + N theta_f; set it to the reservoir capacity M;
+    - ``clip``: C, the L2 bound on every local site and on the site f (``None``: plain SEP);
+    - ``damping``: gamma, the SEP step is s = min(1, gamma * rho_t);
+    - ``prior_mean`` / ``prior_var``: the isotropic Gaussian prior of every factor;
+    - ``precision_floor``: eigenvalue floor of the projected posterior precisions (default: the
+      prior precision 1 / prior_var, a public constant).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_factors: int,
+        dim: int,
+        dataset_size: int,
+        clip: float | None,
+        damping: float = 1.0,
+        prior_mean: float | Sequence[float] = 0.0,
+        prior_var: float = 1.0,
+        precision_floor: float | None = None,
+    ) -> None:
+        self.n_factors = _positive_int("n_factors", n_factors)
+        self.dim = _positive_int("dim", dim)
+        self.dataset_size = _positive_int("dataset_size", dataset_size)
+        self.clip = _optional_positive("clip", clip)
+        self.damping = _positive("damping", damping)
+        self.prior_var = _positive("prior_var", prior_var)
+        self.prior_mean = _vector("prior_mean", prior_mean, self.dim)
+        floor = 1.0 / self.prior_var if precision_floor is None else precision_floor
+        self.precision_floor = _positive("precision_floor", floor)
+        K, d = self.n_factors, self.dim
+        prior_prec = np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d))
+        prior_eta = np.broadcast_to(self.prior_mean / self.prior_var, (K, d))
+        self._prior = pack(prior_eta, prior_prec)
+        self._site = np.zeros(packed_size(K, d))
+
+    # -- protocol -----------------------------------------------------------------------------
+
+    def blocks(self) -> tuple[Block, ...]:
+        """One block: the packed sum of clipped local sites (bound C; infinite for plain SEP)."""
+        bound = math.inf if self.clip is None else self.clip
+        return (Block(SITE, (packed_size(self.n_factors, self.dim),), bound),)
+
+    def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-record local sites (eta (B, K, d), prec (B, K, d, d)) against the current cavity."""
+        raise NotImplementedError(f"{type(self).__name__} computes its sites in clipped_sum")
+
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sum over the batch of the packed local sites, each clipped to norm C (behind the wall)."""
+        eta, prec = self.local_sites(batch)
+        sites = pack(eta, prec)
+        if self.clip is not None and len(sites):
+            sites = sites * clip_factors(np.linalg.norm(sites, axis=1), self.clip)[:, None]
+        return {SITE: sites.sum(axis=0) if len(sites) else np.zeros_like(self._site)}
+
+    def step_fraction(self, rho: float) -> float:
+        """s = min(1, gamma * rho): the weight of this step's site mean in the averaged site."""
+        if not (math.isfinite(rho) and 0 < rho <= 1):
+            raise ValueError(f"step size rho must be in (0, 1], got {rho!r}")
+        return min(1.0, self.damping * rho)
+
+    def release_bound(self, rho: float, normaliser: float) -> float:
+        """C_rel = N s C / Z: one record's bound in the released natural parameters (see module doc).
+
+        The replace-one sensitivity of one step's release is 2 * C_rel; the engine's noise
+        multiplier z gives noise std z * C_rel on every packed released coordinate.
+        """
+        if self.clip is None:
+            return math.inf
+        return self.dataset_size * self.step_fraction(rho) * self.clip / _positive("normaliser", normaliser)
+
+    def release(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> np.ndarray:
+        """The released posterior natural parameters (R), packed, before the precision projection."""
+        m = np.asarray(noisy_mean[SITE], dtype=float)
+        if m.shape != self._site.shape:
+            raise ValueError(f"noisy mean {SITE!r} has shape {m.shape}, expected {self._site.shape}")
+        if not np.all(np.isfinite(m)):
+            raise ValueError(f"noisy mean {SITE!r} contains NaN or infinity")
+        s = self.step_fraction(rho)
+        return self._prior + self.dataset_size * ((1.0 - s) * self._site + s * m)
+
+    def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
+        """Damped site update, PD projection of the released precision, refreshed clipped site."""
+        eta, prec = unpack(self.release(noisy_mean, rho), self.n_factors, self.dim)
+        prec = np.stack([project_pd(p, self.precision_floor) for p in prec])
+        self._set_posterior(eta, prec)
+
+    def _set_posterior(self, eta: np.ndarray, prec: np.ndarray) -> None:
+        """theta_f = (theta - theta_0) / N, clipped to C; the posterior is theta_0 + N theta_f.
+
+        With clip factor c in (0, 1] the posterior is (1 - c) theta_0 + c theta, a convex
+        combination of PD precisions, so it stays PD; the cavity theta_0 + (N - 1) theta_f is
+        likewise a convex combination of theta_0 and theta and stays PD.
+        """
+        site = (pack(eta, prec) - self._prior) / self.dataset_size
+        if self.clip is not None:
+            site = site * clip_factors(np.linalg.norm(site)[None], self.clip)[0]
+        self._site = site
+
+    @property
+    def site(self) -> np.ndarray:
+        """The packed averaged site theta_f (a privatized, public quantity)."""
+        return self._site.copy()
+
+    def natural_parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior natural parameters eta (K, d), prec (K, d, d) = theta_0 + N theta_f."""
+        return unpack(self._prior + self.dataset_size * self._site, self.n_factors, self.dim)
+
+    def cavity(self) -> tuple[np.ndarray, np.ndarray]:
+        """Cavity natural parameters theta_0 + (N - 1) theta_f (posterior minus one site)."""
+        return unpack(self._prior + (self.dataset_size - 1) * self._site, self.n_factors, self.dim)
+
+    def posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior means (K, d) and covariances (K, d, d)."""
+        eta, prec = self.natural_parameters()
+        cov = np.linalg.inv(prec)
+        return np.einsum("kij,kj->ki", cov, eta), cov
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Posterior natural parameters: ``eta`` (K, d) and ``prec`` (K, d, d)."""
+        eta, prec = self.natural_parameters()
+        return {"eta": eta, "prec": prec}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore a published posterior (site re-derived and clipped as after an update)."""
+        K, d = self.n_factors, self.dim
+        try:
+            eta = np.asarray(state["eta"], dtype=float)
+            prec = np.asarray(state["prec"], dtype=float)
+        except KeyError as exc:
+            raise ValueError(f"state is missing natural parameter {exc.args[0]!r}") from None
+        if eta.shape != (K, d) or prec.shape != (K, d, d):
+            raise ValueError(f"state shapes eta {eta.shape}, prec {prec.shape}; expected {(K, d)}, {(K, d, d)}")
+        if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(prec))):
+            raise ValueError("state contains NaN or infinity")
+        if not np.allclose(prec, np.swapaxes(prec, -1, -2)) or np.any(np.linalg.eigvalsh(prec) <= 0):
+            raise ValueError("state precision matrices must be symmetric positive definite")
+        self._set_posterior(eta, prec)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """Public configuration shared by the SEP families."""
+        return {
+            "dataset_size": self.dataset_size,
+            "clip": self.clip,
+            "damping": self.damping,
+            "prior_mean": self.prior_mean.tolist(),
+            "prior_var": self.prior_var,
+            "precision_floor": self.precision_floor,
+        }
+
+    @abstractmethod
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """Validate and preprocess decoded records."""
+
+
+def parse_vectors(objs: Sequence[Any], dim: int, x_clip: float | None, max_abs: float) -> tuple[FieldBatch, np.ndarray]:
+    """Validate field ``x`` as ``dim`` finite numbers (|value| <= max_abs) and clip rows to ``x_clip``.
+
+    Returns the :class:`FieldBatch` (for further fields, accepted indices and rejections) and the
+    (n, dim) array with one row per input record (rows of rejected records are zero).
+    """
+    fields = FieldBatch(objs)
+    x = fields.vector("x", dim, max_abs=max_abs)
+    if x_clip is not None and len(x):
+        x = x * clip_factors(np.linalg.norm(x, axis=1), x_clip)[:, None]
+    return fields, x

@@ -1,0 +1,129 @@
+"""DP-SEP clustering: a mixture of J Gaussians with unknown means (DP-SEP paper, section 6.1).
+
+Model (after Li et al. 2015): mu_j ~ N(m0, prior_var I), h_n ~ Uniform{1..J},
+x_n | h_n ~ N(mu_{h_n}, noise_sd^2 I), with the covariance and the weights known. The posterior
+is approximated by prod_j N(mu_j; m_j, V_j) (full covariances).
+
+Moment matching. With the cavity prod_j N(mu_j; c_j, C_j), the tilted distribution of a record x
+is the mixture over j of "component j absorbed x" (a conjugate update of mu_j) with weights
+
+    r_j ∝ N(x; c_j, C_j + noise_sd^2 I)                         (responsibilities)
+
+and the other components at their cavity. Its marginal for mu_j is r_j N(P_j) + (1 - r_j) N(C_j),
+with P_j = (C_j^-1 + I / noise_sd^2)^-1 and the absorbed mean c_j + delta_j,
+delta_j = P_j (x - c_j) / noise_sd^2, so the projected moments are
+
+    mean_j = c_j + r_j delta_j
+    cov_j  = r_j P_j + (1 - r_j) C_j + r_j (1 - r_j) delta_j delta_j^T
+
+and the local site is (cov_j^-1 mean_j, cov_j^-1) minus the cavity's natural parameters. All of
+it is vectorized over the batch and the components ((B, J, d, d) arrays; d is small here).
+
+Components start apart: the initial posterior means are drawn from the prior with the public
+``init_seed`` (data-independent), at the prior precision.
+
+>>> m = MixtureSEP(n_components=2, dim=1, dataset_size=4, clip=None, prior_var=4.0, init_seed=1)
+>>> batch = m.parse_batch([{"x": [-2.0]}, {"x": [-2.1]}, {"x": [2.0]}, {"x": [2.1]}])
+>>> for rho in (1.0, 0.5, 0.5, 0.5):
+...     m.update({"site": m.clipped_sum(batch.rows)["site"] / 4}, rho)
+>>> sorted(m.posterior()[0].ravel().round(1).tolist())
+[-2.0, 2.0]
+>>> m.responsibilities(np.array([[-2.0], [2.0]])).round(2).max(axis=1).tolist()
+[1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+from scipy.special import softmax
+
+from stream_vips.models.base import ParsedBatch
+from stream_vips.models.sep.core import SEPModel, _optional_positive, _positive, parse_vectors
+
+
+class MixtureSEP(SEPModel):
+    """(DP-)SEP posterior over the means of a Gaussian mixture with known isotropic covariance."""
+
+    family: ClassVar[str] = "sep_mixture"
+
+    def __init__(
+        self,
+        *,
+        n_components: int,
+        dim: int,
+        dataset_size: int,
+        clip: float | None,
+        noise_sd: float = 0.5,
+        damping: float = 1.0,
+        prior_mean: float | Sequence[float] = 0.0,
+        prior_var: float = 1.0,
+        precision_floor: float | None = None,
+        init_seed: int = 0,
+        x_clip: float | None = None,
+        max_abs: float = 1e6,
+    ) -> None:
+        super().__init__(
+            n_factors=n_components, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
+            prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
+        )
+        self.noise_sd = _positive("noise_sd", noise_sd)
+        self.x_clip = _optional_positive("x_clip", x_clip)
+        self.max_abs = _positive("max_abs", max_abs)
+        if isinstance(init_seed, bool) or not isinstance(init_seed, (int, np.integer)) or init_seed < 0:
+            raise ValueError(f"init_seed must be a non-negative integer, got {init_seed!r}")
+        self.init_seed = int(init_seed)
+        K, d = self.n_factors, self.dim
+        start = self.prior_mean + np.sqrt(self.prior_var) * np.random.default_rng(self.init_seed).standard_normal((K, d))
+        self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
+
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {"x": (np.dtype(np.float64), (self.dim,))}
+
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """``{"x": [d numbers]}``; x clipped to norm ``x_clip`` when configured."""
+        fields, x = parse_vectors(objs, self.dim, self.x_clip, self.max_abs)
+        ok = fields.accepted()
+        return ParsedBatch(rows={"x": x[ok]}, accepted=ok, rejected=fields.rejected())
+
+    def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """log N(x; mean_j, cov_j + noise_sd^2 I) (B, J) and the differences x - mean_j (B, J, d)."""
+        S = covs + self.noise_sd**2 * np.eye(self.dim)
+        diff = X[:, None, :] - means[None]
+        maha = np.einsum("bjd,jde,bje->bj", diff, np.linalg.inv(S), diff)
+        logdet = np.linalg.slogdet(S)[1]
+        return -0.5 * (maha + logdet + self.dim * np.log(2.0 * np.pi)), diff
+
+    def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-record, per-component sites proj[tilted] - cavity: (B, J, d), (B, J, d, d)."""
+        X = np.asarray(batch["x"], dtype=float)
+        eta_c, prec_c = self.cavity()
+        C = np.linalg.inv(prec_c)
+        c = np.einsum("jde,je->jd", C, eta_c)
+        P = np.linalg.inv(prec_c + np.eye(self.dim) / self.noise_sd**2)
+        log_ev, diff = self._log_evidence(X, c, C)
+        r = softmax(log_ev, axis=1)[..., None]
+        delta = np.einsum("jde,bje->bjd", P, diff) / self.noise_sd**2
+        mean = c + r * delta
+        rr = r[..., None]
+        cov = rr * P + (1.0 - rr) * C + rr * (1.0 - rr) * delta[..., :, None] * delta[..., None, :]
+        prec = np.linalg.inv(cov)
+        prec = 0.5 * (prec + np.swapaxes(prec, -1, -2))
+        return np.einsum("bjde,bje->bjd", prec, mean) - eta_c, prec - prec_c
+
+    def responsibilities(self, X: np.ndarray) -> np.ndarray:
+        """p(h = j | x) under the posterior predictive N(x; m_j, V_j + noise_sd^2 I), rows of X."""
+        means, covs = self.posterior()
+        return softmax(self._log_evidence(np.atleast_2d(np.asarray(X, dtype=float)), means, covs)[0], axis=1)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Most probable component per row of X."""
+        return self.responsibilities(X).argmax(axis=1)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "n_components": self.n_factors, "dim": self.dim, "noise_sd": self.noise_sd,
+            "init_seed": self.init_seed, "x_clip": self.x_clip, "max_abs": self.max_abs,
+            **super().hyperparameters(),
+        }

@@ -1,0 +1,168 @@
+"""DP-SEP Bayesian probit regression: p(y = 1 | x, w) = Phi(x^T w), w ~ N(m0, prior_var I).
+
+Moment matching is closed form (Minka 2001; Rasmussen & Williams 2006, section 3.6). With the
+cavity N(w; m, V), a record (x, y) and t = 2y - 1, the tilted distribution N(w; m, V) Phi(t x^T w)
+depends on w only through a = x^T w, whose cavity marginal is N(mu, s2) with mu = x^T m,
+s2 = x^T V x. With z = t mu / sqrt(1 + s2) and r = phi(z) / Phi(z):
+
+    Z    = Phi(z)
+    E[a] = mu + t s2 r / sqrt(1 + s2)
+    V[a] = s2 - s2^2 beta,   beta = r (z + r) / (1 + s2)
+
+(:func:`tilted_moments`). Dividing the projected marginal by the cavity marginal gives a rank-one
+site in w, theta_fn = (nu x, tau x x^T) with
+
+    tau = beta / (1 - s2 beta),   nu = (alpha + mu beta) / (1 - s2 beta),   alpha = t r / sqrt(1 + s2)
+
+(:func:`site_coefficients`); 0 < r (z + r) < 1 makes s2 beta < 1 and tau >= 0. The packed site
+norm is sqrt(nu^2 ||x||^2 + tau^2 ||x||^4), so the clipped batch sum is
+(X^T (c nu), X^T diag(c tau) X) with per-record clip factors c: no per-record d x d array.
+
+>>> m = ProbitSEP(dim=2, dataset_size=100, clip=5.0, intercept=False)
+>>> batch = m.parse_batch([{"x": [1.0, 0.0], "y": 1}, {"x": [0.0, 1.0], "y": 0}, {"x": [1.0], "y": 1}])
+>>> batch.accepted.tolist(), [r[1] for r in batch.rejected]
+([0, 1], ['wrong_shape'])
+>>> m.update({"site": m.clipped_sum(batch.rows)["site"] / 2}, rho=1.0)
+>>> p = m.predict_proba(np.array([[1.0, 0.0], [0.0, 1.0]]))
+>>> bool(p[0] > 0.5 > p[1])
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+from scipy.special import log_ndtr, ndtr
+
+from stream_vips.models.base import ParsedBatch
+from stream_vips.models.sep.core import SITE, SEPModel, _optional_positive, _positive, pack, parse_vectors
+from stream_vips.privacy.mechanisms import clip_factors
+from stream_vips.records import OUT_OF_RANGE
+
+_LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
+
+
+def _ratio(z: np.ndarray) -> np.ndarray:
+    """phi(z) / Phi(z), computed in log space (stable for very negative z)."""
+    return np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_ndtr(z))
+
+
+def tilted_moments(mu: np.ndarray, s2: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Normaliser, mean and variance of N(a; mu, s2) Phi(t a), for t in {-1, +1}."""
+    mu, s2, t = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (mu, s2, t)))
+    root = np.sqrt(1.0 + s2)
+    z = t * mu / root
+    r = _ratio(z)
+    beta = r * (z + r) / (1.0 + s2)
+    return ndtr(z), mu + t * s2 * r / root, s2 - s2 * s2 * beta
+
+
+def site_coefficients(mu: np.ndarray, s2: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nu, tau) of the site N-ratio proj[tilted] / cavity in the direction a = x^T w."""
+    root = np.sqrt(1.0 + s2)
+    z = t * mu / root
+    r = _ratio(z)
+    beta = r * (z + r) / (1.0 + s2)
+    denom = 1.0 - s2 * beta
+    return (t * r / root + mu * beta) / denom, beta / denom
+
+
+class ProbitSEP(SEPModel):
+    """(DP-)SEP probit classifier with a Gaussian posterior over the weights.
+
+    ``dim`` is the length of a record's ``x``; with ``intercept`` a constant 1 is appended after
+    clipping x to ``x_clip`` (both public configuration), so the weights have dim + 1 entries.
+    """
+
+    family: ClassVar[str] = "sep_probit"
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        dataset_size: int,
+        clip: float | None,
+        intercept: bool = True,
+        damping: float = 1.0,
+        prior_var: float = 1.0,
+        precision_floor: float | None = None,
+        x_clip: float | None = None,
+        max_abs: float = 1e6,
+    ) -> None:
+        if not isinstance(intercept, bool):
+            raise ValueError(f"intercept must be true or false, got {intercept!r}")
+        self.n_features = int(dim)
+        self.intercept = intercept
+        super().__init__(
+            n_factors=1, dim=int(dim) + int(intercept), dataset_size=dataset_size, clip=clip,
+            damping=damping, prior_mean=0.0, prior_var=prior_var, precision_floor=precision_floor,
+        )
+        self.x_clip = _optional_positive("x_clip", x_clip)
+        self.max_abs = _positive("max_abs", max_abs)
+
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {"x": (np.dtype(np.float64), (self.dim,)), "y": (np.dtype(np.int8), ())}
+
+    def features(self, X: np.ndarray) -> np.ndarray:
+        """Rows of raw features -> model inputs (clipped to x_clip, intercept appended)."""
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        if X.shape[1] != self.n_features:
+            raise ValueError(f"expected {self.n_features} features, got {X.shape[1]}")
+        if self.x_clip is not None:
+            X = X * clip_factors(np.linalg.norm(X, axis=1), self.x_clip)[:, None]
+        return np.hstack([X, np.ones((len(X), 1))]) if self.intercept else X
+
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """``{"x": [dim numbers], "y": 0 | 1}``; other labels are rejected as out of range."""
+        fields, x = parse_vectors(objs, self.n_features, None, self.max_abs)
+        y = fields.scalar("y")
+        live = np.zeros(len(y), dtype=bool)
+        live[fields.accepted()] = True
+        for i in np.flatnonzero(live & (y != 0) & (y != 1)):
+            fields._reject(int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}")
+        ok = fields.accepted()
+        return ParsedBatch(
+            rows={"x": self.features(x[ok]), "y": y[ok].astype(np.int8)},
+            accepted=ok,
+            rejected=fields.rejected(),
+        )
+
+    def _coefficients(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        X = np.asarray(batch["x"], dtype=float)
+        t = 2.0 * np.asarray(batch["y"], dtype=float) - 1.0
+        eta, prec = self.cavity()
+        V = np.linalg.inv(prec[0])
+        m = V @ eta[0]
+        XV = X @ V
+        nu, tau = site_coefficients(X @ m, np.einsum("ij,ij->i", XV, X), t)
+        return X, nu, tau
+
+    def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Dense per-record sites (nu x, tau x x^T), for inspection; the hot path stays rank one."""
+        X, nu, tau = self._coefficients(batch)
+        return (nu[:, None] * X)[:, None, :], (tau[:, None, None] * X[:, :, None] * X[:, None, :])[:, None]
+
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """(X^T (c nu), X^T diag(c tau) X) packed, c = per-record clip factors (behind the wall)."""
+        X, nu, tau = self._coefficients(batch)
+        if self.clip is not None and len(X):
+            sq = np.einsum("ij,ij->i", X, X)
+            c = clip_factors(np.sqrt(nu * nu * sq + tau * tau * sq * sq), self.clip)
+            nu, tau = c * nu, c * tau
+        eta = X.T @ nu
+        prec = (X * tau[:, None]).T @ X
+        return {SITE: pack(eta[None], prec[None])}
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Posterior predictive p(y = 1 | x) = Phi(x^T m / sqrt(1 + x^T V x)) for raw feature rows."""
+        F = self.features(X)
+        mean, cov = self.posterior()
+        s2 = np.einsum("ij,jk,ik->i", F, cov[0], F)
+        return ndtr(F @ mean[0] / np.sqrt(1.0 + s2))
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "dim": self.n_features, "intercept": self.intercept, "x_clip": self.x_clip,
+            "max_abs": self.max_abs, **super().hyperparameters(),
+        }
