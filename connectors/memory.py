@@ -1,0 +1,118 @@
+"""In-memory source, model sink and dead-letter sink: the embedded connectors used by tests."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+from stream_vips.io import DeadLetter, RawRecord
+
+
+def _as_bytes(value: bytes | str | Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value).encode("utf-8")
+
+
+class MemorySource:
+    """A queue of records. ``values`` may be bytes, str or JSON-serializable objects.
+
+    ``finite=True`` makes the source exhausted once the queue is drained; ``finite=False``
+    keeps it open for :meth:`put` until :meth:`finish` is called.
+    """
+
+    def __init__(self, values: Iterable[Any] = (), finite: bool = True) -> None:
+        self._queue: collections.deque[RawRecord] = collections.deque()
+        self._lock = threading.Condition()
+        self._finished = finite
+        self._offset = 0
+        self.paused = False
+        self.commits = 0
+        self.committed_offset = 0
+        self._delivered = 0
+        self.closed = False
+        self.put(values)
+
+    def put(self, values: Iterable[Any]) -> None:
+        """Append records to the queue."""
+        with self._lock:
+            for value in values:
+                self._queue.append(RawRecord(_as_bytes(value), {"offset": self._offset}))
+                self._offset += 1
+            self._lock.notify_all()
+
+    def finish(self) -> None:
+        """Declare that no more records will be put (an open source becomes finite)."""
+        with self._lock:
+            self._finished = True
+            self._lock.notify_all()
+
+    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        with self._lock:
+            if self.paused:
+                return []
+            if not self._queue and not self._finished:
+                self._lock.wait(timeout_s)
+            n = min(max_records, len(self._queue))
+            out = [self._queue.popleft() for _ in range(n)]
+            self._delivered += n
+            return out
+
+    def commit(self) -> None:
+        self.commits += 1
+        self.committed_offset = self._delivered
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    @property
+    def exhausted(self) -> bool:
+        with self._lock:
+            return self._finished and not self._queue
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemorySink:
+    """Keeps published ``(key, message)`` pairs in :attr:`messages`."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self.flushes = 0
+        self.closed = False
+
+    def publish(self, key: str, message: Mapping[str, Any]) -> None:
+        if self.closed:
+            raise RuntimeError("publish on a closed MemorySink")
+        self.messages.append((key, dict(message)))
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemoryDeadLetterSink:
+    """Keeps rejected records in :attr:`letters`."""
+
+    def __init__(self) -> None:
+        self.letters: list[DeadLetter] = []
+        self.closed = False
+
+    def send(self, letters: Sequence[DeadLetter]) -> None:
+        self.letters.extend(letters)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,438 @@
+"""Configuration: one YAML file plus ``STREAM_VIPS__SECTION__KEY`` environment overrides.
+
+Every knob has a default that serves, so an empty file is a valid configuration (the embedded
+synthetic demo). Validation happens once, at start: an unknown key, a wrong type or a bad value
+raises :class:`ConfigError` naming the dotted key. Everything that shapes a release (reservoir
+size M, batch size S and rate q = S/M, noise multiplier z, the model's clipping bounds and
+dataset size) lives here and never depends on the data (DESIGN rule 5).
+
+Connector sections (``source``, ``sink``, ``dead_letter``) hold a ``type`` plus that
+connector's constructor keyword arguments; ``model.params`` holds the model family's
+constructor keyword arguments. Both are checked against the constructor's signature. A model
+parameter named ``dataset_size`` (the public N of the M-step) defaults to the reservoir capacity.
+
+>>> cfg = config_from_dict({"privacy": {"epsilon": 2.0}}, env={"STREAM_VIPS__SAMPLING__RESERVOIR": "500",
+...                                                             "STREAM_VIPS__SAMPLING__BATCH_SIZE": "50"})
+>>> cfg.privacy.epsilon, cfg.sampling.reservoir, cfg.sampling.q
+(2.0, 500, 0.1)
+>>> config_from_dict({"privacy": {"epsilom": 2.0}})
+Traceback (most recent call last):
+...
+stream_vips.config.ConfigError: privacy.epsilom: unknown key (known: accountant, block_weights, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import abc
+import importlib
+import inspect
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+ENV_PREFIX = "STREAM_VIPS__"
+
+#: Model families: name -> module defining exactly one Model subclass with that ``family``.
+MODEL_FAMILIES: dict[str, str] = {
+    "linreg": "stream_vips.models.linreg",
+    "logistic": "stream_vips.models.logistic",
+    "lda": "stream_vips.models.lda",
+    "sep_mixture": "stream_vips.models.sep.mixture",
+    "sep_probit": "stream_vips.models.sep.probit",
+}
+
+
+#: Model parameters that make the default configuration run (merged under the configured ones).
+DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message starts with the dotted key at fault."""
+
+
+@dataclass
+class ModelConfig:
+    family: str = "linreg"
+    id: str = "default"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LedgerConfig:
+    type: Literal["file", "memory"] = "file"
+    path: str = "ledger.jsonl"
+
+
+@dataclass
+class PrivacyConfig:
+    """``mode: non_private`` is the only way to run without noise (z = 0, epsilon reported as inf)."""
+
+    mode: Literal["private", "non_private"] = "private"
+    epsilon: float = 1.0
+    delta: float = 1.0e-5
+    noise_multiplier: float | None = None
+    planned_steps: int = 100
+    accountant: Literal["auto", "pld", "autodp"] = "auto"
+    seed: int | None = None
+    block_weights: dict[str, float] | None = None
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+
+
+@dataclass
+class SamplingConfig:
+    method: Literal["poisson", "fixed"] = "poisson"
+    reservoir: int = 10_000
+    batch_size: int = 1_000
+
+    @property
+    def q(self) -> float:
+        """Sampling rate q = S / M (public)."""
+        return self.batch_size / self.reservoir
+
+
+@dataclass
+class ScheduleConfig:
+    every_records: int | None = 1_000
+    every_seconds: float | None = None
+    tau0: float = 100.0
+    kappa: float = 0.7
+
+
+@dataclass
+class ConnectorConfig:
+    """A connector ``type`` and its constructor options."""
+
+    type: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MetricsConfig:
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = 9108
+
+
+@dataclass
+class RuntimeConfig:
+    """``on_halt``: ``stay`` keeps serving metrics and health after the budget is spent (a
+    deployment); ``exit`` returns from the run loop (a batch job, the demo)."""
+
+    blas_threads: int | None = 1
+    poll_max_records: int = 5_000
+    poll_timeout_s: float = 0.2
+    on_halt: Literal["stay", "exit"] = "stay"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+def _default_source() -> ConnectorConfig:
+    return ConnectorConfig("synthetic", {})
+
+
+def _default_sink() -> ConnectorConfig:
+    return ConnectorConfig("jsonl", {"path": "models.jsonl"})
+
+
+def _default_dead_letter() -> ConnectorConfig:
+    return ConnectorConfig("jsonl", {"path": "dead-letters.jsonl"})
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    source: ConnectorConfig = field(default_factory=_default_source)
+    sink: ConnectorConfig = field(default_factory=_default_sink)
+    dead_letter: ConnectorConfig = field(default_factory=_default_dead_letter)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML layout of this configuration (connector options flattened next to ``type``)."""
+        out = dataclasses.asdict(self)
+        for section in ("source", "sink", "dead_letter"):
+            conn = out[section]
+            out[section] = {"type": conn["type"], **conn["options"]}
+        return out
+
+
+_CONNECTOR_SECTIONS = ("source", "sink", "dead_letter")
+
+
+# ---------------------------------------------------------------------------------------------
+# type checking of plain values against annotations
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check ``value`` against a type annotation, converting where the YAML form is ambiguous.
+
+    ints are accepted for floats; numeric strings are accepted for floats because YAML 1.1
+    (PyYAML) reads ``1e-5`` as a string.
+    """
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return value
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {list(args)}, got {value!r}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be finite, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if origin in (dict, abc.Mapping) or annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        if len(args) == 2:
+            return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+        return dict(value)
+    if origin in (list, tuple, abc.Sequence, abc.Iterable) or annotation in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        item = args[0] if args else Any
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(annotation, type) and isinstance(value, annotation):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+
+
+def _build_dataclass(cls: type, data: Any, key: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in names:
+            raise ConfigError(f"{key}.{name}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build_dataclass(hint, value, f"{key}.{name}")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{key}.{name}")
+    return cls(**kwargs)
+
+
+def check_kwargs(target: Any, options: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Check ``options`` against the keyword parameters of ``target`` (a class or function).
+
+    Unknown names, missing required ones and values of the wrong annotated type raise
+    :class:`ConfigError` naming ``key.name``.
+    """
+    func = target.__init__ if isinstance(target, type) else target
+    sig = inspect.signature(func)
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # annotations that cannot be resolved are checked by the constructor
+        hints = {}
+    params = {n: p for n, p in sig.parameters.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    out = {}
+    for name, value in options.items():
+        if name not in params:
+            if accepts_any:
+                out[name] = value
+                continue
+            raise ConfigError(f"{key}.{name}: unknown key (known: {', '.join(sorted(params)) or 'none'})")
+        out[name] = _coerce(value, hints.get(name, Any), f"{key}.{name}")
+    for name, p in params.items():
+        if p.default is p.empty and name not in out:
+            raise ConfigError(f"{key}.{name}: required")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def model_class(family: str) -> type:
+    """The Model subclass registered for ``family`` (see :data:`MODEL_FAMILIES`)."""
+    from stream_vips.models.base import Model
+
+    if family not in MODEL_FAMILIES:
+        raise ConfigError(f"model.family: unknown family {family!r} (known: {', '.join(sorted(MODEL_FAMILIES))})")
+    module = importlib.import_module(MODEL_FAMILIES[family])
+    found = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Model) and getattr(obj, "family", None) == family
+    ]
+    if len(found) != 1:
+        raise ConfigError(f"model.family: module {module.__name__} defines {len(found)} models of family {family!r}")
+    return found[0]
+
+
+def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Apply ``STREAM_VIPS__SECTION__KEY[__SUBKEY]=value`` overrides; values are parsed as YAML."""
+    out = _deepcopy(data)
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX):].split("__")]
+        if not path or any(not p for p in path):
+            raise ConfigError(f"{name}: malformed override name")
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(path)}: override {name} goes below a non-mapping value")
+            node = child
+        try:
+            node[path[-1]] = yaml.safe_load(env[name])
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{'.'.join(path)}: override {name} is not valid YAML: {exc}") from None
+    return out
+
+
+def _deepcopy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deepcopy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deepcopy(v) for v in data]
+    return data
+
+
+def _connector(kind: str, data: Any) -> ConnectorConfig:
+    from connectors import REGISTRIES, connector_class
+
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{kind}: expected a mapping, got {data!r}")
+    default = {"source": _default_source, "sink": _default_sink, "dead_letter": _default_dead_letter}[kind]()
+    type_name = data.get("type", default.type)
+    options = {k: v for k, v in data.items() if k != "type"}
+    if "type" not in data:
+        options = {**default.options, **options}
+    if type_name not in REGISTRIES[kind]:
+        raise ConfigError(f"{kind}.type: unknown {kind} type {type_name!r} (known: {', '.join(sorted(REGISTRIES[kind]))})")
+    try:
+        cls = connector_class(kind, type_name)
+    except ImportError as exc:
+        raise ConfigError(f"{kind}.type: connector {type_name!r} is not available: {exc}") from None
+    return ConnectorConfig(type_name, check_kwargs(cls, options, kind))
+
+
+def _validate(cfg: Config) -> None:
+    p, s, sch, rt = cfg.privacy, cfg.sampling, cfg.schedule, cfg.runtime
+    checks = [
+        ("privacy.epsilon", p.epsilon > 0, "must be > 0"),
+        ("privacy.delta", 0 < p.delta < 1, "must be in (0, 1)"),
+        ("privacy.planned_steps", p.planned_steps >= 1, "must be >= 1"),
+        ("sampling.reservoir", s.reservoir >= 1, "must be >= 1"),
+        ("sampling.batch_size", 1 <= s.batch_size <= s.reservoir, "must be in [1, sampling.reservoir]"),
+        ("schedule.every_records", sch.every_records is None or sch.every_records >= 1, "must be >= 1 or null"),
+        ("schedule.every_seconds", sch.every_seconds is None or sch.every_seconds > 0, "must be > 0 or null"),
+        ("schedule", sch.every_records is not None or sch.every_seconds is not None,
+         "set every_records and/or every_seconds"),
+        ("schedule.tau0", sch.tau0 >= 1, "must be >= 1 so that rho_t = (tau0 + t)^-kappa <= 1"),
+        ("schedule.kappa", 0.5 < sch.kappa <= 1, "must be in (0.5, 1] (Robbins-Monro)"),
+        ("metrics.port", 0 <= cfg.metrics.port <= 65535, "must be in [0, 65535]"),
+        ("runtime.blas_threads", rt.blas_threads is None or rt.blas_threads >= 1, "must be >= 1 or null"),
+        ("runtime.poll_max_records", rt.poll_max_records >= 1, "must be >= 1"),
+        ("runtime.poll_timeout_s", rt.poll_timeout_s >= 0, "must be >= 0"),
+    ]
+    if p.mode == "private":
+        checks.append(("privacy.noise_multiplier", p.noise_multiplier is None or p.noise_multiplier > 0,
+                       "must be > 0 or null (calibrated); z = 0 needs privacy.mode: non_private"))
+    else:
+        checks.append(("privacy.noise_multiplier", p.noise_multiplier in (None, 0.0),
+                       "must be null or 0 when privacy.mode is non_private"))
+        checks.append(("privacy.mode", cfg.sink.type == "memory",
+                       "non_private messages report epsilon = inf, which JSON cannot carry: use sink.type memory"))
+    if p.block_weights is not None:
+        checks.append(("privacy.block_weights", all(w > 0 for w in p.block_weights.values()), "weights must be > 0"))
+    for key, ok, message in checks:
+        if not ok:
+            raise ConfigError(f"{key}: {message}")
+
+
+def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Config:
+    """Build and validate a :class:`Config` from the YAML layout, after env overrides."""
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"<root>: expected a mapping, got {type(data).__name__}")
+    raw = apply_env(dict(data), os.environ if env is None else env)
+    sections = {f.name for f in dataclasses.fields(Config)}
+    for name in raw:
+        if name not in sections:
+            raise ConfigError(f"{name}: unknown section (known: {', '.join(sorted(sections))})")
+    hints = typing.get_type_hints(Config)
+    kwargs = {}
+    for name in sections & set(raw):
+        if name in _CONNECTOR_SECTIONS:
+            kwargs[name] = _connector(name, raw[name])
+        else:
+            kwargs[name] = _build_dataclass(hints[name], raw[name], name)
+    cfg = Config(**kwargs)
+    cls = model_class(cfg.model.family)
+    params = {**DEFAULT_MODEL_PARAMS.get(cfg.model.family, {}), **cfg.model.params}
+    if "dataset_size" in inspect.signature(cls.__init__).parameters:
+        params.setdefault("dataset_size", cfg.sampling.reservoir)
+    cfg.model.params = check_kwargs(cls, params, "model.params")
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read a YAML file (``None``: defaults only), apply env overrides and validate."""
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"<file>: cannot read {path}: {exc}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"<file>: {path} is not valid YAML: {exc}") from None
+    return config_from_dict(data, env)

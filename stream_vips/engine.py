@@ -1,0 +1,219 @@
+"""One private update step: sample, clip, check the budget, write the ledger, noise once, M-step.
+
+The order inside :meth:`PrivateEngine.step` is the privacy argument (DESIGN rules 3-7):
+
+1. refuse unless the reservoir is full (rule 5: q and the normaliser assume exactly M records);
+2. draw a fresh batch from the sampler and let the model sum its clipped per-record
+   contributions (behind the wall: nothing computed here leaves the engine);
+3. describe the release as a :class:`SubsampledGaussianEvent` built from configuration only
+   (z, q, sampling, replace-one adjacency, the model's diameter) and hand it to the budget
+   monitor, which checks epsilon as if the event had happened and appends it durably to the
+   ledger; a refusal halts the engine and nothing is released;
+4. only then draw the noise, once per block, with std_k = z * C_k / a_k, which is one Gaussian
+   mechanism with noise multiplier z on the joint bound (rule 6); symmetric blocks use
+   Analyze-Gauss noise;
+5. divide by the public normaliser (S, or q*M for Poisson; rule 4) and run the model's M-step
+   with rho_t = (tau0 + t)^-kappa, t = the ledger step (post-processing).
+
+``non_private=True`` (configuration ``privacy.mode: non_private``) is the only way to run with
+z = 0: no events, no ledger, epsilon reported as infinite, and the report never claims privacy
+(``delta`` is then only echoed into the report).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from stream_vips import messages
+from stream_vips.models.base import Model
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import ReservoirNotFull, Sampler
+from stream_vips.schedule import step_size
+
+ADJACENCY = "replace_one"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one released step produced: its index (= ledger step = message version), the
+    epsilon spent after it, the privacy report for its message, the step size and duration."""
+
+    step: int
+    epsilon_spent: float
+    privacy: dict[str, Any]
+    rho: float
+    duration_s: float
+
+
+class PrivateEngine:
+    """Runs private steps of ``model`` on batches drawn from ``reservoir``.
+
+    ``monitor`` is a :class:`stream_vips.privacy.budget.BudgetMonitor` (``None`` only when
+    ``non_private``); ``rng`` draws both the batches and the noise; ``block_weights`` are
+    relative allocation weights a_k per block name (normalised to sum a_k^2 = 1; default
+    a_k proportional to C_k); ``seeded`` says whether ``rng`` came from a fixed seed (rule 9).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        reservoir: Reservoir,
+        sampler: Sampler,
+        monitor: Any,
+        noise_multiplier: float,
+        rng: np.random.Generator,
+        tau0: float,
+        kappa: float,
+        accountant_name: str,
+        block_weights: Mapping[str, float] | None = None,
+        seeded: bool = False,
+        non_private: bool = False,
+        delta: float = 1e-5,
+    ) -> None:
+        z = float(noise_multiplier)
+        if non_private:
+            if z != 0.0 or monitor is not None:
+                raise ValueError("non_private mode runs with noise_multiplier 0 and no budget monitor")
+        elif not (math.isfinite(z) and z > 0):
+            raise ValueError(
+                f"noise_multiplier must be > 0 (got {noise_multiplier!r}); z = 0 needs privacy.mode: non_private"
+            )
+        elif monitor is None:
+            raise ValueError("a private engine needs a budget monitor")
+        self.model = model
+        self.reservoir = reservoir
+        self.sampler = sampler
+        self.monitor = monitor
+        self.noise_multiplier = z
+        self.rng = rng
+        self.tau0 = float(tau0)
+        self.kappa = float(kappa)
+        self.accountant_name = accountant_name
+        self.seeded = bool(seeded)
+        self.non_private = bool(non_private)
+        self.delta = float(delta)  # only reported by non-private runs; private ones use the monitor's
+        self.blocks = tuple(model.blocks())
+        self._stds = self._block_stds(block_weights)
+        self._local_steps = 0  # non-private mode has no ledger to count steps
+        self.last_step: int | None = None
+        capacity = reservoir.capacity
+        self.q = float(sampler.rate(capacity))
+        self.normaliser = float(sampler.normaliser(capacity))
+
+    def _block_stds(self, block_weights: Mapping[str, float] | None) -> dict[str, float]:
+        names = [b.name for b in self.blocks]
+        bounds = [b.bound for b in self.blocks]
+        weights = None
+        if block_weights is not None:
+            missing = set(names) ^ set(block_weights)
+            if missing:
+                raise ValueError(f"block_weights must name exactly the blocks {names}, mismatch: {sorted(missing)}")
+            w = np.array([float(block_weights[n]) for n in names])
+            if np.any(~(w > 0)):
+                raise ValueError(f"block_weights must be > 0, got {dict(block_weights)}")
+            weights = w / np.linalg.norm(w)
+        if self.non_private:
+            return {n: 0.0 for n in names}
+        stds = block_noise_stds(self.noise_multiplier, bounds, weights)
+        return dict(zip(names, map(float, stds)))
+
+    @property
+    def block_stds(self) -> dict[str, float]:
+        """Noise std added to each block's batch sum (before normalisation)."""
+        return dict(self._stds)
+
+    @property
+    def halted(self) -> bool:
+        return bool(self.monitor is not None and self.monitor.halted)
+
+    def epsilon_spent(self) -> float:
+        return math.inf if self.non_private else float(self.monitor.spent())
+
+    def event(self) -> SubsampledGaussianEvent:
+        """The privacy event of one step; built from configuration only."""
+        return SubsampledGaussianEvent(
+            noise_multiplier=self.noise_multiplier,
+            sampling_rate=self.q,
+            sampling=self.sampler.name,
+            adjacency=ADJACENCY,
+            diameter=float(self.model.diameter()),
+        )
+
+    def privacy_report(self, steps: int, halted: bool) -> dict[str, Any]:
+        """The ``privacy`` object of a model message after ``steps`` releases.
+
+        A non-private run reports infinite epsilon and budget, accountant ``"none"`` and z = 0:
+        it never claims a guarantee (and strict JSON sinks refuse to carry it).
+        """
+        private = not self.non_private
+        return messages.privacy_report(
+            epsilon_spent=self.epsilon_spent(),
+            delta=self.monitor.delta if private else self.delta,
+            epsilon_budget=self.monitor.epsilon_budget if private else math.inf,
+            accountant=self.accountant_name if private else "none",
+            sampling=self.sampler.name,
+            q=self.q,
+            noise_multiplier=self.noise_multiplier,
+            steps=steps,
+            halted=halted,
+            seeded=self.seeded,
+            adjacency=ADJACENCY,
+            diameter=float(self.model.diameter()),
+        )
+
+    def _noisy_mean(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for block in self.blocks:
+            total = np.asarray(sums[block.name], dtype=float)
+            if total.shape != tuple(block.shape):
+                raise ValueError(f"clipped_sum block {block.name!r} has shape {total.shape}, declared {block.shape}")
+            std = self._stds[block.name]
+            if std > 0:
+                if block.symmetric:
+                    total = total + symmetric_noise(self.rng, block.shape[0], std)
+                else:
+                    total = total + gaussian_noise(self.rng, block.shape, std)
+            out[block.name] = total / self.normaliser
+        return out
+
+    def step(self) -> StepResult | None:
+        """Run one private step; ``None`` when the budget refuses it (the engine is then halted).
+
+        Raises :class:`ReservoirNotFull` before the reservoir holds M records.
+        """
+        if self.halted:
+            return None
+        if not self.reservoir.full:
+            raise ReservoirNotFull(
+                f"reservoir holds {self.reservoir.size} of {self.reservoir.capacity} records; no release until full"
+            )
+        started = time.perf_counter()
+        capacity = self.reservoir.capacity
+        idx = self.sampler.sample(self.reservoir.size, self.rng, capacity=capacity)
+        sums = self.model.clipped_sum(self.reservoir.take(idx))
+        if set(sums) != {b.name for b in self.blocks}:
+            raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, model declares {[b.name for b in self.blocks]}")
+        if self.non_private:
+            step = self._local_steps
+            self._local_steps += 1
+        else:
+            step = self.monitor.admit(self.event())  # check + durable ledger append, before noise
+            if step is None:
+                return None
+        rho = step_size(step, self.tau0, self.kappa)
+        self.model.update(self._noisy_mean(sums), rho)
+        self.last_step = step
+        return StepResult(
+            step=step,
+            epsilon_spent=self.epsilon_spent(),
+            privacy=self.privacy_report(steps=step + 1, halted=False),
+            rho=rho,
+            duration_s=time.perf_counter() - started,
+        )

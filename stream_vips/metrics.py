@@ -1,0 +1,131 @@
+"""Prometheus metrics on a private registry, served with ``/metrics``, ``/healthz`` and ``/readyz``.
+
+Only privatized quantities and configuration are exported (DESIGN rule 8): counts of records
+consumed and rejected (stream volume and validity are not protected, see the README), reservoir
+fill, update counts and durations, the accountant's epsilon, the budget, the model version.
+Never a statistic of the data.
+
+Each :class:`Metrics` owns its :class:`prometheus_client.CollectorRegistry`, so several
+applications (tests, the demo's non-private comparison run) live in one process.
+
+>>> m = Metrics(family="linreg", sampling="poisson", accountant="pld")
+>>> m.records_consumed.inc(3)
+>>> b"stream_vips_records_consumed_total 3.0" in m.exposition()
+True
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from stream_vips import __version__
+
+PREFIX = "stream_vips"
+UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The application's metrics (names in docs/architecture.md) plus liveness/readiness state."""
+
+    def __init__(self, family: str = "", sampling: str = "", accountant: str = "", health_timeout_s: float = 30.0) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.records_consumed = Counter(f"{PREFIX}_records_consumed", "Records read from the source.", registry=r)
+        self.records_rejected = Counter(
+            f"{PREFIX}_records_rejected", "Records rejected to the dead-letter sink, by reason code.", ["reason"], registry=r
+        )
+        self.reservoir_records = Gauge(f"{PREFIX}_reservoir_records", "Records currently held in the reservoir.", registry=r)
+        self.reservoir_capacity = Gauge(f"{PREFIX}_reservoir_capacity", "Reservoir capacity M (public).", registry=r)
+        self.updates = Counter(f"{PREFIX}_updates", "Private updates released.", registry=r)
+        self.update_duration = Histogram(
+            f"{PREFIX}_update_duration_seconds", "Wall time of one private update step.", buckets=UPDATE_BUCKETS, registry=r
+        )
+        self.epsilon_spent = Gauge(f"{PREFIX}_epsilon_spent", "Privacy loss epsilon spent so far (from the ledger).", registry=r)
+        self.epsilon_budget = Gauge(f"{PREFIX}_epsilon_budget", "Configured epsilon budget.", registry=r)
+        self.delta = Gauge(f"{PREFIX}_delta", "Configured delta.", registry=r)
+        self.halted = Gauge(f"{PREFIX}_halted", "1 when updates halted because the budget is spent.", registry=r)
+        self.model_version = Gauge(f"{PREFIX}_model_version", "Version (ledger step) of the last published model.", registry=r)
+        self.last_update_timestamp = Gauge(
+            f"{PREFIX}_last_update_timestamp_seconds", "Unix time of the last released update.", registry=r
+        )
+        self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Model messages that failed to publish.", registry=r)
+        self.consumer_lag = Gauge(
+            f"{PREFIX}_consumer_lag_records", "Records behind the end of the source partition.", ["topic", "partition"], registry=r
+        )
+        self.build_info = Info(f"{PREFIX}_build", "Version and configuration of this process.", registry=r)
+        self.build_info.info({"version": __version__, "family": family, "sampling": sampling, "accountant": accountant})
+        self.model_version.set(-1)
+        self.health_timeout_s = float(health_timeout_s)
+        self._last_tick = time.monotonic()
+        self._ready = False
+
+    def exposition(self) -> bytes:
+        """The text exposition format of every metric."""
+        return generate_latest(self.registry)
+
+    def tick(self) -> None:
+        """Called by the run loop on every iteration; ``/healthz`` fails when ticks stop."""
+        self._last_tick = time.monotonic()
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = bool(ready)
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self._last_tick <= self.health_timeout_s
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+
+def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = metrics.alive
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"run loop stalled\n")
+            elif path == "/readyz":
+                ok = metrics.ready
+                self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line
+            pass
+
+    return Handler
+
+
+class MetricsServer:
+    """Serves a :class:`Metrics` over HTTP from a daemon thread. ``port=0`` binds a free port."""
+
+    def __init__(self, metrics: Metrics, host: str = "0.0.0.0", port: int = 9108) -> None:
+        self._server = ThreadingHTTPServer((host, port), _handler(metrics))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port=0``)."""
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,383 @@
+"""The run loop: source -> records -> reservoir -> trigger -> private engine -> model sink.
+
+:class:`Application` (Quix Streams style: one app object, ``run()``, SIGTERM) polls the source in
+batches, decodes and validates the whole batch at once, sends rejects to the dead-letter sink
+with their reason codes, offers the accepted rows to the reservoir and runs a private step each
+time the trigger fires (every ``every_records`` accepted records, counted exactly across poll
+boundaries, and/or every ``every_seconds``). Each released step is published as a versioned
+model message (version = ledger step) before the source is committed.
+
+Budget exhaustion halts updates for good: the last model is re-published with
+``privacy.halted: true``, the source is paused, and (``on_halt: stay``) metrics and health keep
+being served until a signal arrives, or (``on_halt: exit``) ``run()`` returns. SIGTERM/SIGINT
+finish the step in flight, flush the sinks and close everything.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from connectors import build_connector
+from stream_vips import messages, records
+from stream_vips.config import Config, ConfigError, model_class
+from stream_vips.engine import PrivateEngine
+from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, Sink, Source
+from stream_vips.metrics import Metrics, MetricsServer
+from stream_vips.models.base import Model
+from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import FileLedger, MemoryLedger
+from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import make_sampler
+from stream_vips.schedule import Trigger
+
+log = logging.getLogger("stream_vips.pipeline")
+
+
+class PublishError(RuntimeError):
+    """The model sink failed to deliver a message; the run stops rather than drop it."""
+
+
+@dataclass
+class RunStats:
+    """Counters of one run (also exported as metrics)."""
+
+    records: int = 0
+    accepted: int = 0
+    rejected: collections.Counter = field(default_factory=collections.Counter)
+    updates: int = 0
+    published: int = 0
+    halted: bool = False
+    stopped_by_signal: bool = False
+    last_message: dict[str, Any] | None = None
+
+
+class Application:
+    """A running stream_vips process assembled from parts (see :meth:`from_config`).
+
+    ``progress`` is called with the application once per loop iteration (the demo's progress
+    bar); ``metrics_address`` ``(host, port)`` starts the HTTP server for the duration of
+    :meth:`run` (port 0 binds a free port, see :attr:`metrics_port`).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        engine: PrivateEngine,
+        source: Source,
+        sink: Sink,
+        dead_letter: DeadLetterSink,
+        trigger: Trigger,
+        model_id: str = "default",
+        metrics: Metrics | None = None,
+        metrics_address: tuple[str, int] | None = None,
+        ledger: Any = None,
+        poll_max_records: int = 5000,
+        poll_timeout_s: float = 0.2,
+        on_halt: str = "stay",
+        blas_threads: int | None = 1,
+        progress: Callable[["Application"], None] | None = None,
+    ) -> None:
+        if on_halt not in ("stay", "exit"):
+            raise ValueError(f"on_halt must be 'stay' or 'exit', got {on_halt!r}")
+        self.model = model
+        self.engine = engine
+        self.reservoir = engine.reservoir
+        self.source = source
+        self.sink = sink
+        self.dead_letter = dead_letter
+        self.trigger = trigger
+        self.model_id = model_id
+        self.metrics = metrics or Metrics(model.family, engine.sampler.name, engine.accountant_name)
+        self.metrics_address = metrics_address
+        self.ledger = ledger
+        self.poll_max_records = int(poll_max_records)
+        self.poll_timeout_s = float(poll_timeout_s)
+        self.on_halt = on_halt
+        self.blas_threads = blas_threads
+        self.progress = progress
+        self.stats = RunStats()
+        self._stop = threading.Event()
+        self._server: MetricsServer | None = None
+        m = self.metrics
+        m.reservoir_capacity.set(self.reservoir.capacity)
+        if not engine.non_private:
+            m.epsilon_budget.set(engine.monitor.epsilon_budget)
+            m.delta.set(engine.monitor.delta)
+        m.epsilon_spent.set(engine.epsilon_spent())
+
+    @classmethod
+    def from_config(cls, config: Config, **parts: Any) -> "Application":
+        """Build every part from a validated :class:`~stream_vips.config.Config`.
+
+        ``parts`` replace configured ones by name (``source``, ``sink``, ``dead_letter``,
+        ``ledger``, ``progress``, ``metrics_address``): tests and the demo pass in-memory
+        connectors this way. A problem building a part raises ``ConfigError`` naming its section.
+        """
+        cfg = config
+        try:
+            model = model_class(cfg.model.family)(**cfg.model.params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model.params: {exc}") from exc
+        rng, seeded = make_rng(cfg.privacy.seed)
+        reservoir_rng, engine_rng = rng.spawn(2)
+        reservoir = Reservoir(model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
+        try:
+            sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
+        except ValueError as exc:
+            raise ConfigError(f"sampling: {exc}") from exc
+        ledger = parts.pop("ledger", None)
+        if cfg.privacy.mode == "non_private":
+            monitor, z, accountant_name = None, 0.0, "none"
+        else:
+            try:
+                accountant = make_accountant(cfg.privacy.accountant, sampler.name)
+            except ValueError as exc:
+                raise ConfigError(f"privacy.accountant: {exc}") from exc
+            accountant_name = accountant.name
+            q = sampler.rate(reservoir.capacity)
+            z = cfg.privacy.noise_multiplier
+            if z is None:
+                try:
+                    z = calibrate_noise_multiplier(
+                        cfg.privacy.epsilon, cfg.privacy.delta, q, cfg.privacy.planned_steps,
+                        sampler.name, accountant=accountant, diameter=float(model.diameter()),
+                    )
+                except ValueError as exc:
+                    raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
+            if ledger is None:
+                ledger = MemoryLedger() if cfg.privacy.ledger.type == "memory" else FileLedger(cfg.privacy.ledger.path)
+            monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger)
+        try:
+            engine = PrivateEngine(
+                model, reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
+                accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
+                non_private=cfg.privacy.mode == "non_private", delta=cfg.privacy.delta,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"privacy: {exc}") from exc
+        connectors = {}
+        for kind in ("source", "sink", "dead_letter"):
+            if kind in parts:
+                connectors[kind] = parts.pop(kind)
+                continue
+            conn = getattr(cfg, kind)
+            try:
+                connectors[kind] = build_connector(kind, conn.type, conn.options)
+            except (TypeError, ValueError, OSError) as exc:
+                raise ConfigError(f"{kind}: {exc}") from exc
+        metrics_address = parts.pop(
+            "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None
+        )
+        return cls(
+            model=model, engine=engine, trigger=Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds),
+            model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
+            poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
+            on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads, **connectors, **parts,
+        )
+
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port while :meth:`run` serves, else ``None``."""
+        return None if self._server is None else self._server.port
+
+    @property
+    def halted(self) -> bool:
+        return self.engine.halted
+
+    def stop(self) -> None:
+        """Ask the run loop to finish the step in flight and shut down (thread/signal safe)."""
+        self._stop.set()
+
+    def run(self) -> RunStats:
+        """Consume until the source is exhausted, a signal arrives, or (``on_halt: exit``) the
+        budget is spent. Always flushes and closes the source, sinks and ledger."""
+        restore = self._install_signal_handlers()
+        try:
+            if self.metrics_address is not None:
+                self._server = MetricsServer(self.metrics, *self.metrics_address)
+            with _blas_limit(self.blas_threads):
+                self.metrics.set_ready(True)
+                self._loop()
+        finally:
+            self._shutdown()
+            restore()
+        return self.stats
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.metrics.tick()
+            if self.halted:
+                if self.on_halt == "exit":
+                    return
+                self._stop.wait(max(self.poll_timeout_s, 0.1))
+                continue
+            raws = self.source.poll(self.poll_max_records, self.poll_timeout_s)
+            if raws:
+                self.ingest(raws)
+                self.source.commit()
+            elif self._time_due():
+                self._step()
+            if self.progress is not None:
+                self.progress(self)
+            if not raws and self.source.exhausted:
+                return
+
+    def _time_due(self) -> bool:
+        return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()
+
+    # ------------------------------------------------------------------------------------------
+
+    def ingest(self, raws: list[RawRecord]) -> None:
+        """Decode, validate, dead-letter and reservoir one polled batch, stepping on the trigger."""
+        values = [r.value for r in raws]
+        decoded = records.decode_json(values)
+        parsed = self.model.parse_batch(decoded.values)
+        index = np.asarray(decoded.index, dtype=np.intp)
+        rejected = list(decoded.rejected) + [(int(index[i]), reason, detail) for i, reason, detail in parsed.rejected]
+        n_ok = int(len(parsed.accepted))
+        self.stats.records += len(raws)
+        self.stats.accepted += n_ok
+        self.metrics.records_consumed.inc(len(raws))
+        if rejected:
+            self._dead_letter(raws, rejected)
+        start = 0
+        while start < n_ok and not self.halted and not self._stop.is_set():
+            chunk = self._chunk(n_ok - start)
+            self.reservoir.add_batch({k: v[start : start + chunk] for k, v in parsed.rows.items()})
+            self.trigger.observe(chunk)
+            start += chunk
+            if self.reservoir.full and self.trigger.due():
+                self._step()
+        self.metrics.reservoir_records.set(self.reservoir.size)
+
+    def _chunk(self, remaining: int) -> int:
+        """Records to add before the next possible update, so updates happen at exact counts."""
+        res, every = self.reservoir, self.trigger.every_records
+        if not res.full:
+            return min(remaining, res.capacity - res.seen)
+        if every is not None:
+            return min(remaining, max(1, every - self.trigger.pending))
+        return remaining
+
+    def _dead_letter(self, raws: list[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
+        reasons = collections.Counter(reason for _, reason, _ in rejected)
+        self.dead_letter.send([DeadLetter(raws[i], reason, detail) for i, reason, detail in sorted(rejected)])
+        for reason, n in reasons.items():
+            self.metrics.records_rejected.labels(reason=reason).inc(n)
+        self.stats.rejected.update(reasons)
+
+    def _step(self) -> None:
+        result = self.engine.step()
+        self.trigger.reset()
+        if result is None:
+            self._halt()
+            return
+        self._publish(self._message(result.step, result.privacy))
+        m = self.metrics
+        m.updates.inc()
+        m.update_duration.observe(result.duration_s)
+        m.epsilon_spent.set(result.epsilon_spent)
+        m.model_version.set(result.step)
+        m.last_update_timestamp.set(time.time())
+        self.stats.updates += 1
+
+    def _message(self, version: int, privacy: Mapping[str, Any]) -> dict[str, Any]:
+        return messages.build_message(
+            self.model_id, self.model.family, self.model.hyperparameters(), version, self.model.state(), privacy
+        )
+
+    def _publish(self, message: dict[str, Any]) -> None:
+        try:
+            self.sink.publish(self.model_id, message)
+        except Exception as exc:
+            self.metrics.publish_failures.inc()
+            log.error("publishing model version %s failed: %s", message.get("version"), exc)
+            raise PublishError(f"publishing model version {message.get('version')} failed: {exc}") from exc
+        self.stats.published += 1
+        self.stats.last_message = message
+
+    def _halt(self) -> None:
+        """Budget spent: no more updates; the last model stays published, marked halted."""
+        self.stats.halted = True
+        self.metrics.halted.set(1)
+        self.metrics.epsilon_spent.set(self.engine.epsilon_spent())
+        reason = getattr(self.engine.monitor, "halt_reason", None)
+        log.warning("privacy budget exhausted, updates halted: %s", reason)
+        self.source.pause()
+        last = self.engine.last_step
+        if last is not None:
+            self._publish(self._message(last, self.engine.privacy_report(steps=last + 1, halted=True)))
+            self.sink.flush()
+
+    # ------------------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {}
+
+        def handler(signum: int, frame: Any) -> None:
+            log.info("received %s: finishing the step in flight and shutting down", signal.Signals(signum).name)
+            self.stats.stopped_by_signal = True
+            self._stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore
+
+    def _shutdown(self) -> None:
+        self.metrics.set_ready(False)
+        errors = []
+        for name, action in (
+            ("sink flush", self.sink.flush),
+            ("dead-letter flush", self.dead_letter.flush),
+            ("source close", self.source.close),
+            ("sink close", self.sink.close),
+            ("dead-letter close", self.dead_letter.close),
+            ("ledger close", getattr(self.ledger, "close", lambda: None)),
+        ):
+            try:
+                action()
+            except Exception as exc:  # close everything even when one part fails
+                errors.append(f"{name}: {exc}")
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if errors:
+            log.error("errors during shutdown: %s", "; ".join(errors))
+
+
+class _blas_limit:
+    """Pin BLAS threads (threadpoolctl) for the duration of the run; ``None`` leaves them."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.threads = threads
+        self._ctx: Any = None
+
+    def __enter__(self) -> None:
+        if self.threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            self._ctx = threadpool_limits(limits=self.threads, user_api="blas")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.restore_original_limits()
