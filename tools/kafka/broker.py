@@ -1,0 +1,217 @@
+"""Start and stop a single-node Apache Kafka broker (KRaft: broker + controller in one JVM) on loopback.
+
+The broker jars come from Maven Central through ``tools/kafka/pom.xml`` (``.ci/kafka-setup.sh``
+copies them into ``tools/kafka/lib``). This module formats the KRaft storage, starts the JVM on
+free loopback ports with a small heap, waits until a metadata request through kafka-python sees
+the broker, and stops it. It needs only the standard library and kafka-python, so tests,
+benchmarks and the command line share it::
+
+    python tools/kafka/broker.py serve          # prints the bootstrap address, Ctrl-C stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LIB = Path(os.environ.get("STREAM_VIPS_KAFKA_LIB", HERE / "lib"))
+TEMPLATE = HERE / "server.properties.template"
+LOG4J = HERE / "log4j2.properties"
+JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=4",
+            "-Djava.awt.headless=true", "-Dlog4j2.formatMsgNoLookups=true"]
+SASL_USER = "stream-vips"
+SASL_PASSWORD = "stream-vips-secret"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be set up, started or reached."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def classpath() -> str:
+    """The broker classpath; a clear error when the jars were never resolved."""
+    jars = sorted(LIB.glob("*.jar"))
+    if not any(j.name.startswith("kafka_2.13-") for j in jars):
+        raise BrokerError(
+            f"Kafka broker jars not found in {LIB}; run `bash .ci/kafka-setup.sh` "
+            "(resolves tools/kafka/pom.xml from Maven Central)")
+    return os.pathsep.join(str(j) for j in jars)
+
+
+def java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    exe = Path(home, "bin", "java") if home else shutil.which("java")
+    if not exe or not Path(exe).exists():
+        raise BrokerError("java not found (install a JDK >= 17, e.g. `bash .ci/kafka-setup.sh`)")
+    return str(exe)
+
+
+class KafkaBroker:
+    """One KRaft broker process with its own data directory.
+
+    ``start()`` formats storage on first use and waits until the broker answers metadata
+    requests; ``stop()`` ends the process (SIGTERM, SIGKILL after ``grace_s``) and keeps the data
+    so ``start()`` can bring the same broker back on the same ports; ``cleanup()`` removes it.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, port: int | None = None) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stream-vips-kafka-"))
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.sasl_port = free_port()
+        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        self.proc: subprocess.Popen | None = None
+        self._formatted = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _write_config(self) -> None:
+        text = string.Template(TEMPLATE.read_text()).substitute(
+            port=self.port, controller_port=self.controller_port, sasl_port=self.sasl_port,
+            log_dir=self.data_dir / "log", sasl_user=SASL_USER, sasl_password=SASL_PASSWORD)
+        self.config_path.write_text(text)
+
+    def _java_cmd(self, main: str, *args: str) -> list[str]:
+        return [java(), *JVM_OPTS, f"-Dlog4j2.configurationFile={LOG4J}",
+                f"-Dkafka.logs.dir={self.data_dir}", "-cp", classpath(), main, *args]
+
+    def format(self) -> None:
+        """Write server.properties and format the KRaft metadata log (once per data dir)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        cmd = self._java_cmd("kafka.tools.StorageTool", "format", "--config", str(self.config_path),
+                             f"--cluster-id={self.cluster_id}", "--ignore-formatted")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise BrokerError(f"kafka storage format failed ({out.returncode}): {out.stderr[-2000:]}")
+        self._formatted = True
+
+    def start(self, timeout_s: float = 90.0) -> "KafkaBroker":
+        """Start the JVM (formatting first if needed) and wait until the broker serves."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        if not self._formatted:
+            self.format()
+        out = open(self.data_dir / "stdout.log", "ab")
+        self.proc = subprocess.Popen(self._java_cmd("kafka.Kafka", str(self.config_path)),
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll with a kafka-python metadata request until the broker lists itself."""
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaConfigurationError, KafkaError
+
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BrokerError(f"broker exited with {self.proc.returncode}; see {self.log_path}:\n"
+                                  + self.tail())
+            try:
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                try:
+                    if admin.describe_cluster().get("brokers"):
+                        return
+                finally:
+                    admin.close()
+            except KafkaConfigurationError:
+                raise
+            except (KafkaError, OSError) as exc:
+                last = exc
+            time.sleep(0.2)
+        raise BrokerError(f"broker not ready after {timeout_s}s ({last!r}); log tail:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        for p in (self.log_path, self.data_dir / "stdout.log"):
+            if p.exists():
+                return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the broker process (SIGTERM, then SIGKILL); the data directory is kept."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        """Stop and delete the data directory if this object created it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "KafkaBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="start a broker, print its bootstrap address, stop on Ctrl-C/SIGTERM")
+    s.add_argument("--data-dir")
+    s.add_argument("--port", type=int)
+    sub.add_parser("check", help="start a broker, wait until it serves, stop it")
+    args = p.parse_args(argv)
+    broker = KafkaBroker(getattr(args, "data_dir", None), getattr(args, "port", None))
+    t0 = time.monotonic()
+    try:
+        broker.start()
+        print(f"kafka broker ready at {broker.bootstrap} in {time.monotonic() - t0:.1f}s", flush=True)
+        if args.cmd == "serve":
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while broker.proc is not None and broker.proc.poll() is None:
+                time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
