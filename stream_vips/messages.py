@@ -1,0 +1,176 @@
+"""Model messages: build, encode, validate and decode (schema ``schemas/model-message.v1.json``).
+
+A message carries configuration and privatized natural parameters only (DESIGN rule 8). Arrays
+are encoded compactly as base64 of their little-endian C-order bytes with dtype and shape, so a
+float64 round trip is bit-exact.
+
+>>> import numpy as np
+>>> report = privacy_report(epsilon_spent=0.5, delta=1e-5, epsilon_budget=1.0, accountant="pld",
+...                         sampling="poisson", q=0.1, noise_multiplier=2.0, steps=3,
+...                         halted=False, seeded=True)
+>>> msg = build_message("m1", "linreg", {"dim": 2}, 2, {"shift": np.array([0.5, -1.0])}, report)
+>>> validate_message(loads(dumps(msg)))["privacy"]["paper_sigma"]
+1.0
+>>> decode_state(msg)["shift"].tolist()
+[0.5, -1.0]
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import jsonschema
+import numpy as np
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = "model-message.v1.json"
+ENCODING = "base64-le"
+DTYPES = ("float64", "float32", "int64", "int32")
+
+
+class MessageError(ValueError):
+    """A model message does not follow the schema or its arrays do not decode."""
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The model message JSON Schema shipped in the package."""
+    text = resources.files("stream_vips").joinpath("schemas", SCHEMA_FILE).read_text("utf-8")
+    return json.loads(text)
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(schema())
+    return jsonschema.Draft202012Validator(schema(), format_checker=jsonschema.FormatChecker())
+
+
+def encode_array(arr: np.ndarray, dtype: str = "float64") -> dict[str, Any]:
+    """``{"dtype", "shape", "encoding": "base64-le", "data"}`` for ``arr`` cast to ``dtype``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"array dtype must be one of {DTYPES}, got {dtype!r}")
+    a = np.asarray(arr)
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"cannot encode an array of dtype {a.dtype}")
+    le = np.asarray(a, dtype=np.dtype(dtype).newbyteorder("<"), order="C")
+    return {
+        "dtype": dtype,
+        "shape": list(le.shape),
+        "encoding": ENCODING,
+        "data": base64.b64encode(le.tobytes()).decode("ascii"),
+    }
+
+
+def decode_array(obj: Mapping[str, Any]) -> np.ndarray:
+    """Inverse of :func:`encode_array` (a writable array in native byte order)."""
+    try:
+        dtype, shape, encoding, data = obj["dtype"], obj["shape"], obj["encoding"], obj["data"]
+    except (KeyError, TypeError):
+        raise MessageError("encoded array needs dtype, shape, encoding and data") from None
+    if encoding != ENCODING:
+        raise MessageError(f"unknown array encoding {encoding!r}, expected {ENCODING!r}")
+    if dtype not in DTYPES:
+        raise MessageError(f"unknown array dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise MessageError(f"array shape must be a list of non-negative integers, got {shape!r}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, TypeError, ValueError) as exc:
+        raise MessageError(f"array data is not valid base64: {exc}") from None
+    le = np.dtype(dtype).newbyteorder("<")
+    expected = int(np.prod(shape, dtype=np.int64)) * le.itemsize
+    if len(raw) != expected:
+        raise MessageError(f"array data has {len(raw)} bytes, shape {shape} of {dtype} needs {expected}")
+    return np.frombuffer(raw, dtype=le).reshape(shape).astype(np.dtype(dtype))
+
+
+def privacy_report(
+    *,
+    epsilon_spent: float,
+    delta: float,
+    epsilon_budget: float,
+    accountant: str,
+    sampling: str,
+    q: float,
+    noise_multiplier: float,
+    steps: int,
+    halted: bool,
+    seeded: bool,
+    adjacency: str = "replace_one",
+    diameter: float = 2.0,
+) -> dict[str, Any]:
+    """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, DESIGN rule 2)."""
+    return {
+        "epsilon_spent": float(epsilon_spent),
+        "delta": float(delta),
+        "epsilon_budget": float(epsilon_budget),
+        "accountant": str(accountant),
+        "sampling": str(sampling),
+        "q": float(q),
+        "noise_multiplier": float(noise_multiplier),
+        "paper_sigma": float(noise_multiplier) / float(diameter),
+        "diameter": float(diameter),
+        "adjacency": str(adjacency),
+        "steps": int(steps),
+        "halted": bool(halted),
+        "seeded": bool(seeded),
+    }
+
+
+def build_message(
+    model_id: str,
+    family: str,
+    hyperparameters: Mapping[str, Any],
+    version: int,
+    state: Mapping[str, np.ndarray],
+    privacy: Mapping[str, Any],
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """A schema-valid message for one published model (validated before it is returned)."""
+    when = created_at or datetime.now(timezone.utc)
+    msg = {
+        "schema_version": SCHEMA_VERSION,
+        "model_id": model_id,
+        "family": family,
+        "hyperparameters": dict(hyperparameters),
+        "version": int(version),
+        "created_at": when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
+        "natural_parameters": {name: encode_array(arr) for name, arr in state.items()},
+        "privacy": dict(privacy),
+    }
+    return validate_message(msg)
+
+
+def validate_message(msg: Any) -> Any:
+    """Return ``msg`` if it follows the schema, else raise :class:`MessageError` naming the field."""
+    errors = sorted(_validator().iter_errors(msg), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.absolute_path) or "(message)"
+        raise MessageError(f"model message invalid at {where}: {err.message}")
+    return msg
+
+
+def decode_state(msg: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The natural parameters of a message as numpy arrays."""
+    return {name: decode_array(obj) for name, obj in msg["natural_parameters"].items()}
+
+
+def dumps(msg: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON (strict: NaN or infinity raise rather than produce invalid JSON)."""
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def loads(data: bytes | str, validate: bool = True) -> dict[str, Any]:
+    """Parse a message (and validate it against the schema unless ``validate=False``)."""
+    try:
+        msg = json.loads(data)
+    except ValueError as exc:
+        raise MessageError(f"model message is not valid JSON: {exc}") from None
+    return validate_message(msg) if validate else msg

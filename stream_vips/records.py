@@ -1,0 +1,236 @@
+"""Record validation shared by the model families: JSON decoding, reason codes, numeric fields.
+
+A record that fails a check is rejected with one reason code (the first failed check, in field
+order) and a human-readable detail; rejected records go to the dead-letter sink and never reach
+the reservoir. The checks are vectorized: a field is converted for the whole batch with one
+``np.asarray`` call, and only when that fails (a malformed record is present) does a per-record
+pass run to find the culprits.
+
+JSON booleans count as numbers (0/1), as they do in Python and numpy. Python's ``json`` reads the
+non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_finite``.
+
+>>> batch = FieldBatch([{"x": [0.5, 1.0], "y": 2.0}, {"x": [1.0]}, "text"])
+>>> x = batch.vector("x", 2, max_abs=1e6)
+>>> y = batch.scalar("y", max_abs=1e6)
+>>> batch.accepted().tolist(), [reason for _, reason, _ in batch.rejected()]
+([0], ['wrong_shape', 'not_object'])
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+INVALID_JSON = "invalid_json"
+EMPTY_DOCUMENT = "empty_document"
+TOO_LARGE = "too_large"
+NOT_OBJECT = "not_object"
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+WRONG_SHAPE = "wrong_shape"
+NON_FINITE = "non_finite"
+OUT_OF_RANGE = "out_of_range"
+
+REASONS = (
+    INVALID_JSON,
+    EMPTY_DOCUMENT,
+    TOO_LARGE,
+    NOT_OBJECT,
+    MISSING_FIELD,
+    WRONG_TYPE,
+    WRONG_SHAPE,
+    NON_FINITE,
+    OUT_OF_RANGE,
+)
+
+_NUMBER = (int, float, bool)
+_MISSING = object()
+
+
+class RecordRejected(ValueError):
+    """One record failed validation: ``reason`` is a code from :data:`REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class Decoded(NamedTuple):
+    """Decoded JSON values, their positions in the input, and the rejected positions."""
+
+    values: list[Any]
+    index: list[int]
+    rejected: list[tuple[int, str, str]]
+
+
+def _too_large(raw: bytes | str, max_bytes: int | None) -> RecordRejected | None:
+    if max_bytes is not None and len(raw) > max_bytes:
+        return RecordRejected(TOO_LARGE, f"record of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    return None
+
+
+def _decode_failure(raw: bytes | str, exc: Exception) -> RecordRejected:
+    if isinstance(raw, (bytes, str)) and not raw.strip():
+        return RecordRejected(EMPTY_DOCUMENT, "empty record")
+    return RecordRejected(INVALID_JSON, str(exc)[:200])
+
+
+def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
+    """Decode one JSON document or raise :class:`RecordRejected`."""
+    too_large = _too_large(raw, max_bytes)
+    if too_large is not None:
+        raise too_large
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _decode_failure(raw, exc) from None
+
+
+def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> Decoded:
+    """Decode a batch of JSON documents; failures become ``(position, reason, detail)``."""
+    values: list[Any] = []
+    index: list[int] = []
+    rejected: list[tuple[int, str, str]] = []
+    loads = json.loads
+    for i, raw in enumerate(raws):
+        if max_bytes is not None and len(raw) > max_bytes:
+            exc = _too_large(raw, max_bytes)
+            rejected.append((i, exc.reason, exc.detail))
+            continue
+        try:
+            values.append(loads(raw))
+        except (ValueError, TypeError) as err:
+            exc = _decode_failure(raw, err)
+            rejected.append((i, exc.reason, exc.detail))
+            continue
+        index.append(i)
+    return Decoded(values, index, rejected)
+
+
+class FieldBatch:
+    """Validates numeric fields of a batch of decoded records, one vectorized pass per field.
+
+    Create it on the decoded values, call :meth:`vector` / :meth:`scalar` per field (in the order
+    checks should apply), then read :meth:`accepted` and :meth:`rejected`. Arrays returned by the
+    field methods have one row per input record; rows of rejected records hold zeros and must be
+    dropped with ``array[batch.accepted()]``.
+    """
+
+    def __init__(self, objs: Sequence[Any]) -> None:
+        self.objs = objs if isinstance(objs, list) else list(objs)
+        self.n = len(self.objs)
+        self._bad = np.zeros(self.n, dtype=bool)
+        self._reasons: dict[int, tuple[str, str]] = {}
+        not_obj = [i for i, o in enumerate(self.objs) if type(o) is not dict]
+        for i in not_obj:
+            self._reject(i, NOT_OBJECT, f"record is a JSON {_json_type(self.objs[i])}, expected an object")
+
+    def _reject(self, i: int, reason: str, detail: str) -> None:
+        if not self._bad[i]:
+            self._bad[i] = True
+            self._reasons[i] = (reason, detail)
+
+    def _values(self, name: str) -> list[Any]:
+        return [o.get(name, _MISSING) if type(o) is dict else _MISSING for o in self.objs]
+
+    def _check_numbers(self, name: str, arr: np.ndarray, max_abs: float | None) -> None:
+        flat = arr.reshape(self.n, int(np.prod(arr.shape[1:], dtype=np.int64)))
+        finite = np.isfinite(flat).all(axis=1)
+        for i in np.flatnonzero(~finite):
+            self._reject(int(i), NON_FINITE, f"{name!r} contains NaN or infinity")
+        if max_abs is not None:
+            with np.errstate(invalid="ignore"):
+                big = finite & (np.abs(flat) > max_abs).any(axis=1)
+            for i in np.flatnonzero(big):
+                self._reject(int(i), OUT_OF_RANGE, f"{name!r} has a value beyond +-{max_abs:g}")
+
+    def vector(self, name: str, dim: int, *, max_abs: float | None = None) -> np.ndarray:
+        """Field ``name`` as an (n, dim) float64 array of finite numbers with |value| <= max_abs."""
+        vals = self._values(name)
+        arr = _fast_array(vals, (self.n, dim))
+        if arr is None:
+            arr = np.zeros((self.n, dim))
+            for i, v in enumerate(vals):
+                if self._bad[i]:
+                    continue
+                row = self._slow_vector(i, name, v, dim)
+                if row is not None:
+                    arr[i] = row
+        arr[self._bad] = 0.0
+        self._check_numbers(name, arr, max_abs)
+        arr[self._bad] = 0.0
+        return arr
+
+    def scalar(self, name: str, *, max_abs: float | None = None) -> np.ndarray:
+        """Field ``name`` as an (n,) float64 array of finite numbers with |value| <= max_abs."""
+        vals = self._values(name)
+        arr = _fast_array(vals, (self.n,))
+        if arr is None:
+            arr = np.zeros(self.n)
+            for i, v in enumerate(vals):
+                if self._bad[i]:
+                    continue
+                if v is _MISSING:
+                    self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
+                elif type(v) not in _NUMBER:
+                    self._reject(i, WRONG_TYPE, f"{name!r} must be a number, got {_json_type(v)}")
+                else:
+                    arr[i] = _to_float(self, i, name, v)
+        arr[self._bad] = 0.0
+        self._check_numbers(name, arr, max_abs)
+        arr[self._bad] = 0.0
+        return arr
+
+    def _slow_vector(self, i: int, name: str, v: Any, dim: int) -> np.ndarray | None:
+        if v is _MISSING:
+            self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
+        elif type(v) is not list:
+            self._reject(i, WRONG_TYPE, f"{name!r} must be an array of {dim} numbers, got {_json_type(v)}")
+        elif len(v) != dim:
+            self._reject(i, WRONG_SHAPE, f"{name!r} has {len(v)} entries, expected {dim}")
+        elif not all(type(e) in _NUMBER for e in v):
+            kind = next(_json_type(e) for e in v if type(e) not in _NUMBER)
+            self._reject(i, WRONG_TYPE, f"{name!r} must contain only numbers, found {kind}")
+        else:
+            return np.array([_to_float(self, i, name, e) for e in v])
+        return None
+
+    def accepted(self) -> np.ndarray:
+        """Indices (into the input list) of records that passed every check so far."""
+        return np.flatnonzero(~self._bad)
+
+    def rejected(self) -> list[tuple[int, str, str]]:
+        """``(index, reason, detail)`` for every rejected record, by index."""
+        return [(i, *self._reasons[i]) for i in sorted(self._reasons)]
+
+
+def _fast_array(vals: list[Any], shape: tuple[int, ...]) -> np.ndarray | None:
+    """One numpy conversion for a well-formed batch; None means: look record by record."""
+    try:
+        arr = np.asarray(vals)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if arr.shape != shape or arr.dtype.kind not in "fiu":
+        return None
+    return arr.astype(np.float64, copy=True)
+
+
+def _to_float(batch: FieldBatch, i: int, name: str, v: Any) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond float range
+        batch._reject(i, OUT_OF_RANGE, f"{name!r} has an integer too large for a float")
+        return 0.0
+
+
+def _json_type(v: Any) -> str:
+    if v is _MISSING:
+        return "missing value"
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number"
+    )

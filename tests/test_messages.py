@@ -1,0 +1,114 @@
+"""Model messages: schema, bit-exact arrays, round trips."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from stream_vips.messages import (
+    MessageError,
+    build_message,
+    decode_array,
+    decode_state,
+    dumps,
+    encode_array,
+    loads,
+    privacy_report,
+    schema,
+    validate_message,
+)
+
+
+def report(**kw):
+    base = dict(epsilon_spent=0.25, delta=1e-5, epsilon_budget=1.0, accountant="pld",
+                sampling="poisson", q=0.1, noise_multiplier=3.0, steps=4, halted=False, seeded=True)
+    base.update(kw)
+    return privacy_report(**base)
+
+
+def message():
+    rng = np.random.default_rng(0)
+    state = {"precision": rng.normal(size=(4, 4)), "shift": rng.normal(size=4), "shape": np.array(3.5)}
+    when = datetime(2026, 11, 26, 0, 0, tzinfo=timezone.utc)
+    return build_message("model-a", "linreg", {"dim": 4, "y_bound": 1.0}, 3, state, report(), when), state
+
+
+def test_arrays_round_trip_bit_exact():
+    rng = np.random.default_rng(1)
+    values = [rng.normal(size=(3, 5)), np.array([np.finfo(float).tiny, -0.0, 1e308, 5e-324]),
+              np.array(2.5), np.zeros((0, 3)), rng.normal(size=(4, 4)).T]  # non-contiguous input
+    for a in values:
+        enc = encode_array(a)
+        json.dumps(enc)
+        b = decode_array(json.loads(json.dumps(enc)))
+        assert b.shape == a.shape and b.dtype == np.float64
+        assert a.astype("<f8").tobytes() == np.ascontiguousarray(b).astype("<f8").tobytes()
+    big_endian = np.arange(6, dtype=">f8").reshape(2, 3)
+    np.testing.assert_array_equal(decode_array(encode_array(big_endian)), big_endian)
+    ints = decode_array(encode_array(np.arange(5), dtype="int64"))
+    assert ints.dtype == np.int64 and ints.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_encoding_is_documented_little_endian_base64():
+    enc = encode_array(np.array([1.0]))
+    assert enc == {"dtype": "float64", "shape": [1], "encoding": "base64-le", "data": "AAAAAAAA8D8="}
+
+
+def test_decode_array_rejects_bad_payloads():
+    enc = encode_array(np.arange(4.0))
+    with pytest.raises(MessageError, match="bytes"):
+        decode_array({**enc, "shape": [5]})
+    with pytest.raises(MessageError, match="base64"):
+        decode_array({**enc, "data": "not base64!"})
+    with pytest.raises(MessageError, match="encoding"):
+        decode_array({**enc, "encoding": "hex"})
+
+
+def test_message_round_trip_and_state_decode():
+    msg, state = message()
+    back = loads(dumps(msg))
+    assert back == msg
+    got = decode_state(back)
+    assert set(got) == set(state)
+    for k in state:
+        assert got[k].tobytes() == np.asarray(state[k], dtype=float).tobytes()
+    assert back["privacy"]["paper_sigma"] == 1.5  # z / 2 (DESIGN rule 2)
+    assert back["privacy"]["seeded"] is True  # DESIGN rule 9
+    assert back["created_at"] == "2026-11-26T00:00:00Z"
+
+
+def test_schema_rejects_missing_privacy_report_and_bad_fields():
+    msg, _ = message()
+    for field in ("privacy", "natural_parameters", "version"):
+        broken = copy.deepcopy(msg)
+        del broken[field]
+        with pytest.raises(MessageError, match=field):
+            validate_message(broken)
+    for field in ("seeded", "paper_sigma", "epsilon_spent", "halted"):
+        broken = copy.deepcopy(msg)
+        del broken["privacy"][field]
+        with pytest.raises(MessageError, match=field):
+            validate_message(broken)
+    broken = copy.deepcopy(msg)
+    broken["privacy"]["sampling"] = "shuffle"
+    with pytest.raises(MessageError, match="privacy/sampling"):
+        validate_message(broken)
+    broken = copy.deepcopy(msg)
+    broken["raw_records"] = [[1, 2]]  # nothing outside the documented fields
+    with pytest.raises(MessageError, match="raw_records"):
+        validate_message(broken)
+    with pytest.raises(MessageError):
+        build_message("m", "linreg", {}, 0, {"a": np.zeros(1)}, {"epsilon_spent": 0.1})
+
+
+def test_dumps_is_strict_json_and_schema_is_valid_2020_12():
+    msg, _ = message()
+    msg["hyperparameters"]["bad"] = float("nan")
+    with pytest.raises(ValueError):
+        dumps(msg)
+    assert schema()["$schema"].endswith("2020-12/schema")
+    assert all("description" in p for p in schema()["$defs"]["privacy"]["properties"].values())
