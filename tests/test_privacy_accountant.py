@@ -1,0 +1,243 @@
+"""Accountants: closed forms, cross-checks against autodp/dp_accounting, monotonicity, calibration."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant as DpaRdp
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from stream_vips.privacy.accountant import (
+    PldAccountant, RdpAccountant, UnsupportedEvent, calibrate_noise_multiplier, make_accountant,
+)
+from stream_vips.privacy.events import SubsampledGaussianEvent as E
+
+NR = dpa.NeighboringRelation
+DELTA = 1e-5
+PLD = PldAccountant()
+RDP = RdpAccountant()
+
+
+def gaussian_epsilon(sigma: float, delta: float) -> float:
+    """Exact epsilon of the Gaussian mechanism, sigma = noise std / sensitivity (Balle & Wang 2018):
+    delta(eps) = Phi(1/(2 sigma) - eps sigma) - e^eps Phi(-1/(2 sigma) - eps sigma)."""
+    def gap(eps):
+        return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma) - delta
+    return brentq(gap, 0.0, 500.0, xtol=1e-12)
+
+
+def autodp_fixed(z: float, q: float, steps: int, diameter: float = 2.0) -> float:
+    """DESIGN rule 3 verbatim with autodp's own composition and conversion."""
+    from autodp.mechanism_zoo import ExactGaussianMechanism
+    from autodp.transformer_zoo import AmplificationBySampling, Composition
+
+    mech = ExactGaussianMechanism(z / diameter)
+    mech.neighboring = "replace_one"
+    if q < 1:
+        mech = AmplificationBySampling(PoissonSampling=False)(mech, q, improved_bound_flag=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Composition()([mech], [steps]).get_approxDP(DELTA)
+
+
+# --- closed forms (rules 2-4) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("z, steps", [(1.0, 1), (2.0, 10), (5.0, 100)])
+def test_pld_replace_one_at_q1_is_the_gaussian_with_sensitivity_2C(z, steps):
+    eps = PLD.epsilon([E(z, 1.0, "poisson", count=steps)], DELTA)
+    exact = gaussian_epsilon(z / 2 / math.sqrt(steps), DELTA)  # std zC, sensitivity 2C, T-fold
+    assert exact <= eps <= exact * (1 + 1e-4) + 1e-4  # pessimistic discretization, tiny error
+
+
+@pytest.mark.parametrize("z, steps", [(1.0, 1), (3.0, 1), (2.0, 10)])
+def test_fixed_size_at_q1_equals_autodp_gaussian_at_sigma_z_over_2(z, steps):
+    from autodp.mechanism_zoo import ExactGaussianMechanism
+
+    eps = RDP.epsilon([E(z, 1.0, "fixed", count=steps)], DELTA)
+    # T Gaussians with sigma compose to one Gaussian with sigma / sqrt(T)
+    assert eps == pytest.approx(ExactGaussianMechanism(z / 2 / math.sqrt(steps)).get_approxDP(DELTA), rel=1e-9)
+    assert eps == pytest.approx(gaussian_epsilon(z / 2 / math.sqrt(steps), DELTA), rel=1e-6)
+
+
+def test_fixed_size_diameter_sqrt2_uses_sigma_z_over_sqrt2():
+    eps = RDP.epsilon([E(2.0, 1.0, "fixed", diameter=math.sqrt(2))], DELTA)
+    assert eps == pytest.approx(gaussian_epsilon(2.0 / math.sqrt(2), DELTA), rel=1e-6)
+    assert eps < RDP.epsilon([E(2.0, 1.0, "fixed")], DELTA)
+
+
+def test_pld_accounts_smaller_diameters_conservatively_at_2():
+    a = PLD.epsilon([E(1.5, 0.1, "poisson", count=20)], DELTA)
+    b = PLD.epsilon([E(1.5, 0.1, "poisson", diameter=math.sqrt(2), count=20)], DELTA)
+    assert a == b
+
+
+@pytest.mark.parametrize("z, q, steps", [(2.0, 0.01, 100), (1.0, 0.1, 10), (4.0, 0.05, 1000)])
+def test_fixed_size_matches_autodp_rule_3_pipeline(z, q, steps):
+    ours = RDP.epsilon([E(z, q, "fixed", count=steps)], DELTA)
+    theirs = autodp_fixed(z, q, steps)
+    assert ours == pytest.approx(theirs, rel=0.01)
+
+
+# --- cross-checks and pinned conventions (dp_accounting issue 378) -------------------------
+
+@pytest.mark.parametrize("z", [1.0, 3.0])
+@pytest.mark.parametrize("M, S", [(1000, 10), (400, 100)])
+@pytest.mark.parametrize("steps", [1, 300])
+def test_autodp_and_dp_accounting_rdp_agree_for_fixed_size_replace_one(z, M, S, steps):
+    # dp_accounting's without-replacement Gaussian reads noise_multiplier as std / (L2
+    # sensitivity) = std / (2C) = z / 2 under replace-one.
+    acct = DpaRdp(neighboring_relation=NR.REPLACE_ONE)
+    acct.compose(dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(M, S, dpa.GaussianDpEvent(z / 2)), steps))
+    ours = RDP.epsilon([E(z, S / M, "fixed", count=steps)], DELTA)
+    assert ours == pytest.approx(acct.get_epsilon(DELTA), rel=0.02)
+
+
+def test_pin_dp_accounting_without_replacement_reads_std_over_diameter():
+    """At q = 1 the without-replacement event is the plain Gaussian on sensitivity 1 (in its
+    units): noise_multiplier z/2 reproduces std zC on sensitivity 2C; passing z would report the
+    epsilon of half the noise's worth of privacy (far too small)."""
+    z = 2.0
+
+    def dpa_wor(nm):
+        acct = DpaRdp(neighboring_relation=NR.REPLACE_ONE)
+        acct.compose(dpa.SampledWithoutReplacementDpEvent(100, 100, dpa.GaussianDpEvent(nm)))
+        return acct.get_epsilon(DELTA)
+
+    ours = RDP.epsilon([E(z, 1.0, "fixed")], DELTA)
+    gauss = DpaRdp()
+    gauss.compose(dpa.GaussianDpEvent(z / 2))
+    assert dpa_wor(z / 2) == pytest.approx(gauss.get_epsilon(DELTA), rel=1e-9)
+    assert dpa_wor(z / 2) >= ours  # RDP conversion is looser than the exact Gaussian
+    assert dpa_wor(z / 2) == pytest.approx(ours, rel=0.2)
+    assert dpa_wor(z) < 0.6 * ours
+
+
+def test_pin_dp_accounting_pld_replace_one_reads_std_over_C():
+    """PLD REPLACE_ONE's Gaussian noise_multiplier is std / C = z (its pair is +C vs -C)."""
+    z = 2.0
+    acct = PLDAccountant(NR.REPLACE_ONE)
+    acct.compose(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)))
+    assert acct.get_epsilon(DELTA) == pytest.approx(gaussian_epsilon(z / 2, DELTA), rel=1e-3)
+    assert PLD.epsilon([E(z, 1.0, "poisson")], DELTA) == pytest.approx(acct.get_epsilon(DELTA), rel=1e-9)
+    add_remove = PLDAccountant(NR.ADD_OR_REMOVE_ONE)
+    add_remove.compose(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)))
+    assert add_remove.get_epsilon(DELTA) == pytest.approx(gaussian_epsilon(z, DELTA), rel=1e-3)
+
+
+def test_pld_matches_dp_accounting_for_a_heterogeneous_poisson_sequence():
+    seq = [E(1.0, 0.05, "poisson", count=30), E(2.0, 0.2, "poisson", count=10), E(1.0, 0.05, "poisson", count=5)]
+    acct = PLDAccountant(NR.REPLACE_ONE)
+    for e in seq:
+        acct.compose(dpa.PoissonSampledDpEvent(e.sampling_rate, dpa.GaussianDpEvent(e.noise_multiplier)), e.count)
+    assert PLD.epsilon(seq, DELTA) == pytest.approx(acct.get_epsilon(DELTA), rel=1e-3)
+
+
+@pytest.mark.parametrize("z, q, steps", [(1.0, 0.01, 1000), (2.0, 0.1, 100), (0.8, 0.02, 50)])
+def test_pld_is_at_most_rdp_for_poisson_add_remove(z, q, steps):
+    e = E(z, q, "poisson", "add_remove", 1.0, count=steps)
+    pld, rdp = PLD.epsilon([e], DELTA), RDP.epsilon([e], DELTA)
+    acct = DpaRdp()
+    acct.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps)
+    assert pld <= rdp and pld <= acct.get_epsilon(DELTA)
+    assert rdp == pytest.approx(acct.get_epsilon(DELTA), rel=0.05)
+
+
+def test_poisson_replace_one_pld_beats_fixed_size_rdp_at_equal_noise():
+    # DESIGN rule 4: the default Poisson path is accounted several-fold tighter.
+    z, q, steps = 1.0, 0.01, 1000
+    pld = PLD.epsilon([E(z, q, "poisson", count=steps)], DELTA)
+    rdp = RDP.epsilon([E(z, q, "fixed", count=steps)], DELTA)
+    assert pld < rdp / 2
+
+
+# --- heterogeneous sequences, grouping, unsupported events ---------------------------------
+
+@pytest.mark.parametrize("acct, sampling", [(RDP, "fixed"), (PLD, "poisson")])
+def test_epsilon_depends_on_the_multiset_of_events(acct, sampling):
+    a, b = E(1.5, 0.05, sampling), E(3.0, 0.2, sampling)
+    seq = [a, b, a, a.with_count(3)]
+    assert acct.epsilon(seq, DELTA) == acct.epsilon([a.with_count(5), b], DELTA)
+    assert acct.epsilon(seq, DELTA) > acct.epsilon([a.with_count(5)], DELTA)
+    assert acct.epsilon([], DELTA) == 0.0
+
+
+def test_rdp_heterogeneous_matches_autodp_composition():
+    from autodp.mechanism_zoo import ExactGaussianMechanism
+    from autodp.transformer_zoo import AmplificationBySampling, Composition
+
+    mechs = []
+    for z, q in [(2.0, 0.02), (4.0, 0.1)]:
+        m = ExactGaussianMechanism(z / 2)
+        m.neighboring = "replace_one"
+        mechs.append(AmplificationBySampling(PoissonSampling=False)(m, q, improved_bound_flag=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = Composition()(mechs, [200, 50]).get_approxDP(DELTA)
+    ours = RDP.epsilon([E(2.0, 0.02, "fixed", count=200), E(4.0, 0.1, "fixed", count=50)], DELTA)
+    assert ours == pytest.approx(theirs, rel=0.01)
+
+
+def test_unsupported_combinations_say_why():
+    with pytest.raises(UnsupportedEvent, match="fixed-size .*autodp"):
+        PLD.epsilon([E(1.0, 0.1, "fixed")], DELTA)
+    with pytest.raises(UnsupportedEvent, match="add/remove .*pld"):
+        RDP.epsilon([E(1.0, 0.1, "poisson")], DELTA)
+    with pytest.raises(UnsupportedEvent, match="replace-one"):
+        RDP.epsilon([E(1.0, 0.1, "fixed", "add_remove", 1.0)], DELTA)
+    with pytest.raises(UnsupportedEvent, match="unknown event type"):
+        RDP.epsilon([object()], DELTA)
+    assert not PLD.supports(E(1.0, 0.1, "fixed")) and PLD.supports(E(1.0, 1.0, "fixed"))
+    assert RDP.supports(E(1.0, 1.0, "poisson"))  # q = 1 is a plain Gaussian
+    with pytest.raises(ValueError, match="delta"):
+        RDP.epsilon([E(1.0, 1.0, "fixed")], 0.0)
+
+
+def test_make_accountant_defaults():
+    assert make_accountant("auto", "poisson").name == "pld"
+    assert make_accountant("auto", "fixed").name == "autodp"
+    assert isinstance(make_accountant("autodp", "poisson"), RdpAccountant)
+    with pytest.raises(ValueError, match="accountant"):
+        make_accountant("moments", "poisson")
+    with pytest.raises(ValueError, match="sampling"):
+        make_accountant("auto", "shuffle")
+
+
+# --- monotonicity and calibration ---------------------------------------------------------
+
+@pytest.mark.parametrize("acct, sampling", [(RDP, "fixed"), (PLD, "poisson")])
+def test_epsilon_grows_with_steps_and_falls_with_noise(acct, sampling):
+    by_steps = [acct.epsilon([E(1.5, 0.05, sampling, count=t)], DELTA) for t in (1, 10, 100, 400)]
+    assert np.all(np.diff(by_steps) > 0)
+    by_z = [acct.epsilon([E(z, 0.05, sampling, count=50)], DELTA) for z in (0.8, 1.2, 2.0, 4.0)]
+    assert np.all(np.diff(by_z) < 0)
+
+
+@pytest.mark.parametrize("target, q, steps, sampling", [
+    (1.0, 0.02, 200, "poisson"),
+    (0.5, 1.0, 5, "fixed"),
+    (3.0, 0.05, 100, "fixed"),
+])
+def test_calibration_meets_the_target_and_is_tight(target, q, steps, sampling):
+    acct = make_accountant("auto", sampling)
+    z = calibrate_noise_multiplier(target, DELTA, q, steps, sampling, accountant=acct)
+
+    def eps(zz):
+        return acct.epsilon([E(zz, q, sampling, count=steps)], DELTA)
+
+    assert eps(z) <= target
+    assert eps(0.99 * z) > target
+
+
+def test_calibration_errors():
+    with pytest.raises(UnsupportedEvent):
+        calibrate_noise_multiplier(1.0, DELTA, 0.1, 10, "fixed", accountant=PLD)
+    with pytest.raises(ValueError, match="steps"):
+        calibrate_noise_multiplier(1.0, DELTA, 0.1, 0, "poisson")
+    with pytest.raises(ValueError, match="target epsilon"):
+        calibrate_noise_multiplier(-1.0, DELTA, 0.1, 10, "poisson")
