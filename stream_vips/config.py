@@ -15,10 +15,11 @@ parameter named ``dataset_size`` (the public N of the M-step) defaults to the re
 ...                                                             "STREAM_VIPS__SAMPLING__BATCH_SIZE": "50"})
 >>> cfg.privacy.epsilon, cfg.sampling.reservoir, cfg.sampling.q
 (2.0, 500, 0.1)
->>> config_from_dict({"privacy": {"epsilom": 2.0}})
-Traceback (most recent call last):
-...
-stream_vips.config.ConfigError: privacy.epsilom: unknown key (known: accountant, block_weights, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
+>>> try:
+...     config_from_dict({"privacy": {"epsilom": 2.0}}, env={})
+... except ConfigError as exc:
+...     print(exc)
+privacy.epsilom: unknown key (known: accountant, block_weights, calibration_rtol, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
 """
 
 from __future__ import annotations
@@ -72,12 +73,17 @@ class LedgerConfig:
 
 @dataclass
 class PrivacyConfig:
-    """``mode: non_private`` is the only way to run without noise (z = 0, epsilon reported as inf)."""
+    """``mode: non_private`` is the only way to run without noise (z = 0, epsilon reported as inf).
+
+    ``noise_multiplier: null`` calibrates z to spend ``epsilon`` at ``delta`` in ``planned_steps``
+    steps; the result is at most ``calibration_rtol`` (relative) above the smallest such z.
+    """
 
     mode: Literal["private", "non_private"] = "private"
     epsilon: float = 1.0
     delta: float = 1.0e-5
     noise_multiplier: float | None = None
+    calibration_rtol: float = 0.01
     planned_steps: int = 100
     accountant: Literal["auto", "pld", "autodp"] = "auto"
     seed: int | None = None
@@ -368,6 +374,7 @@ def _validate(cfg: Config) -> None:
         ("privacy.epsilon", p.epsilon > 0, "must be > 0"),
         ("privacy.delta", 0 < p.delta < 1, "must be in (0, 1)"),
         ("privacy.planned_steps", p.planned_steps >= 1, "must be >= 1"),
+        ("privacy.calibration_rtol", 0 < p.calibration_rtol < 0.5, "must be in (0, 0.5)"),
         ("sampling.reservoir", s.reservoir >= 1, "must be >= 1"),
         ("sampling.batch_size", 1 <= s.batch_size <= s.reservoir, "must be in [1, sampling.reservoir]"),
         ("schedule.every_records", sch.every_records is None or sch.every_records >= 1, "must be >= 1 or null"),

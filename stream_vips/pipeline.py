@@ -109,6 +109,7 @@ class Application:
         self.stats = RunStats()
         self._stop = threading.Event()
         self._server: MetricsServer | None = None
+        self._metrics_port: int | None = None
         m = self.metrics
         m.reservoir_capacity.set(self.reservoir.capacity)
         if not engine.non_private:
@@ -152,6 +153,7 @@ class Application:
                     z = calibrate_noise_multiplier(
                         cfg.privacy.epsilon, cfg.privacy.delta, q, cfg.privacy.planned_steps,
                         sampler.name, accountant=accountant, diameter=float(model.diameter()),
+                        rtol=cfg.privacy.calibration_rtol,
                     )
                 except ValueError as exc:
                     raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
@@ -190,8 +192,8 @@ class Application:
 
     @property
     def metrics_port(self) -> int | None:
-        """The bound metrics port while :meth:`run` serves, else ``None``."""
-        return None if self._server is None else self._server.port
+        """The port the metrics server is (or was last) bound to; ``None`` before serving."""
+        return self._metrics_port
 
     @property
     def halted(self) -> bool:
@@ -208,6 +210,7 @@ class Application:
         try:
             if self.metrics_address is not None:
                 self._server = MetricsServer(self.metrics, *self.metrics_address)
+                self._metrics_port = self._server.port
             with _blas_limit(self.blas_threads):
                 self.metrics.set_ready(True)
                 self._loop()

@@ -1,0 +1,90 @@
+"""The ``stream-vips`` command: ``run``, ``demo``, ``plan`` and ``inspect`` subcommands.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and ``run(args) -> int``;
+they are imported lazily so that one missing optional piece never breaks the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from stream_vips import __version__
+
+#: subcommand -> module with add_parser(subparsers) and run(args) -> int
+SUBCOMMANDS = {
+    "run": "stream_vips.cli",
+    "demo": "stream_vips.demo",
+    "plan": "stream_vips.plan",
+    "inspect": "stream_vips.inspect",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The ``run`` subcommand."""
+    p = subparsers.add_parser("run", help="run the pipeline from a YAML configuration",
+                              description="Run the pipeline until the source is exhausted or a signal "
+                                          "arrives. Environment overrides: STREAM_VIPS__SECTION__KEY=value.")
+    p.add_argument("--config", metavar="FILE", help="YAML configuration (default: built-in defaults)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides runtime.log_level")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """``stream-vips run``: exit 0 on a clean end (exhausted, halted or signalled), 2 on bad config."""
+    from stream_vips.config import ConfigError, load_config
+    from stream_vips.pipeline import Application
+
+    try:
+        config = load_config(args.config)
+        logging.basicConfig(level=args.log_level or config.runtime.log_level, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        app = Application.from_config(config)
+    except ConfigError as exc:
+        print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
+        return 2
+    stats = app.run()
+    rejected = sum(stats.rejected.values())
+    logging.getLogger("stream_vips").info(
+        "stopped: %d records (%d rejected), %d updates, epsilon %.6g, halted %s%s", stats.records, rejected,
+        stats.updates, app.engine.epsilon_spent(), stats.halted, " (signal)" if stats.stopped_by_signal else "")
+    return 0
+
+
+def _unavailable(name: str, subparsers: argparse._SubParsersAction, exc: Exception) -> None:
+    p = subparsers.add_parser(name, help=f"(unavailable: {exc})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(_run=lambda args: _fail(name, exc))
+
+
+def _fail(name: str, exc: Exception) -> int:
+    print(f"stream-vips {name}: not available in this installation: {exc}", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stream-vips", description="Differentially private Bayesian "
+                                     "inference on event streams.")
+    parser.add_argument("--version", action="version", version=f"stream-vips {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in SUBCOMMANDS.items():
+        try:
+            module = sys.modules[__name__] if module_name == __name__ else importlib.import_module(module_name)
+        except ImportError as exc:
+            _unavailable(name, subparsers, exc)
+            continue
+        sub = module.add_parser(subparsers)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
