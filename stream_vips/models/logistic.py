@@ -1,0 +1,331 @@
+"""VIPS Bayesian logistic regression with Pólya-Gamma augmentation (VIPS JAIR 2020, Algorithm 5).
+
+Model (paper eq. 43): y_n ~ Bernoulli(sigmoid(m^T x_n)), m | alpha ~ N(0, alpha^-1 I),
+alpha ~ Gamma(a0, b0) (shape, rate). Pólya-Gamma augmentation (eqs. 45-47) makes the likelihood
+conditionally Gaussian in m, with per-record sufficient statistics
+
+    s1(x, y) = (y - 1/2) x          s2(x, omega) = omega x x^T,   omega ~ PG(1, c).
+
+**E-step (behind the privacy wall).** With q(m) = N(mu, Sigma), q(omega_n) = PG(1, c_n) with
+c_n^2 = x_n^T E[m m^T] x_n and E[m m^T] = Sigma + mu mu^T (eq. 49), whose mean is
+E[omega_n] = tanh(c_n / 2) / (2 c_n) (1/4 at c = 0). The batch sums
+S1 = sum (y_n - 1/2) x_n and S2 = sum E[omega_n] x_n x_n^T are what the engine releases.
+
+**M-step (post-processing, eqs. 51-55).** From the privatized means s1, s2 and the configured
+dataset size N (the reservoir capacity, DESIGN rule 5):
+nu_t = [N s1, N proj(s2) + <alpha> I], blended nu <- (1 - rho) nu + rho nu_t; then
+Sigma = P^-1, mu = Sigma h for nu = [h, P], and q(alpha) = Gamma(a0 + d/2,
+b0 + (mu^T mu + tr Sigma) / 2) (eq. 53). ``proj`` raises the eigenvalues of the noisy s2 to a
+floor set from public quantities only (the expected spectral norm of the release noise; see
+:meth:`BayesianLogisticRegression.set_noise_scale`), so the precision is always positive definite.
+
+**Sensitivity.** Inputs are clipped to ||x|| <= 1 (a bias feature, if wanted, is part of x and
+inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 1/4.
+
+* Per-record bounds (``Block.bound``): ||(y - 1/2) x|| = ||x|| / 2 <= C1 = 1/2 and
+  ||E[omega] x x^T||_F = E[omega] ||x||^2 <= C2 = 1/4.
+* Replace-one, per block. s1: ||u - u'|| <= ||u|| + ||u'|| <= 1 = 2 C1, reached by x' = x and
+  flipped y. s2: both contributions are PSD, so <A, A'>_F = omega omega' (x^T x')^2 >= 0 and
+  ||A - A'||_F^2 = ||A||^2 + ||A'||^2 - 2 <A, A'> <= 2 C2^2, i.e. sqrt(2) C2 = sqrt(2)/4
+  (x orthogonal to x'). The paper's bounds (eqs. 57, 59: 2 |y - 1/2| <= 2, i.e. 2x loose, and
+  2 C2) are looser.
+* Replace-one, jointly. The engine adds N(0, (z C_k / a_k)^2) to block k (weights a_k, sum a_k^2
+  = 1): equivalently block k is scaled by w_k = a_k / C_k (w1 = 2 a1, w2 = 4 a2), every record's
+  scaled contribution has norm <= 1, and unit noise of multiplier z is added. The diameter D is
+  the sup of the scaled change. Write r = ||x||, r' = ||x'||, t = sign((y - 1/2)(y' - 1/2)) cos(x, x'),
+  p = omega r^2, p' = omega' r'^2. Then
+  D^2 = sup w1^2 (r^2 + r'^2 - 2 t r r') / 4 + w2^2 (p^2 + p'^2 - 2 t^2 p p').
+  omega and omega' range independently over (0, 1/4]: E[m m^T] is any PD matrix (it comes from
+  earlier releases), and for non-parallel x, x' one can make c(x) and c(x') independently small
+  or large. Expanding, D^2 = |g|^2 + |g'|^2 + max_t (-2 a t - 2 b t^2) with a = w1^2 r r' / 4,
+  b = w2^2 p p'; the max is phi(a, b) = 2a - 2b if a >= 2b, else a^2 / (2b); phi grows with a, so
+  for fixed p, p' the sup is at r = r' = 1. There, if a >= 2b the value is
+  w1^2 + w2^2 (p - p')^2 <= w1^2 + w2^2 / 16 (p = 1/4, p' -> 0, x' -> -+x); if a < 2b it is
+  w1^2 / 2 + w2^2 (p^2 + p'^2) + w1^4 / (32 w2^2 p p'), convex in (p, p') on the convex region
+  pp' > w1^2 / (8 w2^2), so its max is on the region's boundary (where it equals the first case)
+  or at p = p' = 1/4. Hence, with a1^2 + a2^2 = 1,
+
+      D^2 = max(4 a1^2 + a2^2,  2 + a1^4 / (2 a2^2)  [only if a1^2 < 2 a2^2]) <= 4.
+
+  For the default weights a_k = C_k / sqrt(C1^2 + C2^2) (a1^2 = 0.8) D = sqrt(3.4) ~ 1.844 < 2.
+  :meth:`diameter` computes D; tests check it against random and optimized worst cases.
+
+>>> import numpy as np
+>>> model = BayesianLogisticRegression(dim=2, dataset_size=100)
+>>> parsed = model.parse_batch([{"x": [3.0, 4.0], "y": 1}, {"x": [0.1, 0.2], "y": 0.5}])
+>>> parsed.rows["x"].round(2).tolist(), [reason for _, reason, _ in parsed.rejected]
+([[0.6, 0.8]], ['out_of_range'])
+>>> sums = model.clipped_sum(parsed.rows)
+>>> model.update({name: s / 1.0 for name, s in sums.items()}, rho=1.0)
+>>> float(model.predict_proba(np.array([[0.6, 0.8]]))[0]) > 0.5
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+from scipy.linalg import blas, cho_factor, cho_solve
+from scipy.special import expit
+from scipy.stats import rankdata
+
+from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.privacy.mechanisms import clip_rows, project_pd
+from stream_vips.records import OUT_OF_RANGE, FieldBatch
+
+#: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
+_PG_SERIES_BELOW = 1e-4
+#: Eigenvalue floor of s2 when no noise scale is known; s2 entries are means of terms <= 1/4, so
+#: this moves a noise-free precision N s2 + alpha I by at most N * 1e-12.
+_MIN_FLOOR = 1e-12
+#: Largest |x_j| accepted before clipping (rejects absurd inputs rather than silently shrinking).
+_MAX_ABS_INPUT = 1e6
+
+
+def pg_mean(c: np.ndarray) -> np.ndarray:
+    """E[omega] for omega ~ PG(1, c): tanh(c/2) / (2c), and 1/4 at c = 0 (even in c, <= 1/4).
+
+    >>> pg_mean(np.array([0.0, 1e-8, 2.0])).round(6).tolist()
+    [0.25, 0.25, 0.190399]
+    """
+    c = np.abs(np.asarray(c, dtype=float))
+    small = c < _PG_SERIES_BELOW
+    safe = np.where(small, 1.0, c)
+    out = np.tanh(0.5 * safe) / (2.0 * safe)
+    out = np.where(small, 0.25 - c * c / 48.0, out)
+    return np.minimum(out, 0.25)
+
+
+def joint_diameter(a1: float, a2: float) -> float:
+    """Replace-one diameter of the joint (s1, s2) release for allocation weights (a1, a2).
+
+    See the module docstring: D^2 = max(4 a1^2 + a2^2, 2 + a1^4 / (2 a2^2) if a1^2 < 2 a2^2),
+    in units of the joint bound, with a1^2 + a2^2 = 1 (weights are normalised here).
+    """
+    a = np.array([a1, a2], dtype=float)
+    if a.shape != (2,) or np.any(~(a > 0)) or not np.all(np.isfinite(a)):
+        raise ValueError(f"allocation weights must be two positive numbers, got {a1!r}, {a2!r}")
+    u1, u2 = (a / np.linalg.norm(a)) ** 2
+    d2 = 4.0 * u1 + u2
+    if u1 < 2.0 * u2:
+        d2 = max(d2, 2.0 + u1 * u1 / (2.0 * u2))
+    return float(min(2.0, math.sqrt(d2)))
+
+
+class BayesianLogisticRegression(Model):
+    """Streaming private VIPS logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``).
+
+    ``dim`` is d (including any bias feature the producer adds); ``dataset_size`` is the N of the
+    M-step, the configured reservoir capacity (public). ``a0``, ``b0`` are the Gamma hyperprior
+    on the prior precision alpha. ``floor_factor`` scales the public eigenvalue floor of the
+    noisy s2: floor = floor_factor * sqrt(d) * (noise std of one s2 entry of the released mean),
+    about the expected spectral norm of that noise (2 sqrt(d) for a Wigner matrix).
+    """
+
+    family: ClassVar[str] = "logistic"
+
+    def __init__(
+        self,
+        dim: int,
+        dataset_size: int,
+        a0: float = 1.0,
+        b0: float = 1.0,
+        floor_factor: float = 2.0,
+    ) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 1:
+            raise ValueError(f"dataset_size must be a positive integer, got {dataset_size!r}")
+        for name, value in (("a0", a0), ("b0", b0), ("floor_factor", floor_factor)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        self.dim = int(dim)
+        self.dataset_size = int(dataset_size)
+        self.a0 = float(a0)
+        self.b0 = float(b0)
+        self.floor_factor = float(floor_factor)
+        self.s2_noise_std = 0.0
+        self._alpha_shape, self._alpha_rate = self.a0, self.b0  # q(alpha) = prior before any data
+        self._h = np.zeros(self.dim)
+        self._P = self.alpha_mean * np.eye(self.dim)
+        self._refresh_posterior()
+
+    # ------------------------------------------------------------------ protocol: records
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {"x": (np.dtype(np.float64), (self.dim,)), "y": (np.dtype(np.float64), ())}
+
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """Check ``x`` (d finite numbers) and ``y`` (0 or 1); clip x to L2 norm 1."""
+        batch = FieldBatch(objs)
+        x = batch.vector("x", self.dim, max_abs=_MAX_ABS_INPUT)
+        y = batch.scalar("y", max_abs=_MAX_ABS_INPUT)
+        ok = batch.accepted()
+        binary = (y[ok] == 0.0) | (y[ok] == 1.0)
+        rejected = batch.rejected() + [
+            (int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}") for i in ok[~binary]
+        ]
+        ok = ok[binary]
+        return ParsedBatch(
+            rows={"x": clip_rows(x[ok], 1.0), "y": y[ok]},
+            accepted=ok,
+            rejected=sorted(rejected),
+        )
+
+    # ------------------------------------------------------------------ protocol: release
+    def blocks(self) -> tuple[Block, ...]:
+        d = self.dim
+        return (Block("s1", (d,), 0.5), Block("s2", (d, d), 0.25, symmetric=True))
+
+    def diameter(self, weights: Mapping[str, float] | None = None) -> float:
+        """Joint replace-one diameter (module docstring) for the engine's allocation weights.
+
+        ``weights`` maps block name to a_k (normalised here); for the default a_k proportional
+        to C_k the diameter is sqrt(3.4). Without weights the allocation is unknown and the
+        diameter that holds for every allocation, 2, is returned.
+        """
+        if weights is None:
+            return 2.0
+        if set(weights) != {"s1", "s2"}:
+            raise ValueError(f"weights must name the blocks s1 and s2, got {sorted(weights)}")
+        return joint_diameter(float(weights["s1"]), float(weights["s2"]))
+
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """E-step sums S1 = sum (y - 1/2) x, S2 = sum E[omega] x x^T over the batch.
+
+        Rows are re-clipped to norm 1 (idempotent for parsed rows) so the bounds hold whatever
+        the reservoir holds. c_n^2 = ||L^T x_n||^2 with L the Cholesky factor of E[m m^T]
+        (one triangular product for the batch), and S2 is one symmetric rank-n update.
+        """
+        X = clip_rows(batch["x"], 1.0)
+        y = np.asarray(batch["y"], dtype=float)
+        if X.shape[1] != self.dim or y.shape != (X.shape[0],):
+            raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
+                             f"got {X.shape} and {y.shape}")
+        omega = pg_mean(np.sqrt(self._c2(X)))
+        Xw = X * np.sqrt(omega)[:, None]
+        return {"s1": (y - 0.5) @ X, "s2": Xw.T @ Xw}
+
+    def _c2(self, X: np.ndarray) -> np.ndarray:
+        """x_n^T E[m m^T] x_n for every row, via (L^T X^T) with X^T read in place (Fortran)."""
+        if X.shape[0] == 0:
+            return np.zeros(0)
+        LtXt = blas.dtrmm(1.0, self._mm_chol, X.T, side=0, lower=1, trans_a=1)
+        return np.einsum("ij,ij->j", LtXt, LtXt)
+
+    # ------------------------------------------------------------------ protocol: M-step
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """Tell the model the public noise std on each entry of the released block means.
+
+        For s2 this is the diagonal std (z C2 / a2 / normaliser); the eigenvalue floor of the
+        noisy s2 becomes ``floor_factor * sqrt(d) * std``. Without it (or at zero, non-private)
+        the floor is ``_MIN_FLOOR``: the precision stays PD but noise is not damped.
+        """
+        std = float(mean_stds["s2"])
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"s2 noise std must be finite and >= 0, got {std!r}")
+        self.s2_noise_std = std
+
+    @property
+    def eigen_floor(self) -> float:
+        """Public eigenvalue floor for the noisy s2 mean (at least ``_MIN_FLOOR``)."""
+        return max(self.floor_factor * math.sqrt(self.dim) * self.s2_noise_std, _MIN_FLOOR)
+
+    def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
+        """Blend nu_t = [N s1, N proj(s2) + <alpha> I] into nu with step rho (eqs. 51-55)."""
+        if not (0.0 < rho <= 1.0):
+            raise ValueError(f"rho must be in (0, 1], got {rho!r}")
+        d = self.dim
+        s1 = np.asarray(noisy_mean["s1"], dtype=float)
+        s2 = np.asarray(noisy_mean["s2"], dtype=float)
+        if s1.shape != (d,) or s2.shape != (d, d):
+            raise ValueError(f"noisy means must have shapes ({d},) and ({d}, {d}), got {s1.shape}, {s2.shape}")
+        s2 = 0.5 * (s2 + s2.T)
+        s2 = project_pd(s2, self.eigen_floor)
+        N = float(self.dataset_size)
+        P_t = N * s2
+        P_t[np.diag_indices(d)] += self.alpha_mean
+        self._h = (1.0 - rho) * self._h + rho * (N * s1)
+        self._P = (1.0 - rho) * self._P + rho * P_t
+        self._refresh_posterior()
+        self._alpha_shape = self.a0 + 0.5 * d
+        self._alpha_rate = self.b0 + 0.5 * (self.mu @ self.mu + np.trace(self.Sigma))
+
+    def _refresh_posterior(self) -> None:
+        """mu, Sigma from nu = [h, P] and the Cholesky factor of E[m m^T] for the next E-step."""
+        self._P = 0.5 * (self._P + self._P.T)
+        factor = cho_factor(self._P, lower=True)
+        self.Sigma = cho_solve(factor, np.eye(self.dim))
+        self.Sigma = 0.5 * (self.Sigma + self.Sigma.T)
+        self.mu = cho_solve(factor, self._h)
+        self._mm_chol = np.asfortranarray(np.linalg.cholesky(self.Sigma + np.outer(self.mu, self.mu)))
+
+    @property
+    def alpha_mean(self) -> float:
+        """<alpha> under q(alpha) = Gamma(a_N, b_N)."""
+        return self._alpha_shape / self._alpha_rate
+
+    # ------------------------------------------------------------------ protocol: state
+    def state(self) -> dict[str, np.ndarray]:
+        """Natural parameters: h = Sigma^-1 mu, precision = Sigma^-1, alpha = (a_N, b_N)."""
+        return {
+            "h": self._h.copy(),
+            "precision": self._P.copy(),
+            "alpha": np.array([self._alpha_shape, self._alpha_rate]),
+        }
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        d = self.dim
+        h = np.asarray(state["h"], dtype=float)
+        P = np.asarray(state["precision"], dtype=float)
+        alpha = np.asarray(state["alpha"], dtype=float)
+        if h.shape != (d,) or P.shape != (d, d) or alpha.shape != (2,):
+            raise ValueError(f"state shapes must be h ({d},), precision ({d}, {d}), alpha (2,); "
+                             f"got {h.shape}, {P.shape}, {alpha.shape}")
+        if not (np.all(np.isfinite(h)) and np.all(np.isfinite(P)) and np.all(alpha > 0)):
+            raise ValueError("state must be finite with positive alpha parameters")
+        if not np.allclose(P, P.T) or np.linalg.eigvalsh(0.5 * (P + P.T))[0] <= 0:
+            raise ValueError("state precision must be symmetric positive definite")
+        self._h, self._P = h.copy(), P.copy()
+        self._alpha_shape, self._alpha_rate = float(alpha[0]), float(alpha[1])
+        self._refresh_posterior()
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "dataset_size": self.dataset_size,
+            "a0": self.a0,
+            "b0": self.b0,
+            "floor_factor": self.floor_factor,
+            "s2_noise_std": self.s2_noise_std,
+        }
+
+    # ------------------------------------------------------------------ prediction
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """P(y = 1 | x) by the probit approximation sigmoid(mu^T x / sqrt(1 + pi s^2 / 8)),
+        s^2 = x^T Sigma x; inputs get the training preprocessing (clip to norm 1)."""
+        X = clip_rows(np.atleast_2d(X), 1.0)
+        if X.shape[1] != self.dim:
+            raise ValueError(f"X must have {self.dim} columns, got {X.shape[1]}")
+        s2 = np.einsum("ij,ij->i", X @ self.Sigma, X)
+        return expit((X @ self.mu) / np.sqrt(1.0 + np.pi * s2 / 8.0))
+
+
+def log_loss(y: np.ndarray, p: np.ndarray, eps: float = 1e-15) -> float:
+    """Mean negative log-likelihood of labels ``y`` in {0, 1} under probabilities ``p``."""
+    y = np.asarray(y, dtype=float)
+    p = np.clip(np.asarray(p, dtype=float), eps, 1.0 - eps)
+    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
+    """Area under the ROC curve: the Mann-Whitney probability that a positive outscores a
+    negative, ties counting one half (average ranks)."""
+    y = np.asarray(y).astype(bool)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("roc_auc needs both classes in y")
+    ranks = rankdata(np.asarray(score, dtype=float))
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
