@@ -1,0 +1,134 @@
+"""BudgetMonitor: never over budget, halts exactly at the first event that would exceed it,
+stays halted, replays its ledger on restart (DESIGN rule 7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import SubsampledGaussianEvent as E
+from stream_vips.privacy.ledger import FileLedger, MemoryLedger
+
+DELTA = 1e-5
+RDP = RdpAccountant()
+PLD_COARSE = PldAccountant(value_discretization_interval=1e-3)
+
+RDP_POOL = [E(1.5, 0.05, "fixed"), E(3.0, 0.2, "fixed"), E(6.0, 1.0, "fixed"), E(2.0, 1.0, "fixed")]
+PLD_POOL = [E(1.0, 0.1, "poisson"), E(2.5, 0.3, "poisson"), E(1.5, 0.2, "poisson", "add_remove", 1.0)]
+
+
+def sequences(pool, max_len, max_count, min_len=1):
+    event = st.tuples(st.sampled_from(pool), st.integers(1, max_count)).map(lambda p: p[0].with_count(p[1]))
+    return st.lists(event, min_size=min_len, max_size=max_len)
+
+
+def check_monitor_against_prefixes(acct, seq, fraction):
+    """Budget = ``fraction`` of the whole sequence's epsilon, so runs halt early, late or never."""
+    prefix_eps = [acct.epsilon(seq[: k + 1], DELTA) for k in range(len(seq))]
+    budget = fraction * prefix_eps[-1]
+    assume(all(abs(e - budget) > 1e-9 * budget for e in prefix_eps))
+    first_over = next((k for k, e in enumerate(prefix_eps) if e > budget), len(seq))
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(budget, DELTA, acct, ledger)
+    results = [monitor.admit(e) for e in seq]
+    assert results == list(range(first_over)) + [None] * (len(seq) - first_over)
+    assert ledger.events() == seq[:first_over]
+    assert monitor.spent() <= budget
+    assert monitor.spent() == (prefix_eps[first_over - 1] if first_over else 0.0)
+    assert monitor.halted == (first_over < len(seq))
+    event(f"halted={monitor.halted}, admitted none={first_over == 0}")
+    if monitor.halted:
+        assert "would spend epsilon" in monitor.halt_reason
+        assert monitor.admit(E(1e4, 0.001, seq[0].sampling)) is None  # halted for good
+        assert len(ledger.events()) == first_over
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=sequences(RDP_POOL, 25, 4, min_len=2), fraction=st.floats(0.02, 1.3))
+def test_rdp_monitor_never_exceeds_and_halts_at_the_first_excess(seq, fraction):
+    check_monitor_against_prefixes(RDP, seq, fraction)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=sequences(PLD_POOL, 6, 3, min_len=3), fraction=st.floats(0.1, 1.3))
+def test_pld_monitor_never_exceeds_and_halts_at_the_first_excess(seq, fraction):
+    check_monitor_against_prefixes(PLD_COARSE, seq, fraction)
+
+
+def test_long_homogeneous_stream_halts_exactly():
+    event = E(2.0, 0.01, "fixed")
+    monitor = BudgetMonitor(2.0, DELTA, RDP, MemoryLedger())
+    n = 0
+    while monitor.admit(event) is not None:
+        n += 1
+    assert RDP.epsilon([event.with_count(n)], DELTA) <= 2.0 < RDP.epsilon([event.with_count(n + 1)], DELTA)
+    assert monitor.steps == n and monitor.halted
+
+
+def test_spent_and_would_spend_match_the_accountant():
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(10.0, DELTA, RDP, ledger)
+    assert monitor.spent() == 0.0
+    for e in (RDP_POOL[0], RDP_POOL[1], RDP_POOL[0]):
+        assert monitor.would_spend(e) == RDP.epsilon(ledger.events() + [e], DELTA)
+        monitor.admit(e)
+        assert monitor.spent() == RDP.epsilon(ledger.events(), DELTA)
+
+
+def test_restart_replays_the_ledger_and_never_resets_spending(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    event = E(3.0, 0.2, "fixed")
+    reference = BudgetMonitor(5.0, DELTA, RDP, MemoryLedger())
+    allowed = 0
+    while reference.admit(event) is not None:
+        allowed += 1
+    first = BudgetMonitor(5.0, DELTA, RDP, FileLedger(path))
+    for _ in range(allowed // 2):
+        assert first.admit(event) is not None
+    spent = first.spent()
+    first.ledger.close()
+    second = BudgetMonitor(5.0, DELTA, RDP, FileLedger(path))  # process restart
+    assert second.spent() == spent and second.steps == allowed // 2
+    resumed = 0
+    while second.admit(event) is not None:
+        resumed += 1
+    assert allowed // 2 + resumed == allowed
+    second.ledger.close()
+    # A restart with a smaller budget than already spent starts halted.
+    third = BudgetMonitor(1.0, DELTA, RDP, FileLedger(path))
+    assert third.halted and "already holds epsilon" in third.halt_reason
+    assert third.admit(E(100.0, 0.001, "fixed")) is None
+    third.ledger.close()
+
+
+def test_unsupported_event_raises_and_records_nothing():
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(1.0, DELTA, RDP, ledger)
+    with pytest.raises(UnsupportedEvent, match="pld"):
+        monitor.admit(E(1.0, 0.1, "poisson"))
+    assert ledger.events() == [] and not monitor.halted
+    with pytest.raises(UnsupportedEvent):
+        BudgetMonitor(1.0, DELTA, RDP, MemoryLedger([E(1.0, 0.1, "poisson")]))
+
+
+def test_failed_append_admits_nothing():
+    class FullDisk(MemoryLedger):
+        def append(self, event):
+            raise OSError(28, "No space left on device")
+
+    monitor = BudgetMonitor(5.0, DELTA, RDP, FullDisk())
+    with pytest.raises(OSError):
+        monitor.admit(RDP_POOL[0])
+    assert monitor.steps == 0 and monitor.spent() == 0.0
+
+
+@pytest.mark.parametrize("budget, delta, word", [(0.0, DELTA, "budget"), (math.inf, DELTA, "budget"),
+                                                 (1.0, 0.0, "delta"), (1.0, 1.0, "delta")])
+def test_bad_budget_or_delta(budget, delta, word):
+    with pytest.raises(ValueError, match=word):
+        BudgetMonitor(budget, delta, RDP, MemoryLedger())
