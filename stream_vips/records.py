@@ -19,6 +19,7 @@ non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_
 from __future__ import annotations
 
 import json
+from itertools import chain
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ REASONS = (
 )
 
 _NUMBER = (int, float, bool)
+_NUMBER_SET = frozenset(_NUMBER)
 _MISSING = object()
 
 
@@ -152,15 +154,9 @@ class FieldBatch:
     def vector(self, name: str, dim: int, *, max_abs: float | None = None) -> np.ndarray:
         """Field ``name`` as an (n, dim) float64 array of finite numbers with |value| <= max_abs."""
         vals = self._values(name)
-        arr = _fast_array(vals, (self.n, dim))
+        arr = _numeric_rows(vals, dim)
         if arr is None:
-            arr = np.zeros((self.n, dim))
-            for i, v in enumerate(vals):
-                if self._bad[i]:
-                    continue
-                row = self._slow_vector(i, name, v, dim)
-                if row is not None:
-                    arr[i] = row
+            arr = self._slow_vector(name, vals, dim)
         arr[self._bad] = 0.0
         self._check_numbers(name, arr, max_abs)
         arr[self._bad] = 0.0
@@ -169,7 +165,7 @@ class FieldBatch:
     def scalar(self, name: str, *, max_abs: float | None = None) -> np.ndarray:
         """Field ``name`` as an (n,) float64 array of finite numbers with |value| <= max_abs."""
         vals = self._values(name)
-        arr = _fast_array(vals, (self.n,))
+        arr = _numeric_scalars(vals)
         if arr is None:
             arr = np.zeros(self.n)
             for i, v in enumerate(vals):
@@ -180,25 +176,49 @@ class FieldBatch:
                 elif type(v) not in _NUMBER:
                     self._reject(i, WRONG_TYPE, f"{name!r} must be a number, got {_json_type(v)}")
                 else:
-                    arr[i] = _to_float(self, i, name, v)
+                    arr[i] = self._float(i, name, v)
         arr[self._bad] = 0.0
         self._check_numbers(name, arr, max_abs)
         arr[self._bad] = 0.0
         return arr
 
-    def _slow_vector(self, i: int, name: str, v: Any, dim: int) -> np.ndarray | None:
-        if v is _MISSING:
-            self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
-        elif type(v) is not list:
-            self._reject(i, WRONG_TYPE, f"{name!r} must be an array of {dim} numbers, got {_json_type(v)}")
-        elif len(v) != dim:
-            self._reject(i, WRONG_SHAPE, f"{name!r} has {len(v)} entries, expected {dim}")
-        elif not all(type(e) in _NUMBER for e in v):
-            kind = next(_json_type(e) for e in v if type(e) not in _NUMBER)
-            self._reject(i, WRONG_TYPE, f"{name!r} must contain only numbers, found {kind}")
-        else:
-            return np.array([_to_float(self, i, name, e) for e in v])
-        return None
+    def _slow_vector(self, name: str, vals: list[Any], dim: int) -> np.ndarray:
+        """The batch has a malformed record: classify shapes per record, convert the rest at once."""
+        arr = np.zeros((self.n, dim))
+        shaped = []
+        for i, v in enumerate(vals):
+            if self._bad[i]:
+                continue
+            if v is _MISSING:
+                self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
+            elif type(v) is not list:
+                self._reject(i, WRONG_TYPE, f"{name!r} must be an array of {dim} numbers, got {_json_type(v)}")
+            elif len(v) != dim:
+                self._reject(i, WRONG_SHAPE, f"{name!r} has {len(v)} entries, expected {dim}")
+            else:
+                shaped.append(i)
+        numeric = []
+        for i in shaped:
+            v = vals[i]
+            if all(type(e) in _NUMBER for e in v):
+                numeric.append(i)
+            else:
+                kind = next(_json_type(e) for e in v if type(e) not in _NUMBER)
+                self._reject(i, WRONG_TYPE, f"{name!r} must contain only numbers, found {kind}")
+        sub = _numeric_rows([vals[i] for i in numeric], dim)
+        if sub is not None:
+            arr[numeric] = sub
+        else:  # integers beyond float range
+            for i in numeric:
+                arr[i] = [self._float(i, name, e) for e in vals[i]]
+        return arr
+
+    def _float(self, i: int, name: str, v: Any) -> float:
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond float range
+            self._reject(i, OUT_OF_RANGE, f"{name!r} has an integer too large for a float")
+            return 0.0
 
     def accepted(self) -> np.ndarray:
         """Indices (into the input list) of records that passed every check so far."""
@@ -209,23 +229,32 @@ class FieldBatch:
         return [(i, *self._reasons[i]) for i in sorted(self._reasons)]
 
 
-def _fast_array(vals: list[Any], shape: tuple[int, ...]) -> np.ndarray | None:
-    """One numpy conversion for a well-formed batch; None means: look record by record."""
+def _numeric_rows(vals: list[Any], dim: int) -> np.ndarray | None:
+    """(n, dim) floats when every value is a list of ``dim`` numbers; else None.
+
+    The type checks run at C speed (``map``/``set``) and ``np.asarray`` runs only on numbers: on
+    a string it would first convert every number of the batch to text.
+    """
+    if not vals:
+        return np.zeros((0, dim))
+    if set(map(type, vals)) != {list} or set(map(len, vals)) != {dim}:
+        return None
+    if dim and not set(map(type, chain.from_iterable(vals))) <= _NUMBER_SET:
+        return None
     try:
-        arr = np.asarray(vals)
-    except (ValueError, TypeError, OverflowError):
+        return np.asarray(vals, dtype=np.float64).reshape(len(vals), dim)
+    except (OverflowError, ValueError, TypeError):
         return None
-    if arr.shape != shape or arr.dtype.kind not in "fiu":
-        return None
-    return arr.astype(np.float64, copy=True)
 
 
-def _to_float(batch: FieldBatch, i: int, name: str, v: Any) -> float:
+def _numeric_scalars(vals: list[Any]) -> np.ndarray | None:
+    """(n,) floats when every value is a number; else None."""
+    if not set(map(type, vals)) <= _NUMBER_SET:
+        return None
     try:
-        return float(v)
-    except OverflowError:  # an integer beyond float range
-        batch._reject(i, OUT_OF_RANGE, f"{name!r} has an integer too large for a float")
-        return 0.0
+        return np.asarray(vals, dtype=np.float64).reshape(len(vals))
+    except (OverflowError, ValueError, TypeError):
+        return None
 
 
 def _json_type(v: Any) -> str:
