@@ -1,0 +1,639 @@
+"""Offline checks of the deployment in k8s/ and the Dockerfile.
+
+Every overlay is rendered with kustomize; core resources are validated strictly against the
+Kubernetes schemas that kubernetes-validate ships (pinned version below); custom resources against
+the structural schemas in k8s/tests/schemas; alert rules with ``promtool check rules`` and the unit
+tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
+also held to the code they deploy: the mounted config loads with :func:`stream_vips.config.load_config`,
+metric names exist in :class:`stream_vips.metrics.Metrics`, ports, paths and topics agree.
+
+Tools come from .ci/k8s-setup.sh. Outside CI a missing tool skips the tests that need it; in CI
+(``CI`` set) it fails them.
+
+Write the rendered alert rules for a manual ``promtool test rules``::
+
+    python tests/test_k8s.py --write-rules k8s/overlays/prod /tmp/rules
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+KUBERNETES_VERSION = "1.32.0"  # a version kubernetes-validate 1.37.0 ships strict schemas for
+RULES_FILE = "stream-vips.rules.yaml"
+CUSTOM_KINDS = {
+    ("kafka.strimzi.io/v1", "KafkaTopic"): "kafkatopic.yaml",
+    ("kafka.strimzi.io/v1", "KafkaUser"): "kafkauser.yaml",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.yaml",
+}
+REQUIRED_ALERTS = {
+    "StreamVipsBudget80PercentSpent",
+    "StreamVipsBudgetExhausted",
+    "StreamVipsUpdatesStalled",
+    "StreamVipsDeadLetterRateHigh",
+    "StreamVipsPublishFailures",
+    "StreamVipsConsumerLagGrowing",
+}
+# Grafana's variables, replaced by a value of the same syntactic kind before promtool parses a query.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__interval": "1m",
+    "$__range": "1h",
+    "$namespace": "stream-vips",
+    "$pod": ".*",
+}
+
+OVERLAYS = ["base"] + sorted(
+    str(p.parent.relative_to(K8S)) for p in K8S.glob("overlays/*/kustomization.yaml")
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# tools
+
+
+def require(tool: str) -> str:
+    """Path of ``tool``; a missing tool skips locally and fails in CI."""
+    path = shutil.which(tool)
+    if path is None:
+        message = f"{tool} not found (installed by .ci/k8s-setup.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@lru_cache(maxsize=None)
+def _kustomize_command() -> tuple[str, ...] | None:
+    kubectl = shutil.which("kubectl")
+    if kubectl and subprocess.run([kubectl, "kustomize", "--help"], capture_output=True).returncode == 0:
+        return (kubectl, "kustomize")
+    kustomize = shutil.which("kustomize")
+    return (kustomize, "build") if kustomize else None
+
+
+@lru_cache(maxsize=None)
+def _render(overlay: str) -> tuple[str, str, int]:
+    cmd = _kustomize_command()
+    assert cmd is not None
+    proc = subprocess.run([*cmd, str(K8S / overlay)], capture_output=True, text=True, timeout=120)
+    return proc.stdout, proc.stderr, proc.returncode
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """The overlay's resources as rendered by ``kubectl kustomize`` (or ``kustomize build``)."""
+    if _kustomize_command() is None:
+        require("kubectl")
+    out, err, code = _render(overlay)
+    assert code == 0, f"kustomize failed on {overlay}:\n{err}"
+    return copy.deepcopy([d for d in yaml.safe_load_all(out) if d])
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in of_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def workload(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    found = of_kind(docs, "StatefulSet") + of_kind(docs, "Deployment")
+    assert len(found) == 1, f"expected one workload, found {[d['kind'] for d in found]}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = workload(docs)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def rule_groups(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The PrometheusRule's groups as a Prometheus rule file."""
+    return {"groups": one(docs, "PrometheusRule")["spec"]["groups"]}
+
+
+def write_rules(overlay: str, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RULES_FILE
+    path.write_text(yaml.safe_dump(rule_groups(render(overlay)), sort_keys=False))
+    return path
+
+
+def alerts(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_groups(docs)["groups"] for r in g["rules"] if "alert" in r}
+
+
+def mounted_config(docs: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """(mount path, parsed YAML) of the config file the container reads."""
+    pod = workload(docs)["spec"]["template"]["spec"]
+    c = container(docs)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for m in c["volumeMounts"]:
+        cm = volumes.get(m["name"], {}).get("configMap")
+        if cm and m.get("subPath") == "config.yaml":
+            data = one(docs, "ConfigMap", cm["name"])["data"]["config.yaml"]
+            return m["mountPath"], yaml.safe_load(data)
+    raise AssertionError("no config.yaml mounted from a ConfigMap")
+
+
+def dockerfile_instruction(name: str) -> str:
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    found = [ln.split(None, 1)[1] for ln in lines if ln.split(None, 1)[:1] == [name]]
+    assert found, f"Dockerfile has no {name}"
+    return found[-1]  # the final stage's
+
+
+def dashboard(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = one(docs, "ConfigMap", "stream-vips-dashboard")
+    assert cm["metadata"]["labels"].get("grafana_dashboard") == "1", "Grafana's sidecar selects this label"
+    (text,) = cm["data"].values()
+    return json.loads(text)
+
+
+def dashboard_exprs(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(panel title, PromQL) of every query in the dashboard, Grafana variables substituted."""
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for var, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(var, value)
+            assert "$" not in expr, f"unknown Grafana variable in {target['expr']!r}"
+            yield panel["title"], expr
+
+
+def exported_metric_names() -> set[str]:
+    """Sample names the real :class:`stream_vips.metrics.Metrics` exports (with labelled ones touched)."""
+    from stream_vips.metrics import Metrics
+
+    m = Metrics(family="linreg", sampling="poisson", accountant="pld")
+    m.records_rejected.labels(reason="x").inc()
+    m.consumer_lag.labels(topic="t", partition="0").set(1)
+    m.update_duration.observe(0.1)
+    return {s.name for metric in m.registry.collect() for s in metric.samples}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(stream_vips_[a-z_]+)\b", expr))
+
+
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering and schema validation
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_every_component(overlay: str) -> None:
+    docs = render(overlay)
+    kinds = sorted(d["kind"] for d in docs)
+    for kind, count in {
+        "Namespace": 1, "ServiceAccount": 1, "StatefulSet": 1, "Service": 1, "PodDisruptionBudget": 1,
+        "NetworkPolicy": 2, "ConfigMap": 2, "ServiceMonitor": 1, "PrometheusRule": 1,
+        "KafkaTopic": 4, "KafkaUser": 2,
+    }.items():
+        assert kinds.count(kind) == count, f"{overlay}: {kinds.count(kind)} {kind}, expected {count}"
+    app_ns = one(docs, "Namespace")["metadata"]["name"]
+    for d in docs:
+        if d["kind"] == "Namespace":
+            continue
+        expected = "kafka" if d["apiVersion"].startswith("kafka.strimzi.io") else app_ns
+        assert d["metadata"]["namespace"] == expected, (d["kind"], d["metadata"]["name"])
+
+
+def _validate_core(docs: list[dict[str, Any]], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    exe = require("kubernetes-validate")
+    path = tmp_path / "core.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return run([exe, "--strict", "--quiet", "-k", KUBERNETES_VERSION, str(path)])
+
+
+def core_resources(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_resources_pass_strict_schema_validation(overlay: str, tmp_path: Path) -> None:
+    docs = core_resources(render(overlay))
+    assert {d["apiVersion"].split("/")[0] for d in docs} >= {"v1", "apps", "policy", "networking.k8s.io"}
+    proc = _validate_core(docs, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_strict_validation_rejects_an_unknown_field(tmp_path: Path) -> None:
+    docs = core_resources(render("base"))
+    sts = one(docs, "StatefulSet")
+    sts["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True  # wrong case
+    proc = _validate_core([sts], tmp_path)
+    assert proc.returncode != 0 and "readOnlyRootFileSystem" in proc.stdout + proc.stderr
+
+
+@lru_cache(maxsize=None)
+def _cr_schema(filename: str) -> dict[str, Any]:
+    schemas = K8S / "tests" / "schemas"
+    schema = yaml.safe_load((schemas / filename).read_text())
+    schema["$defs"] = {"metadata": yaml.safe_load((schemas / "_metadata.yaml").read_text())}
+    return schema
+
+
+def cr_errors(doc: dict[str, Any]) -> list[str]:
+    import jsonschema
+
+    key = (doc["apiVersion"], doc["kind"])
+    if key not in CUSTOM_KINDS:
+        return [f"no structural schema for {key}"]
+    schema = _cr_schema(CUSTOM_KINDS[key])
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_custom_resources_have_their_required_fields(overlay: str) -> None:
+    docs = render(overlay)
+    custom = [d for d in docs if (d["apiVersion"], d["kind"]) in CUSTOM_KINDS]
+    assert len(custom) == 8
+    for d in custom:
+        assert cr_errors(d) == [], (d["kind"], d["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    "kind, mutate",
+    [
+        # v1beta2's single `operation`, dropped by kafka.strimzi.io/v1
+        ("KafkaUser", lambda d: d["spec"]["authorization"]["acls"][0].update(operation="Read")),
+        ("KafkaTopic", lambda d: d["metadata"]["labels"].pop("strimzi.io/cluster")),
+        ("KafkaTopic", lambda d: d.update(apiVersion="kafka.strimzi.io/v1beta2")),
+        ("ServiceMonitor", lambda d: d["spec"].pop("selector")),
+        ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+    ],
+)
+def test_structural_checks_reject_broken_custom_resources(kind: str, mutate: Any) -> None:
+    doc = of_kind(render("base"), kind)[0]
+    mutate(doc)
+    assert cr_errors(doc) != []
+
+
+def test_every_custom_resource_kind_is_checked() -> None:
+    docs = render("base")
+    for d in docs:
+        group = d["apiVersion"].split("/")[0]
+        if "." in group and not group.endswith(".k8s.io"):
+            assert (d["apiVersion"], d["kind"]) in CUSTOM_KINDS, f"no structural check for {d['kind']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the workload
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_one_replica_that_never_overlaps_another(overlay: str) -> None:
+    w = workload(render(overlay))
+    assert w["spec"]["replicas"] == 1
+    if w["kind"] == "Deployment":
+        assert w["spec"]["strategy"]["type"] == "Recreate"
+    else:  # a StatefulSet replaces pod 0 only after it is gone
+        assert w["spec"]["podManagementPolicy"] == "OrderedReady"
+        assert w["spec"]["updateStrategy"]["type"] in ("RollingUpdate", "OnDelete")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pod_meets_the_restricted_pod_security_standard(overlay: str) -> None:
+    docs = render(overlay)
+    pod = workload(docs)["spec"]["template"]["spec"]
+    c = container(docs)
+    psc, csc = pod["securityContext"], c["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
+    assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["capabilities"]["drop"] == ["ALL"] and not csc["capabilities"].get("add")
+    assert csc["readOnlyRootFilesystem"] is True
+    assert not csc.get("privileged") and "hostPath" not in json.dumps(pod["volumes"])
+    assert pod["automountServiceAccountToken"] is False
+    assert one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    ns = one(docs, "Namespace")["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "restricted"
+    # the image runs as the same non-root user
+    assert dockerfile_instruction("USER").split(":")[0] == str(psc["runAsUser"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_resources_and_grace_period(overlay: str) -> None:
+    docs = render(overlay)
+    pod = workload(docs)["spec"]["template"]["spec"]
+    c = container(docs)
+    _, cfg = mounted_config(docs)
+    (port,) = [p for p in c["ports"] if p["name"] == "metrics"]
+    assert port["containerPort"] == cfg["metrics"]["port"]
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][kind]), kind
+    # a step plus the producers' final flush: beyond the liveness window and Kafka's 30 s default
+    assert pod["terminationGracePeriodSeconds"] >= 60
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_entrypoint_reads_the_mounted_config_and_state_is_persistent(overlay: str) -> None:
+    docs = render(overlay)
+    w = workload(docs)
+    c = container(docs)
+    entrypoint = json.loads(dockerfile_instruction("ENTRYPOINT"))
+    mount_path, cfg = mounted_config(docs)
+    assert entrypoint == ["stream-vips", "run", "--config", mount_path]
+    assert "command" not in c and "args" not in c, "the container runs the image's ENTRYPOINT"
+    # the root filesystem is read-only: every file the pipeline writes is on a writable volume,
+    # and the ledger (spent budget) on the PersistentVolume
+    pvcs = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+    volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
+    writable = {
+        m["mountPath"]: m["name"] for m in c["volumeMounts"]
+        if not m.get("readOnly") and (m["name"] in pvcs or "emptyDir" in volumes.get(m["name"], {}))
+    }
+
+    def volume_of(path: str) -> str | None:
+        hits = [(mp, name) for mp, name in writable.items() if path.startswith(mp.rstrip("/") + "/")]
+        return max(hits)[1] if hits else None
+
+    assert cfg["privacy"]["ledger"]["type"] == "file"
+    assert volume_of(cfg["privacy"]["ledger"]["path"]) in pvcs
+    for section in ("sink", "dead_letter"):
+        if "path" in cfg[section]:
+            assert volume_of(cfg[section]["path"]) is not None, section
+    assert w["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+
+
+def _env_with_placeholder_secrets(c: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = f"placeholder-{ref['name']}-{ref['key']}"
+    return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
+    from stream_vips.config import config_from_dict
+
+    docs = render(overlay)
+    c = container(docs)
+    cm_name = next(v["configMap"]["name"] for v in workload(docs)["spec"]["template"]["spec"]["volumes"]
+                   if "configMap" in v)
+    text = one(docs, "ConfigMap", cm_name)["data"]["config.yaml"]
+    env = _env_with_placeholder_secrets(c)
+    cfg = config_from_dict(yaml.safe_load(text), env=env)
+    assert cfg.metrics.enabled and cfg.metrics.port == 9108
+    assert cfg.runtime.on_halt == "stay", "a halted pod keeps serving metrics instead of crash-looping"
+    assert cfg.privacy.seed is None, "production noise is OS-seeded (DESIGN rule 9)"
+    assert cfg.privacy.mode == "private"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kafka_credentials_come_from_secrets(overlay: str) -> None:
+    docs = render(overlay)
+    c = container(docs)
+    _, cfg = mounted_config(docs)
+    secret_env = [e for e in c.get("env", []) if "valueFrom" in e]
+    assert secret_env, "Kafka credentials are referenced from a Secret"
+    for e in c.get("env", []):
+        if re.search(r"PASSWORD|SECRET|TOKEN|JAAS", e["name"]):
+            assert "secretKeyRef" in e.get("valueFrom", {}), e["name"]
+    flat = json.dumps(cfg).lower()
+    assert "password" not in flat or re.search(r'"[a-z_]*password[a-z_]*": null', flat), "no password in the ConfigMap"
+    assert not of_kind(docs, "Secret"), "credentials are not committed as Secret manifests"
+
+
+# ---------------------------------------------------------------------------------------------
+# Service, monitoring, network policy, disruption budget
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_monitor_reaches_the_metrics_port(overlay: str) -> None:
+    docs = render(overlay)
+    pod_labels = workload(docs)["spec"]["template"]["metadata"]["labels"]
+    svc = one(docs, "Service")
+    sm = one(docs, "ServiceMonitor")
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (port,) = svc["spec"]["ports"]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [port["name"]]
+    assert port["targetPort"] == "metrics" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    # kube-prometheus-stack picks up monitors and rules carrying its release label
+    assert sm["metadata"]["labels"]["release"] == one(docs, "PrometheusRule")["metadata"]["labels"]["release"]
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_denies_by_default_and_allows_only_kafka_dns_and_scrapes(overlay: str) -> None:
+    docs = render(overlay)
+    pod_labels = workload(docs)["spec"]["template"]["metadata"]["labels"]
+    policies = of_kind(docs, "NetworkPolicy")
+    (deny,) = [p for p in policies if p["spec"]["podSelector"] == {}]
+    assert sorted(deny["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert not deny["spec"].get("ingress") and not deny["spec"].get("egress")
+    (app,) = [p for p in policies if p["spec"]["podSelector"] != {}]
+    assert app["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (ingress,) = app["spec"]["ingress"]
+    assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    egress = {json.dumps(r["to"], sort_keys=True): r["ports"] for r in app["spec"]["egress"]}
+    assert len(egress) == 2
+    dns = [p for to, p in egress.items() if "kube-dns" in to]
+    kafka = [p for to, p in egress.items() if "strimzi.io/cluster" in to]
+    assert dns and sorted(p["protocol"] for p in dns[0]) == ["TCP", "UDP"] and {p["port"] for p in dns[0]} == {53}
+    # the broker port is the one in the configured bootstrap servers
+    _, cfg = mounted_config(docs)
+    if cfg["source"]["type"] == "kafka":
+        ports = {int(s.rsplit(":", 1)[1]) for s in str(cfg["source"]["bootstrap_servers"]).split(",")}
+        assert kafka and ports <= {p["port"] for p in kafka[0]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Strimzi topics and users (the privacy wall)
+
+
+def _topics(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["spec"].get("topicName", t["metadata"]["name"]): t for t in of_kind(docs, "KafkaTopic")}
+
+
+def _grants(user: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    """(resource type, name, pattern type, operation) the user is allowed."""
+    out = set()
+    for acl in user["spec"]["authorization"]["acls"]:
+        assert acl.get("type", "allow") == "allow"
+        r = acl["resource"]
+        for op in acl["operations"]:
+            out.add((r["type"], r["name"], r.get("patternType", "literal"), op))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_topics_match_the_config_and_their_roles(overlay: str) -> None:
+    docs = render(overlay)
+    _, cfg = mounted_config(docs)
+    topics = _topics(docs)
+    clusters = {t["metadata"]["labels"]["strimzi.io/cluster"] for t in topics.values()}
+    clusters |= {u["metadata"]["labels"]["strimzi.io/cluster"] for u in of_kind(docs, "KafkaUser")}
+    assert len(clusters) == 1
+    for section, policy in (("source", "delete"), ("sink", "compact"), ("dead_letter", "delete")):
+        if cfg[section]["type"] == "kafka":
+            topic = topics[cfg[section]["topic"]]
+            assert topic["spec"]["config"]["cleanup.policy"] == policy, section
+            assert topic["spec"]["config"]["min.insync.replicas"] <= topic["spec"]["replicas"]
+    ledger = [t for name, t in topics.items() if "ledger" in name]
+    assert len(ledger) == 1 and ledger[0]["spec"]["config"]["cleanup.policy"] == "compact"
+    assert str(ledger[0]["spec"]["config"]["retention.ms"]) == "-1"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_acls_let_only_the_pipeline_read_raw_records(overlay: str) -> None:
+    docs = render(overlay)
+    _, cfg = mounted_config(docs)
+    users = {u["metadata"]["name"]: _grants(u) for u in of_kind(docs, "KafkaUser")}
+    topics = _topics(docs)
+    model_topic = cfg["sink"]["topic"] if cfg["sink"]["type"] == "kafka" else "stream-vips.models"
+    raw_topics = set(topics) - {model_topic} - {n for n in topics if "ledger" in n}
+    pipeline = users.pop("stream-vips")
+    if cfg["source"]["type"] == "kafka":
+        assert ("topic", cfg["source"]["topic"], "literal", "Read") in pipeline
+        assert ("group", cfg["source"]["group_id"], "literal", "Read") in pipeline
+    for section in ("sink", "dead_letter"):
+        if cfg[section]["type"] == "kafka":
+            assert ("topic", cfg[section]["topic"], "literal", "Write") in pipeline, section
+    assert all(op != "All" and rtype != "cluster" for rtype, _, _, op in pipeline)
+    (reader,) = users.values()
+    assert {(t, n) for t, n, _, _ in reader if t == "topic"} == {("topic", model_topic)}
+    assert {op for t, _, _, op in reader if t == "topic"} == {"Read", "Describe"}
+    assert all(pattern == "literal" for t, _, pattern, _ in reader if t == "topic")
+    for name, grants in users.items():
+        assert not any(n in raw_topics for t, n, _, _ in grants if t == "topic"), name
+
+
+# ---------------------------------------------------------------------------------------------
+# alert rules
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rules_pass_promtool_check(overlay: str, tmp_path: Path) -> None:
+    promtool = require("promtool")
+    path = write_rules(overlay, tmp_path)
+    proc = run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert REQUIRED_ALERTS <= set(alerts(render(overlay)))
+
+
+def _promtool_test(rules: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    promtool = require("promtool")
+    (tmp_path / RULES_FILE).write_text(yaml.safe_dump(rules, sort_keys=False))
+    shutil.copy(K8S / "tests" / "alerts-test.yaml", tmp_path / "alerts-test.yaml")
+    return run([promtool, "test", "rules", "alerts-test.yaml"], cwd=tmp_path)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_alert_unit_tests_pass(overlay: str, tmp_path: Path) -> None:
+    tests = yaml.safe_load((K8S / "tests" / "alerts-test.yaml").read_text())
+    tested = {t["alertname"] for group in tests["tests"] for t in group["alert_rule_test"] if t["exp_alerts"]}
+    assert tested == set(alerts(render(overlay))), "every alert has a unit test that fires it"
+    proc = _promtool_test(rule_groups(render(overlay)), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "alert, old, new",
+    [
+        ("StreamVipsBudget80PercentSpent", ">= 0.8", ">= 0.9"),
+        ("StreamVipsUpdatesStalled", "and stream_vips_halted == 0", ""),
+        ("StreamVipsUpdatesStalled", "> 0\n", ">= 0\n"),
+        ("StreamVipsConsumerLagGrowing", "unless ignoring (topic) stream_vips_halted == 1", ""),
+        ("StreamVipsDeadLetterRateHigh", "sum without (reason) ", ""),
+    ],
+)
+def test_alert_unit_tests_catch_a_broken_rule(alert: str, old: str, new: str, tmp_path: Path) -> None:
+    rules = rule_groups(render("base"))
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+    assert old in rule["expr"]
+    rule["expr"] = rule["expr"].replace(old, new)
+    proc = _promtool_test(rules, tmp_path)
+    assert proc.returncode != 0 and alert in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rules_and_dashboard_use_only_exported_metrics(overlay: str) -> None:
+    docs = render(overlay)
+    exported = exported_metric_names()
+    used = set()
+    for rule in alerts(docs).values():
+        used |= promql_metric_names(rule["expr"])
+    for _, expr in dashboard_exprs(dashboard(docs)):
+        used |= promql_metric_names(expr)
+    assert used and used <= exported, sorted(used - exported)
+
+
+# ---------------------------------------------------------------------------------------------
+# dashboard
+
+
+def test_dashboard_json_is_valid_and_covers_the_operator_questions() -> None:
+    dash = dashboard(render("base"))
+    assert dash["uid"] and dash["title"] and dash["panels"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    exprs = " ".join(e for _, e in dashboard_exprs(dash))
+    for needle in (
+        "stream_vips_epsilon_spent", "stream_vips_epsilon_budget", "rate(stream_vips_updates_total",
+        "rate(stream_vips_records_consumed_total", "sum by (reason) (rate(stream_vips_records_rejected_total",
+        "stream_vips_reservoir_records", "histogram_quantile(0.99", "stream_vips_consumer_lag_records",
+        "stream_vips_model_version",
+    ):
+        assert needle in exprs, needle
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
+    promtool = require("promtool")
+    exprs = list(dashboard_exprs(dashboard(render("base"))))
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)
+    ]}]}
+    path = tmp_path / "dashboard.rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    proc = run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{len(exprs)} rules found" in proc.stdout
+    # and a broken one is refused
+    rules["groups"][0]["rules"][0]["expr"] = "sum by (reason (rate(stream_vips_updates_total[1m]))"
+    path.write_text(yaml.safe_dump(rules))
+    assert run([promtool, "check", "rules", str(path)]).returncode != 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--write-rules":
+        overlay = str(Path(sys.argv[2]).resolve().relative_to(K8S))
+        print(write_rules(overlay, Path(sys.argv[3])))
+    else:
+        sys.exit(f"usage: {shlex.join([sys.argv[0], '--write-rules', 'OVERLAY_DIR', 'OUT_DIR'])}")
