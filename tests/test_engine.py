@@ -1,0 +1,249 @@
+"""PrivateEngine: refuse before the reservoir is full, check and write the ledger before any
+noise, noise once per block with std_k = z C_k / a_k (one mechanism with multiplier z, DESIGN
+rule 6), divide by the public normaliser, rho_t from the ledger step, honest privacy reports."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import stream_vips.engine as engine_mod
+from stream_vips.engine import PrivateEngine
+from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.privacy.mechanisms import effective_noise_multiplier
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull
+
+
+class FakeModel(Model):
+    """Blocks of chosen shapes and bounds; each record contributes its ``v`` value to every
+    entry of every block (scaled so the per-record bound holds), so exact sums are known."""
+
+    family = "fake"
+
+    def __init__(self, blocks: tuple[Block, ...], diameter: float = 2.0) -> None:
+        self._blocks = blocks
+        self._diameter = diameter
+        self.updates: list[tuple[dict[str, np.ndarray], float]] = []
+        self.batches: list[dict[str, np.ndarray]] = []
+
+    def row_layout(self):
+        return {"v": (np.dtype(np.float64), ())}
+
+    def parse_batch(self, objs):
+        v = np.array([o["v"] for o in objs], dtype=float)
+        return ParsedBatch({"v": v}, np.arange(len(objs)))
+
+    def blocks(self):
+        return self._blocks
+
+    def diameter(self):
+        return self._diameter
+
+    def clipped_sum(self, batch):
+        self.batches.append(dict(batch))
+        v = np.clip(batch["v"], -1.0, 1.0)
+        return {b.name: np.full(b.shape, v.sum() * b.bound / math.sqrt(max(1, int(np.prod(b.shape)))))
+                for b in self._blocks}
+
+    def update(self, noisy_mean, rho):
+        self.updates.append(({k: np.array(v) for k, v in noisy_mean.items()}, rho))
+
+    def state(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+    def hyperparameters(self):
+        return {}
+
+
+class AdmitAll:
+    """A budget monitor double that admits everything (for noise statistics over many steps)."""
+
+    epsilon_budget = 1.0
+    delta = 1e-5
+    halted = False
+    halt_reason = None
+
+    def __init__(self) -> None:
+        self.events: list[SubsampledGaussianEvent] = []
+
+    def admit(self, event):
+        self.events.append(event)
+        return len(self.events) - 1
+
+    def spent(self):
+        return 0.5
+
+
+def full_reservoir(capacity: int, value: float = 0.5, seed: int = 0) -> Reservoir:
+    res = Reservoir({"v": (np.float64, ())}, capacity, np.random.default_rng(seed))
+    res.add_batch({"v": np.full(capacity, value)})
+    return res
+
+
+def make_engine(model, reservoir, sampler, monitor, z=1.0, **kw) -> PrivateEngine:
+    kw.setdefault("tau0", 10.0)
+    kw.setdefault("kappa", 0.7)
+    return PrivateEngine(model, reservoir, sampler, monitor, z, np.random.default_rng(kw.pop("seed", 1)),
+                         accountant_name=kw.pop("accountant_name", "fake"), **kw)
+
+
+BLOCKS = (Block("vec", (400,), 1.0), Block("sym", (20, 20), 2.0, symmetric=True), Block("scalar", (), 0.5))
+
+
+@pytest.mark.parametrize("weights", [None, {"vec": 1.0, "sym": 3.0, "scalar": 0.5}])
+def test_noise_std_per_block_is_z_C_over_a(weights):
+    z, M = 1.7, 50
+    model = FakeModel(BLOCKS)
+    res = full_reservoir(M, value=0.0)  # zero contributions: the released means are pure noise
+    sampler = FixedSizeSampler(10)
+    eng = make_engine(model, res, sampler, AdmitAll(), z=z, block_weights=weights, tau0=1.0)
+    C = np.array([b.bound for b in BLOCKS])
+    if weights is None:
+        a = C / np.linalg.norm(C)
+    else:
+        w = np.array([weights[b.name] for b in BLOCKS])
+        a = w / np.linalg.norm(w)
+    expected = z * C / a
+    assert effective_noise_multiplier(C, expected) == pytest.approx(z, rel=1e-12)
+    assert [eng.block_stds[b.name] for b in BLOCKS] == pytest.approx(expected, rel=1e-12)
+
+    steps = 300
+    for _ in range(steps):
+        eng.step()
+    norm = sampler.normaliser(M)
+    noise = {b.name: np.stack([u[0][b.name] for u in model.updates]) * norm for b in BLOCKS}
+    # vec: steps * 400 iid draws; the sample std has relative sd ~ 1/sqrt(2n). Allow 5 of those.
+    n = steps * 400
+    assert noise["vec"].std() == pytest.approx(expected[0], rel=5 / math.sqrt(2 * n))
+    # scalar: 300 draws.
+    assert np.sqrt(np.mean(noise["scalar"] ** 2)) == pytest.approx(expected[2], rel=5 / math.sqrt(2 * steps))
+    # symmetric (Analyze-Gauss): exactly symmetric, diagonal std s, off-diagonal std s/sqrt(2).
+    sym = noise["sym"]
+    assert np.array_equal(sym, np.swapaxes(sym, 1, 2))
+    diag = np.diagonal(sym, axis1=1, axis2=2)
+    off = sym[:, *np.triu_indices(20, 1)]
+    assert np.sqrt(np.mean(diag**2)) == pytest.approx(expected[1], rel=5 / math.sqrt(2 * diag.size))
+    assert np.sqrt(np.mean(off**2)) == pytest.approx(expected[1] / math.sqrt(2), rel=5 / math.sqrt(2 * off.size))
+
+
+def test_refuses_until_the_reservoir_is_full():
+    model = FakeModel(BLOCKS)
+    res = Reservoir({"v": (np.float64, ())}, 10, np.random.default_rng(0))
+    res.add_batch({"v": np.ones(9)})
+    monitor = AdmitAll()
+    eng = make_engine(model, res, PoissonSampler(0.5), monitor)
+    with pytest.raises(ReservoirNotFull):
+        eng.step()
+    assert monitor.events == [] and model.updates == [] and model.batches == []
+    res.add_batch({"v": np.ones(1)})
+    assert eng.step().step == 0
+
+
+class OrderSpy(AdmitAll):
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def admit(self, event):
+        self.log.append("admit")
+        return super().admit(event)
+
+
+def test_ledger_append_happens_before_any_noise(monkeypatch):
+    log: list[str] = []
+    real_gauss, real_sym = engine_mod.gaussian_noise, engine_mod.symmetric_noise
+    monkeypatch.setattr(engine_mod, "gaussian_noise", lambda *a: (log.append("noise"), real_gauss(*a))[1])
+    monkeypatch.setattr(engine_mod, "symmetric_noise", lambda *a: (log.append("noise"), real_sym(*a))[1])
+    model = FakeModel(BLOCKS)
+    orig_update = model.update
+    model.update = lambda m, rho: (log.append("update"), orig_update(m, rho))[1]
+    eng = make_engine(model, full_reservoir(20), FixedSizeSampler(5), OrderSpy(log))
+    eng.step()
+    assert log == ["admit", "noise", "noise", "noise", "update"]  # one draw per block, after admit
+
+
+def test_refused_step_releases_nothing_and_halts():
+    model = FakeModel(BLOCKS)
+    ledger = MemoryLedger()
+    # One fixed-size step at z=1, q=0.5 costs far more than epsilon 0.01.
+    monitor = BudgetMonitor(0.01, 1e-5, RdpAccountant(), ledger)
+    eng = make_engine(model, full_reservoir(20), FixedSizeSampler(10), monitor, accountant_name="autodp")
+    assert eng.step() is None
+    assert eng.halted and ledger.events() == [] and model.updates == []
+    assert eng.step() is None  # halted for good
+    assert model.updates == []
+
+
+def test_step_index_event_rho_and_report_follow_the_ledger():
+    model = FakeModel(BLOCKS, diameter=1.5)
+    ledger = MemoryLedger()
+    coarse = PldAccountant(value_discretization_interval=1e-3)
+    monitor = BudgetMonitor(5.0, 1e-5, coarse, ledger)
+    M, q, z = 40, 0.25, 2.0
+    eng = make_engine(model, full_reservoir(M), PoissonSampler(q), monitor, z=z, tau0=10.0, kappa=0.7,
+                      accountant_name="pld", seeded=True)
+    results = [eng.step() for _ in range(3)]
+    assert [r.step for r in results] == [0, 1, 2]
+    assert [rho for _, rho in model.updates] == pytest.approx([(10.0 + t) ** -0.7 for t in range(3)])
+    assert ledger.events() == [SubsampledGaussianEvent(z, q, "poisson", "replace_one", 1.5)] * 3
+    rep = results[-1].privacy
+    fresh = PldAccountant(value_discretization_interval=1e-3)
+    assert rep["epsilon_spent"] == pytest.approx(fresh.epsilon(ledger.events(), 1e-5), rel=1e-9)
+    assert rep["epsilon_spent"] == results[-1].epsilon_spent
+    assert (rep["noise_multiplier"], rep["paper_sigma"], rep["q"], rep["sampling"]) == (z, z / 1.5, q, "poisson")
+    assert (rep["steps"], rep["halted"], rep["seeded"], rep["accountant"]) == (3, False, True, "pld")
+    assert (rep["delta"], rep["epsilon_budget"], rep["adjacency"]) == (1e-5, 5.0, "replace_one")
+
+
+@pytest.mark.parametrize("sampler,normaliser", [(PoissonSampler(0.2), 0.2 * 50), (FixedSizeSampler(7), 7.0)])
+def test_mean_uses_the_public_normaliser_not_the_batch_size(sampler, normaliser):
+    model = FakeModel((Block("vec", (3,), 1.0),))
+    eng = PrivateEngine(model, full_reservoir(50, value=0.5), sampler, None, 0.0, np.random.default_rng(3),
+                        tau0=1.0, kappa=1.0, accountant_name="none", non_private=True)
+    for _ in range(5):
+        eng.step()
+    for batch, (mean, _) in zip(model.batches, model.updates):
+        exact = model.clipped_sum(batch)["vec"]
+        np.testing.assert_allclose(mean["vec"], exact / normaliser, rtol=1e-12)
+    sizes = [len(b["v"]) for b in model.batches]
+    if isinstance(sampler, PoissonSampler):
+        assert len(set(sizes)) > 1  # realised sizes vary; the normaliser does not
+
+
+def test_zero_noise_needs_explicit_non_private_mode_and_never_claims_privacy():
+    model = FakeModel(BLOCKS)
+    res = full_reservoir(10)
+    with pytest.raises(ValueError, match="non_private"):
+        make_engine(model, res, FixedSizeSampler(2), AdmitAll(), z=0.0)
+    with pytest.raises(ValueError):
+        PrivateEngine(model, res, FixedSizeSampler(2), AdmitAll(), 0.0, np.random.default_rng(0), 1.0, 1.0,
+                      "none", non_private=True)
+    with pytest.raises(ValueError, match="monitor"):
+        make_engine(model, res, FixedSizeSampler(2), None, z=1.0)
+    eng = PrivateEngine(model, res, FixedSizeSampler(2), None, 0.0, np.random.default_rng(0), 1.0, 1.0,
+                        "none", non_private=True)
+    rep = eng.step().privacy
+    assert rep["epsilon_spent"] == math.inf and rep["epsilon_budget"] == math.inf
+    assert rep["noise_multiplier"] == 0.0 and rep["accountant"] == "none"
+
+
+def test_clipped_sum_must_return_the_declared_blocks():
+    class Wrong(FakeModel):
+        def clipped_sum(self, batch):
+            return {"vec": np.zeros(3)}
+
+    monitor = AdmitAll()
+    eng = make_engine(Wrong(BLOCKS), full_reservoir(10), FixedSizeSampler(2), monitor)
+    with pytest.raises(ValueError, match="declares"):
+        eng.step()
+    assert monitor.events == []  # a broken model never costs budget
