@@ -7,6 +7,13 @@ differ in one record's content, read with the same seed, keep exactly the same p
 are stored as rows of preallocated numpy arrays (one per column of ``Model.row_layout()``), so
 memory is fixed at construction and no Python object per record is retained.
 
+Rejected records. Whether a record passes validation depends on its value, so a rejected record
+must still consume its arrival position, or every later decision would shift between neighbouring
+streams. ``add_batch(rows, accepted=mask)`` takes the mask over all arrivals of a poll: a rejected
+arrival that wins a slot leaves it empty (a null record). :meth:`take` skips empty slots, so a
+null record contributes zero to every sum, which is within any per-record bound; with the public
+normalisers (q*M or S) the analysis is unchanged.
+
 >>> import numpy as np
 >>> res = Reservoir({"x": (np.float64, (2,))}, capacity=3, rng=np.random.default_rng(0))
 >>> res.add_batch({"x": np.arange(10.0).reshape(5, 2)})
@@ -46,6 +53,7 @@ class Reservoir:
             name: np.zeros((self._capacity, *shape), dtype=dt)
             for name, (dt, shape) in self._layout.items()
         }
+        self._valid = np.zeros(self._capacity, dtype=bool)
         self._rng = rng
         self._seen = 0
 
@@ -84,17 +92,25 @@ class Reservoir:
         return out
 
     @property
+    def valid(self) -> np.ndarray:
+        """Read-only mask over filled slots: False where a rejected arrival left the slot empty."""
+        view = self._valid[: self.size]
+        view.flags.writeable = False
+        return view
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held by the column storage (constant after construction)."""
-        return sum(col.nbytes for col in self._cols.values())
+        """Bytes held by the storage (constant after construction)."""
+        return sum(col.nbytes for col in self._cols.values()) + self._valid.nbytes
 
     def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of the rows at ``indices`` (slot numbers below :attr:`size`), per column."""
+        """Copies of the records in slots ``indices`` (below :attr:`size`); empty slots are skipped."""
         idx = np.asarray(indices, dtype=np.intp)
         if idx.ndim != 1:
             raise ValueError("reservoir indices must be one-dimensional")
         if idx.size and (idx.min() < 0 or idx.max() >= self.size):
             raise IndexError(f"reservoir index out of range [0, {self.size})")
+        idx = idx[self._valid[idx]]
         return {name: col[idx] for name, col in self._cols.items()}
 
     def _check_rows(self, rows: Mapping[str, np.ndarray]) -> int:
@@ -115,28 +131,49 @@ class Reservoir:
                 raise ValueError("reservoir columns of one batch must have the same number of rows")
         return int(n or 0)
 
-    def add_batch(self, rows: Mapping[str, np.ndarray]) -> None:
-        """Offer a batch of preprocessed records (arrays with the layout's columns), in order."""
-        n = self._check_rows(rows)
+    def add_batch(self, rows: Mapping[str, np.ndarray], accepted: np.ndarray | None = None) -> None:
+        """Offer a batch of arrivals, in order.
+
+        ``rows`` holds the preprocessed accepted records (the layout's columns). ``accepted`` is
+        a boolean mask over all arrivals of the batch with one True per row; without it every
+        arrival is a row. Rejected arrivals consume positions and empty the slots they win.
+        """
+        n_rows = self._check_rows(rows)
+        if accepted is None:
+            ok = None
+            n = n_rows
+        else:
+            ok = np.asarray(accepted, dtype=bool)
+            if ok.ndim != 1 or int(ok.sum()) != n_rows:
+                raise ValueError(f"accepted mask has {int(ok.sum())} True entries for {n_rows} rows")
+            n = ok.size
+            row_of = np.cumsum(ok) - 1  # row index of each accepted arrival
         if n == 0:
             return
         m, start = self._capacity, self._seen
-        # Positions that still fill empty slots: slot = position.
+        # Arrivals that fill empty slots: slot = position. Then Algorithm R from positions only.
         n_fill = max(0, min(n, m - start))
-        if n_fill:
-            for name, col in self._cols.items():
-                col[start : start + n_fill] = rows[name][:n_fill]
+        arrivals = np.arange(n_fill)
+        slots = start + arrivals
         if n_fill < n:
             positions = np.arange(start + n_fill, start + n, dtype=np.int64)
-            draws = self._rng.integers(0, positions + 1)  # uniform on {0..p}, positions only
+            draws = self._rng.integers(0, positions + 1)  # uniform on {0..p}
             hit = np.flatnonzero(draws < m)
-            if hit.size:
-                slots = draws[hit]
-                # Keep the last record per slot: unique() on the reversed order finds it.
-                _, first_rev = np.unique(slots[::-1], return_index=True)
-                keep = hit[hit.size - 1 - first_rev]  # indices into `positions`
-                for name, col in self._cols.items():
-                    col[draws[keep]] = np.asarray(rows[name])[n_fill + keep]
+            arrivals = np.concatenate([arrivals, n_fill + hit])
+            slots = np.concatenate([slots, draws[hit]])
+            # The last arrival per slot wins: unique() on the reversed order finds it.
+            _, first_rev = np.unique(slots[::-1], return_index=True)
+            last = slots.size - 1 - first_rev
+            arrivals, slots = arrivals[last], slots[last]
+        if ok is None:
+            src = arrivals
+            self._valid[slots] = True
+        else:
+            good = ok[arrivals]
+            self._valid[slots] = good
+            slots, src = slots[good], row_of[arrivals[good]]
+        for name, col in self._cols.items():
+            col[slots] = np.asarray(rows[name])[src]
         self._seen = start + n
 
     def get_state(self) -> dict[str, Any]:
@@ -145,6 +182,7 @@ class Reservoir:
             "capacity": self._capacity,
             "seen": self._seen,
             "columns": {name: col[: self.size].copy() for name, col in self._cols.items()},
+            "valid": self._valid[: self.size].copy(),
             "rng": self._rng.bit_generator.state,
         }
 
@@ -165,8 +203,13 @@ class Reservoir:
                 raise ValueError(
                     f"reservoir state column {name!r} has shape {arr.shape}, expected {(size, *shape)}"
                 )
+        valid = np.asarray(state["valid"], dtype=bool)
+        if valid.shape != (size,):
+            raise ValueError(f"reservoir state valid mask has shape {valid.shape}, expected {(size,)}")
         for name, col in self._cols.items():
             col[:size] = cols[name]
             col[size:] = 0
+        self._valid[:size] = valid
+        self._valid[size:] = False
         self._rng.bit_generator.state = state["rng"]
         self._seen = seen

@@ -96,10 +96,42 @@ def test_membership_identical_for_neighbouring_streams():
     assert np.array_equal(np.flatnonzero(differs), np.flatnonzero(a.columns["pos"] == changed))
 
 
+def test_rejected_arrivals_keep_positions_and_empty_their_slots():
+    """A record that turns malformed (value-dependent) still consumes its position (rule 1)."""
+    n, m, changed = 400, 40, 250
+    for seed in range(100):  # the first seed whose reservoir keeps position `changed`
+        a = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(seed))
+        b = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(seed))
+        for start in range(0, n, 64):
+            k = min(64, n - start)
+            rows = stream(start, k)
+            a.add_batch(rows)
+            ok = rows["pos"] != changed
+            b.add_batch({name: col[ok] for name, col in rows.items()}, accepted=ok)
+        if changed in a.columns["pos"]:
+            break
+    assert changed in a.columns["pos"] and b.seen == a.seen == n
+    np.testing.assert_array_equal(b.valid, a.columns["pos"] != changed)
+    np.testing.assert_array_equal(a.columns["pos"][b.valid], b.columns["pos"][b.valid])
+    got = b.take(np.arange(m))  # the empty slot contributes nothing
+    assert got["pos"].size == m - 1 and changed not in got["pos"]
+    with pytest.raises(ValueError, match="accepted mask"):
+        b.add_batch(stream(0, 2), accepted=np.array([True, False, False]))
+
+
+def test_rejected_arrivals_while_filling():
+    res = Reservoir(LAYOUT, capacity=5, rng=np.random.default_rng(0))
+    ok = np.array([True, False, True])
+    res.add_batch({name: col[[0, 2]] for name, col in stream(0, 3).items()}, accepted=ok)
+    assert res.size == 3 and res.valid.tolist() == [True, False, True]
+    np.testing.assert_array_equal(res.take(np.arange(3))["pos"], [0, 2])
+    assert not res.full
+
+
 def test_memory_bounded():
     res = Reservoir(LAYOUT, capacity=1000, rng=np.random.default_rng(3))
     fixed = res.nbytes
-    assert fixed == 1000 * (8 + 3 * 8)
+    assert fixed == 1000 * (8 + 3 * 8 + 1)  # columns + the valid mask
     res.add_batch(stream(0, 5000))
     tracemalloc.start()
     base, _ = tracemalloc.get_traced_memory()
