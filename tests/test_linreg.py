@@ -212,3 +212,61 @@ def test_state_round_trip_and_validation():
         with pytest.raises(ValueError, match=name):
             LinearRegression(**args)
     assert m.hyperparameters()["noise"] == "gamma"
+
+
+class AdmitAll:
+    """Budget monitor double: admits every step (the budget itself is tested elsewhere)."""
+
+    epsilon_budget, delta, halted, halt_reason = 100.0, 1e-5, False, None
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def admit(self, event):
+        self.n += 1
+        return self.n - 1
+
+    def spent(self):
+        return 0.0
+
+
+def test_error_shrinks_as_epsilon_grows():
+    """Private runs through the engine at three noise levels, T = 10 averaged Poisson steps.
+
+    To first order the posterior mean m = precision^-1 shift moves by
+    precision^-1 (d_shift - d_precision m), linear in the noise, so its error against the
+    noiseless posterior over the same reservoir scales like z (epsilon grows as z shrinks).
+    We require strictly decreasing errors, each error/z within a factor 2 of the others, and
+    the accountant's epsilon strictly increasing (PLD, replace-one, delta 1e-5).
+    """
+    from stream_vips.engine import PrivateEngine
+    from stream_vips.privacy.accountant import PldAccountant
+    from stream_vips.privacy.events import SubsampledGaussianEvent
+    from stream_vips.reservoir import Reservoir
+    from stream_vips.sampling import PoissonSampler
+
+    M, d, q, T = 2000, 3, 0.5, 10
+    rng = np.random.default_rng(0)
+    objs = records(rng, M, d, np.array([0.8, -0.5, 0.3]))
+    zs = (16.0, 6.0, 2.0)
+    acct = PldAccountant(value_discretization_interval=1e-3)
+    eps = [acct.epsilon([SubsampledGaussianEvent(z, q, "poisson", "replace_one", 2.0, count=T)], 1e-5) for z in zs]
+    assert eps[0] < eps[1] < eps[2]
+    errors = []
+    for z in zs:
+        errs = []
+        for seed in range(3):
+            model = LinearRegression(d, M, noise_precision=100.0)
+            res = Reservoir(model.row_layout(), M, np.random.default_rng(seed))
+            res.add_batch(model.parse_batch(objs).rows)
+            ref = LinearRegression(d, M, noise_precision=100.0)
+            ref.update({k: v / M for k, v in ref.clipped_sum(res.take(np.arange(M))).items()}, 1.0)
+            engine = PrivateEngine(model, res, PoissonSampler(q), AdmitAll(), z, np.random.default_rng(100 + seed),
+                                   tau0=1.0, kappa=1.0, accountant_name="pld", seeded=True)
+            for _ in range(T):
+                engine.step()
+            errs.append(np.linalg.norm(model.posterior_mean() - ref.posterior_mean()))
+        errors.append(float(np.mean(errs)))
+    assert errors[0] > errors[1] > errors[2]
+    per_z = np.array(errors) / np.array(zs)
+    assert per_z.max() / per_z.min() < 2.0
