@@ -270,3 +270,20 @@ def test_error_shrinks_as_epsilon_grows():
     assert errors[0] > errors[1] > errors[2]
     per_z = np.array(errors) / np.array(zs)
     assert per_z.max() / per_z.min() < 2.0
+
+
+def test_reader_rebuilds_the_model_from_a_published_message():
+    """hyperparameters() are the constructor's arguments: a reader needs nothing else."""
+    from stream_vips import messages
+
+    m = LinearRegression(2, 10, noise="gamma", prior_mean=[0.5, -0.5], y_bound=2.0)
+    m.update({"xx": np.eye(2) * 0.3, "xy": np.array([0.1, 0.2]), "yy": np.array(0.4)}, 0.5)
+    report = messages.privacy_report(epsilon_spent=0.1, delta=1e-5, epsilon_budget=1.0, accountant="pld",
+                                     sampling="poisson", q=0.1, noise_multiplier=1.0, steps=1, halted=False,
+                                     seeded=True)
+    msg = messages.loads(messages.dumps(messages.build_message("a", m.family, m.hyperparameters(), 0, m.state(), report)))
+    reader = LinearRegression(**msg["hyperparameters"])
+    reader.load_state(messages.decode_state(msg))
+    X = np.array([[0.2, 0.1], [-0.3, 0.4]])
+    for a, b in zip(reader.predictive(X), m.predictive(X)):
+        np.testing.assert_array_equal(a, b)
