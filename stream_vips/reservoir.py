@@ -83,7 +83,7 @@ class Reservoir:
 
     @property
     def columns(self) -> dict[str, np.ndarray]:
-        """Read-only views of the filled rows, one array per column."""
+        """Read-only views of the filled slots, one array per column (empty slots hold zeros)."""
         out = {}
         for name, col in self._cols.items():
             view = col[: self.size]
@@ -171,6 +171,8 @@ class Reservoir:
         else:
             good = ok[arrivals]
             self._valid[slots] = good
+            for col in self._cols.values():
+                col[slots[~good]] = 0  # the evicted record is gone, not kept behind a flag
             slots, src = slots[good], row_of[arrivals[good]]
         for name, col in self._cols.items():
             col[slots] = np.asarray(rows[name])[src]

@@ -113,6 +113,7 @@ def test_rejected_arrivals_keep_positions_and_empty_their_slots():
     assert changed in a.columns["pos"] and b.seen == a.seen == n
     np.testing.assert_array_equal(b.valid, a.columns["pos"] != changed)
     np.testing.assert_array_equal(a.columns["pos"][b.valid], b.columns["pos"][b.valid])
+    assert np.all(b.columns["x"][~b.valid] == 0)  # the evicted record is erased
     got = b.take(np.arange(m))  # the empty slot contributes nothing
     assert got["pos"].size == m - 1 and changed not in got["pos"]
     with pytest.raises(ValueError, match="accepted mask"):
