@@ -9,7 +9,8 @@ Model: ``y = w^T x + e`` with ``e ~ N(0, 1/lam)`` and a Gaussian prior on ``w``.
   ``w | lam ~ N(m0, (lam alpha I)^-1)``. Conjugate, so the posterior is Normal-Gamma with natural
   parameters ``precision = alpha I + sum x x^T``, ``shift = alpha m0 + sum x y``,
   ``quadratic = 2 b0 + alpha m0^T m0 + sum y^2`` and ``shape = a0 + N/2``; the rate is
-  ``b = (quadratic - shift^T precision^-1 shift) / 2``.
+  ``b = (quadratic - shift^T precision^-1 shift) / 2``. Being conjugate, it needs no mean-field
+  factorisation: the natural-parameter update below is exact.
 
 Records are ``{"x": [d numbers], "y": number}``. Preprocessing (public configuration, DESIGN
 "Contracts"): values beyond ``max_abs`` are rejected as ``out_of_range`` and NaN/infinity as
@@ -17,7 +18,9 @@ Records are ``{"x": [d numbers], "y": number}``. Preprocessing (public configura
 
 Sensitivity. One record contributes ``(x x^T, x y, y^2)`` (the last only with ``noise="gamma"``).
 After clipping, ``||x x^T||_F = ||x||^2 <= R^2``, ``||x y|| <= R B`` and ``|y^2| <= B^2``: these are
-the block bounds C_k, and the joint bound is ``C = sqrt(R^4 + R^2 B^2 [+ B^4])``. Under replace-one
+the block bounds C_k, and the joint bound is ``C = sqrt(R^4 + R^2 B^2 [+ B^4])``. The symmetric
+block is released through Analyze-Gauss, whose vector (diagonal, sqrt(2) x upper triangle) has
+the same norm as ``||x x^T||_F``, so its bound is unchanged. Under replace-one
 adjacency the released sums move by ``||u - u'|| <= ||u|| + ||u'|| <= 2C`` (diameter 2, DESIGN
 rule 2). Block by block less holds (``||x x^T - x' x'^T||_F^2 = ||x||^4 + ||x'||^4 - 2 (x^T x')^2
 <= 2 R^4``; ``|y^2 - y'^2| <= B^2``), but the joint diameter in units of C depends on how the engine
