@@ -68,11 +68,11 @@ OVERLAYS = ["base"] + sorted(
 # tools
 
 
-def require(tool: str) -> str:
+def require(tool: str, installed_by: str = ".ci/k8s-setup.sh") -> str:
     """Path of ``tool``; a missing tool skips locally and fails in CI."""
     path = shutil.which(tool)
     if path is None:
-        message = f"{tool} not found (installed by .ci/k8s-setup.sh)"
+        message = f"{tool} not found (installed by {installed_by})"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
