@@ -1,0 +1,180 @@
+"""Benchmark: cost of the per-step budget check and of noise calibration.
+
+For each accountant (pld on Poisson replace-one steps, autodp on fixed-size replace-one steps)
+a BudgetMonitor admits a homogeneous stream of 10^5 steps (budget set so that all of them fit).
+Reported: the one-off warm-up (first check, which sizes the headroom), and the mean and p99
+time of one check after warm-up. The peer is what a monitor without caching would do per step:
+recompute epsilon of the whole ledger plus the candidate with the library directly
+(dp_accounting ``PLDAccountant`` / autodp ``Composition``) at ledger length 10^5.
+
+Calibration: ``calibrate_noise_multiplier`` against dp_accounting's ``calibrate_dp_mechanism``
+(Brent's method) for the same event, timing both and checking that each result meets the target.
+The ledger's durable append (fsync) is timed separately for information (it is I/O, not the check).
+
+Run: ``python benchmarks/bench_budget.py`` (writes benchmarks/results/bench_budget.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import dp_accounting as dpa  # noqa: E402
+import numpy as np  # noqa: E402
+from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism  # noqa: E402
+from dp_accounting.pld import PLDAccountant  # noqa: E402
+from dp_accounting.rdp import RdpAccountant as DpaRdp  # noqa: E402
+
+from stream_vips.privacy.accountant import (  # noqa: E402
+    PldAccountant, RdpAccountant, calibrate_noise_multiplier,
+)
+from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
+from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
+from stream_vips.privacy.ledger import FileLedger, MemoryLedger  # noqa: E402
+
+STEPS = 100_000
+DELTA = 1e-5
+CHECK_TARGET_MS = 1.0
+NR = dpa.NeighboringRelation
+
+
+def peer_check_seconds(event: SubsampledGaussianEvent, ledger_len: int, reps: int = 3) -> float:
+    """Median time of one uncached check: epsilon of ledger + candidate, straight from the library."""
+    times = []
+    for _ in range(reps):
+        if event.sampling == "poisson":
+            t = time.perf_counter()
+            acct = PLDAccountant(NR.REPLACE_ONE)
+            acct.compose(dpa.PoissonSampledDpEvent(event.sampling_rate, dpa.GaussianDpEvent(event.noise_multiplier)),
+                         ledger_len + 1)
+            acct.get_epsilon(DELTA)
+        else:
+            from autodp.mechanism_zoo import ExactGaussianMechanism
+            from autodp.transformer_zoo import AmplificationBySampling, Composition
+
+            mech = ExactGaussianMechanism(event.noise_multiplier / 2)
+            mech.neighboring = "replace_one"
+            mech = AmplificationBySampling(PoissonSampling=False)(mech, event.sampling_rate, improved_bound_flag=True)
+            t = time.perf_counter()  # mechanism construction excluded: only the per-step work
+            Composition()([mech], [ledger_len + 1]).get_approxDP(DELTA)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_checks(name: str, accountant, event: SubsampledGaussianEvent) -> dict:
+    # budget from a separate instance, so the warm-up below includes building the caches
+    budget = type(accountant)().epsilon([event.with_count(STEPS + 10)], DELTA)
+    monitor = BudgetMonitor(budget, DELTA, accountant, MemoryLedger())
+    t = time.perf_counter()
+    assert monitor.admit(event) == 0
+    warmup = time.perf_counter() - t
+    per = np.empty(STEPS - 1)
+    for i in range(STEPS - 1):
+        t = time.perf_counter()
+        step = monitor.admit(event)
+        per[i] = time.perf_counter() - t
+        assert step == i + 1
+    mean_ms = float(per.mean() * 1e3)
+    peer_ms = peer_check_seconds(event, STEPS) * 1e3
+    return {
+        "accountant": name, "event": event.to_dict(), "steps": STEPS, "epsilon_budget": budget,
+        "epsilon_spent": monitor.spent(), "warmup_s": warmup,
+        "per_step_check_ms": {"mean": mean_ms, "p99": float(np.percentile(per, 99) * 1e3),
+                              "target": f"< {CHECK_TARGET_MS} ms", "met": mean_ms < CHECK_TARGET_MS},
+        "peer": f"uncached recompute per step ({'dp_accounting PLDAccountant' if name == 'pld' else 'autodp Composition'})",
+        "peer_check_ms": peer_ms,
+        "speedup_vs_peer": peer_ms / mean_ms,
+    }
+
+
+def bench_calibration(name: str, accountant, q: float, steps: int, sampling: str, target: float) -> dict:
+    def ours_eps(z: float) -> float:
+        return accountant.epsilon([SubsampledGaussianEvent(z, q, sampling, count=steps)], DELTA)
+
+    t = time.perf_counter()
+    z = calibrate_noise_multiplier(target, DELTA, q, steps, sampling, accountant=accountant)
+    ours_s = time.perf_counter() - t
+
+    if sampling == "poisson":
+        def fresh():
+            return PLDAccountant(NR.REPLACE_ONE)
+
+        def make_event(zz):
+            return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(zz)), steps)
+        peer = "dp_accounting calibrate_dp_mechanism (PLDAccountant REPLACE_ONE)"
+    else:
+        m = 1000
+
+        def fresh():
+            return DpaRdp(neighboring_relation=NR.REPLACE_ONE)
+
+        def make_event(zz):  # without-replacement noise_multiplier is std / diameter = z/2
+            return dpa.SelfComposedDpEvent(
+                dpa.SampledWithoutReplacementDpEvent(m, round(q * m), dpa.GaussianDpEvent(zz / 2)), steps)
+        peer = "dp_accounting calibrate_dp_mechanism (RdpAccountant REPLACE_ONE, without replacement)"
+    t = time.perf_counter()
+    z_peer = calibrate_dp_mechanism(fresh, make_event, target, DELTA,
+                                    ExplicitBracketInterval(1.0, 50.0), tol=z * 1e-3)
+    peer_s = time.perf_counter() - t
+    eps_z = ours_eps(z)
+    return {
+        "accountant": name, "sampling": sampling, "q": q, "steps": steps, "target_epsilon": target,
+        "noise_multiplier": z, "epsilon_at_z": eps_z, "epsilon_at_0.99z": ours_eps(0.99 * z),
+        "calibration_s": ours_s,
+        "meets_target": {"target": "epsilon(z) <= target epsilon", "met": eps_z <= target},
+        "peer": peer, "peer_s": peer_s, "peer_noise_multiplier": z_peer,
+        "peer_epsilon_at_its_z": ours_eps(z_peer),
+        "time_ratio_peer_over_ours": peer_s / ours_s,
+    }
+
+
+def bench_fsync(n: int = 200) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        with FileLedger(Path(tmp) / "ledger.jsonl") as led:
+            event = SubsampledGaussianEvent(1.0, 0.01, "poisson")
+            t = time.perf_counter()
+            for _ in range(n):
+                led.append(event)
+            return {"appends": n, "mean_ms": (time.perf_counter() - t) / n * 1e3}
+
+
+def main() -> dict:
+    warnings.simplefilter("ignore")
+    checks = [
+        bench_checks("pld", PldAccountant(), SubsampledGaussianEvent(1.0, 0.01, "poisson")),
+        bench_checks("autodp", RdpAccountant(), SubsampledGaussianEvent(2.0, 0.01, "fixed")),
+    ]
+    calibration = [
+        bench_calibration("pld", PldAccountant(), 0.01, 10_000, "poisson", 1.0),
+        bench_calibration("autodp", RdpAccountant(), 0.01, 10_000, "fixed", 1.0),
+    ]
+    result = {
+        "benchmark": "bench_budget",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "budget_checks": checks,
+        "calibration": calibration,
+        "ledger_fsync_append": bench_fsync(),
+        "targets_met": all(c["per_step_check_ms"]["met"] for c in checks)
+        and all(c["meets_target"]["met"] for c in calibration),
+    }
+    out = ROOT / "benchmarks" / "results" / "bench_budget.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
