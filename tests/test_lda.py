@@ -1,0 +1,335 @@
+"""VIPS LDA (paper section 4, Algorithm 3): the vectorized E-step and M-step against a plain loop
+implementation, sparse clipping norms against dense ones, the sqrt(2) replace-one diameter, the
+engine's noise std z * a * N, epsilon in the message equal to the ledger's, record handling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import gammaln, psi
+
+from stream_vips import messages
+from stream_vips.config import check_kwargs, model_class
+from stream_vips.engine import PrivateEngine
+from stream_vips.models.lda import LDA, Bags, e_step, hellinger, topic_recovery
+from stream_vips.privacy.accountant import PldAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import FixedSizeSampler, PoissonSampler
+
+VOCAB = [f"w{i}" for i in range(12)]
+
+
+def tiny_corpus(seed: int, n_docs: int, vocab=VOCAB, length: int = 15) -> list[dict]:
+    """Documents mixing two planted halves of the vocabulary, as token lists."""
+    rng = np.random.default_rng(seed)
+    half = len(vocab) // 2
+    docs = []
+    for _ in range(n_docs):
+        w = rng.dirichlet([0.3, 0.3])
+        p = np.concatenate([np.full(half, w[0]), np.full(len(vocab) - half, w[1])])
+        docs.append({"tokens": [vocab[i] for i in rng.choice(len(vocab), length, p=p / p.sum())]})
+    return docs
+
+
+# --------------------------------------------------------------------------------------------
+# A straightforward loop implementation of the same E-step and M-step (the reference).
+
+
+def ref_exp_elog(x):
+    total = sum(x)
+    return [math.exp(psi(v) - psi(total)) for v in x]
+
+
+def ref_doc(counts: dict[int, float], eb, alpha, max_iter, tol):
+    """Per-document fixed point; returns gamma, exp E[log theta], phi[w][k]."""
+    K = len(eb)
+    n = sum(counts.values())
+    gamma = [alpha + n / K] * K
+    for _ in range(max_iter):
+        t = ref_exp_elog(gamma)
+        phinorm = {w: sum(t[k] * eb[k][w] for k in range(K)) + 1e-100 for w in counts}
+        new = [alpha + t[k] * sum(c * eb[k][w] / phinorm[w] for w, c in counts.items()) for k in range(K)]
+        change = sum(abs(a - b) for a, b in zip(new, gamma)) / K
+        gamma = new
+        if change < tol:
+            break
+    t = ref_exp_elog(gamma)
+    phinorm = {w: sum(t[k] * eb[k][w] for k in range(K)) + 1e-100 for w in counts}
+    phi = {w: [t[k] * eb[k][w] / phinorm[w] for k in range(K)] for w in counts}
+    return gamma, t, phi, phinorm
+
+
+def ref_step(lam, rows, alpha, eta, a, N, D, rho, max_iter, tol, normaliser):
+    """One Algorithm 3 step at z = 0 with explicit loops over documents, words and topics."""
+    K, V = len(lam), len(lam[0])
+    eb = []
+    for k in range(K):
+        total = sum(lam[k])
+        eb.append([math.exp(psi(lam[k][v]) - psi(total)) for v in range(V)])
+    s = [[0.0] * V for _ in range(K)]
+    for row in rows:
+        counts: dict[int, float] = {}
+        for w in row:
+            counts[int(w)] = counts.get(int(w), 0.0) + 1.0
+        _, _, phi, _ = ref_doc(counts, eb, alpha, max_iter, tol)
+        contrib = [[0.0] * V for _ in range(K)]
+        for w, c in counts.items():
+            for k in range(K):
+                contrib[k][w] += c * phi[w][k]
+        norm = math.sqrt(sum(x * x for r in contrib for x in r))
+        f = min(1.0, a * N / norm)
+        for k in range(K):
+            for v in range(V):
+                s[k][v] += f * contrib[k][v]
+    new = [[0.0] * V for _ in range(K)]
+    for k in range(K):
+        for v in range(V):
+            sv = max(s[k][v] / normaliser, 0.0)
+            new[k][v] = (1 - rho) * lam[k][v] + rho * (eta + D * sv)
+    return new
+
+
+def ref_perplexity(lam, docs_counts, alpha, max_iter, tol):
+    K, V = len(lam), len(lam[0])
+    eb = []
+    for k in range(K):
+        total = sum(lam[k])
+        eb.append([math.exp(psi(lam[k][v]) - psi(total)) for v in range(V)])
+    elbo, words = 0.0, 0.0
+    for counts in docs_counts:
+        gamma, t, _, phinorm = ref_doc(counts, eb, alpha, max_iter, tol)
+        elog = [math.log(x) for x in t]
+        elbo += sum(c * math.log(phinorm[w]) for w, c in counts.items())
+        elbo += sum((alpha - g) * e + gammaln(g) for g, e in zip(gamma, elog))
+        elbo += gammaln(K * alpha) - K * gammaln(alpha) - gammaln(sum(gamma))
+        words += sum(counts.values())
+    return math.exp(-elbo / words)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clip_fraction", [0.1, 1.0])
+def test_z0_matches_loop_implementation(clip_fraction):
+    N, D, S = 20, 50, 7
+    model = LDA(VOCAB, corpus_size=D, n_topics=3, doc_length=N, alpha=0.4, eta=0.05,
+                clip_fraction=clip_fraction, max_iter=40, tol=1e-4, block_size=3, seed=1)
+    rows = model.parse_batch(tiny_corpus(0, S)).rows["words"]
+    lam = model.state()["lambda"].tolist()
+    for rho in (0.7, 0.4):  # two steps: the second E-step runs at an updated lambda
+        sums = model.clipped_sum({"words": rows})
+        model.update({"s": sums["s"] / S}, rho)
+        lam = ref_step(lam, rows, 0.4, 0.05, clip_fraction, N, D, rho, 40, 1e-4, S)
+        np.testing.assert_allclose(model.state()["lambda"], np.array(lam), rtol=0, atol=1e-8)
+
+
+def test_z0_through_the_engine_in_non_private_mode():
+    N, M = 20, 6
+    model = LDA(VOCAB, corpus_size=M, n_topics=2, doc_length=N, max_iter=30, tol=1e-4, seed=3)
+    rows = model.parse_batch(tiny_corpus(1, M)).rows["words"]
+    res = Reservoir(model.row_layout(), M, np.random.default_rng(0))
+    res.add_batch({"words": rows})
+    lam0 = model.state()["lambda"].tolist()
+    eng = PrivateEngine(model, res, FixedSizeSampler(M), None, 0.0, np.random.default_rng(0), tau0=3.0,
+                        kappa=0.7, accountant_name="none", non_private=True)
+    result = eng.step()
+    expected = ref_step(lam0, rows, model.alpha, model.eta, model.clip_fraction, N, M, result.rho, 30, 1e-4, M)
+    np.testing.assert_allclose(model.state()["lambda"], np.array(expected), rtol=0, atol=1e-8)
+    assert result.privacy["epsilon_spent"] == math.inf and result.privacy["noise_multiplier"] == 0.0
+
+
+def test_perplexity_matches_loop_implementation_of_eq32():
+    model = LDA(VOCAB, corpus_size=30, n_topics=3, doc_length=20, alpha=0.3, max_iter=50, tol=1e-5, seed=2)
+    model.update({"s": model.clipped_sum(model.parse_batch(tiny_corpus(2, 30)).rows)["s"] / 30}, 0.9)
+    held_out = tiny_corpus(3, 9) + [{"counts": {"w1": 4, "w7": 2, "nope": 5}}, {"tokens": ["nope"]}]
+    counts = []
+    for doc in held_out[:-1]:  # the last one has no known word: it adds nothing
+        c: dict[int, float] = {}
+        items = doc["counts"].items() if "counts" in doc else [(t, 1) for t in doc["tokens"]]
+        for word, n in items:
+            if word in VOCAB:
+                c[VOCAB.index(word)] = c.get(VOCAB.index(word), 0.0) + n
+        counts.append(c)
+    ref = ref_perplexity(model.state()["lambda"].tolist(), counts, 0.3, 50, 1e-5)
+    assert model.perplexity(held_out) == pytest.approx(ref, rel=1e-10)
+    with pytest.raises(ValueError, match="document 0: not_object"):
+        model.perplexity(["text"])
+
+
+def test_sparse_clipping_norms_equal_dense():
+    rng = np.random.default_rng(4)
+    V, K, N = 300, 5, 60
+    vocab = [f"v{i}" for i in range(V)]
+    model = LDA(vocab, corpus_size=100, n_topics=K, doc_length=N, seed=5, block_size=4)
+    rows = rng.integers(0, V, size=(23, N)).astype(np.int32)
+    bags = Bags.from_rows(rows)
+    seen = 0
+    for blk in e_step(bags, model._exp_elog_beta, model.alpha, model.max_iter, model.tol, model.block_size):
+        sparse = blk.expected_counts(model._exp_elog_beta_t)  # (nb, L, K)
+        sparse_norms = np.sqrt(np.einsum("blk,blk->b", sparse, sparse))
+        for b, d in enumerate(blk.docs):
+            dense = np.zeros((K, V))
+            for l in range(len(blk.ids[b])):
+                dense[:, blk.ids[b, l]] += sparse[b, l]
+            assert np.linalg.norm(dense) == pytest.approx(sparse_norms[b], rel=1e-12)
+            assert dense.sum() == pytest.approx(N, rel=1e-12)  # expected counts sum to N
+            np.testing.assert_array_equal(np.flatnonzero(dense.sum(0)), np.unique(rows[d]))
+            seen += 1
+    assert seen == 23
+
+
+def test_document_exceeding_the_bound_is_clipped_and_others_are_not():
+    N, K, a = 40, 4, 0.1
+    model = LDA(VOCAB, corpus_size=10, n_topics=K, doc_length=N, clip_fraction=a, seed=6)
+    # one word N times: one column summing to N, norm >= N / sqrt(K) = 20 > a N = 4
+    big = model.clipped_sum({"words": np.full((1, N), 3, np.int32)})["s"]
+    assert np.linalg.norm(big) == pytest.approx(a * N, rel=1e-12)
+    assert np.all(big >= 0) and np.count_nonzero(big.sum(0)) == 1
+    empty = model.clipped_sum({"words": np.zeros((0, N), np.int32)})["s"]  # Poisson can draw no one
+    assert empty.shape == (K, len(VOCAB)) and not empty.any()
+    # with a = 1 nothing can exceed the bound (norm <= N): the contribution sums to N, unscaled
+    loose = LDA(VOCAB, corpus_size=10, n_topics=K, doc_length=N, clip_fraction=1.0, seed=6)
+    one = loose.clipped_sum({"words": np.full((1, N), 3, np.int32)})["s"]
+    assert one.sum() == pytest.approx(N, rel=1e-12)
+    np.testing.assert_allclose(big, one * (a * N / np.linalg.norm(one)), rtol=1e-12)
+
+
+def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
+    model = LDA(VOCAB, corpus_size=10, n_topics=3, doc_length=30, seed=7)
+    assert model.diameter() == pytest.approx(math.sqrt(2), rel=1e-15)
+    C = model.clip_bound
+    rng = np.random.default_rng(8)
+    # random non-negative vectors of norm <= C, sparse and dense, including disjoint supports
+    u = rng.exponential(size=(20000, 36)) * (rng.random((20000, 36)) < rng.random((20000, 1)))
+    v = rng.exponential(size=(20000, 36)) * (rng.random((20000, 36)) < rng.random((20000, 1)))
+    clip = lambda x: x * np.minimum(1.0, C / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300))
+    u, v = clip(u), clip(v)
+    gaps = np.linalg.norm(u - v, axis=1)
+    assert gaps.max() <= math.sqrt(2) * C * (1 + 1e-12)
+    assert gaps.max() > 1.3 * C  # the bound is nearly attained (disjoint supports), so 2C would be loose
+    # real contributions of two single-word documents: disjoint columns, so the gap is exactly sqrt(2) C
+    s1 = model.clipped_sum({"words": np.full((1, 30), 1, np.int32)})["s"]
+    s2 = model.clipped_sum({"words": np.full((1, 30), 9, np.int32)})["s"]
+    assert np.linalg.norm(s1 - s2) == pytest.approx(math.sqrt(2) * C, rel=1e-12)
+
+
+def test_engine_noise_std_is_z_a_N_and_message_epsilon_is_the_ledgers():
+    V, K, N, M, z = 300, 4, 50, 20, 5.0
+    vocab = [f"v{i}" for i in range(V)]
+    model = LDA(vocab, corpus_size=M, n_topics=K, doc_length=N, clip_fraction=0.1, seed=9)
+    rng = np.random.default_rng(10)
+    docs = [{"tokens": [vocab[i] for i in rng.integers(0, V, 30)]} for _ in range(M)]
+    res = Reservoir(model.row_layout(), M, np.random.default_rng(0))
+    res.add_batch(model.parse_batch(docs).rows)
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(0.5, 1e-5, PldAccountant(), ledger)  # room for 2 steps (eps ~0.40)
+    sampler = PoissonSampler(0.2)
+    eng = PrivateEngine(model, res, sampler, monitor, z, np.random.default_rng(11), tau0=1.0,
+                        kappa=0.7, accountant_name="pld", seeded=True)
+    assert eng.block_stds == {"s": pytest.approx(z * 0.1 * N, rel=1e-12)}
+    sums, means = [], []
+    real_sum, real_update = model.clipped_sum, model.update
+    model.clipped_sum = lambda batch: (lambda out: (sums.append(out["s"].copy()), out)[1])(real_sum(batch))
+    model.update = lambda mean, rho: (means.append(mean["s"].copy()), real_update(mean, rho))[1]
+    results = [eng.step() for _ in range(2)]
+    noise = np.stack(means) * sampler.normaliser(M) - np.stack(sums)  # the noise added to each sum
+    n = noise.size
+    assert noise.std() == pytest.approx(z * 0.1 * N, rel=5 / math.sqrt(2 * n))
+    assert abs(noise.mean()) < 5 * z * 0.1 * N / math.sqrt(n)
+    # ledger events carry the sqrt(2) diameter; published epsilon = the ledger's epsilon
+    assert all(e.diameter == pytest.approx(math.sqrt(2)) for e in ledger.events())
+    eps = PldAccountant().epsilon(ledger.events(), 1e-5)
+    msg = messages.build_message("m", LDA.family, model.hyperparameters(), results[-1].step, model.state(),
+                                 results[-1].privacy)
+    assert msg["privacy"]["epsilon_spent"] == pytest.approx(eps, rel=1e-9)
+    assert msg["privacy"]["epsilon_spent"] == monitor.spent()
+    assert msg["privacy"]["paper_sigma"] == pytest.approx(z / math.sqrt(2))
+    rebuilt = LDA(**msg["hyperparameters"])
+    rebuilt.load_state(messages.decode_state(msg))
+    np.testing.assert_array_equal(rebuilt.state()["lambda"], model.state()["lambda"])
+
+
+def test_m_step_sets_negative_noisy_statistics_to_zero():
+    model = LDA(VOCAB[:4], corpus_size=100, n_topics=2, doc_length=10, eta=0.05, seed=0)
+    lam = model.state()["lambda"]
+    s = np.array([[-0.3, 0.2, 0.0, -1e-9], [0.01, -5.0, 1.0, 0.5]])
+    model.update({"s": s}, 0.25)
+    expected = 0.75 * lam + 0.25 * (0.05 + 100 * np.maximum(s, 0))
+    np.testing.assert_allclose(model.state()["lambda"], expected, rtol=1e-15)
+    with pytest.raises(ValueError, match="noisy_mean.s: expected shape"):
+        model.update({"s": s[:, :3]}, 0.25)
+
+
+def test_parse_rejects_bad_input_with_reasons():
+    model = LDA(["a", "b", "c"], corpus_size=10, n_topics=2, doc_length=6, seed=0)
+    objs = [
+        {"tokens": ["a", "zzz", "b"]},
+        {"counts": {"c": 2, "zzz": 9}},
+        "plain text",
+        {"text": "a b"},
+        {"tokens": ["a"], "counts": {"a": 1}},
+        {"tokens": "a b"},
+        {"tokens": ["a", 3]},
+        {"counts": {"a": 1.5}},
+        {"counts": {"a": -1}},
+        {"counts": {"a": 2**40}},
+        {"tokens": ["zzz", "yyy"]},
+        {"counts": {"a": 0, "zzz": 3}},
+        {"tokens": []},
+        {"counts": {"b": True}},
+    ]
+    parsed = model.parse_batch(objs)
+    assert parsed.accepted.tolist() == [0, 1]
+    assert [(i, r) for i, r, _ in parsed.rejected] == [
+        (2, "not_object"), (3, "missing_field"), (4, "missing_field"), (5, "wrong_type"), (6, "wrong_type"),
+        (7, "wrong_type"), (8, "out_of_range"), (9, "out_of_range"), (10, "empty_document"),
+        (11, "empty_document"), (12, "empty_document"), (13, "wrong_type"),
+    ]
+    assert all(detail for _, _, detail in parsed.rejected)
+    words = parsed.rows["words"]
+    assert words.dtype == np.int32 and words.shape == (2, 6)
+    assert set(words[0]) <= {0, 1} and set(words[1]) == {2}  # unknown tokens dropped
+
+
+def test_resampling_draws_words_in_proportion_to_counts():
+    N = 4000
+    model = LDA(["a", "b", "c"], corpus_size=10, n_topics=2, doc_length=N, seed=1)
+    words = model.parse_batch([{"counts": {"a": 3, "b": 1}}, {"tokens": ["c", "b", "c", "c"]}]).rows["words"]
+    # binomial proportions: sd = sqrt(p (1 - p) / N) ~ 0.0068; allow 5 sd
+    assert np.mean(words[0] == 0) == pytest.approx(0.75, abs=5 * math.sqrt(0.75 * 0.25 / N))
+    assert np.mean(words[1] == 2) == pytest.approx(0.75, abs=5 * math.sqrt(0.75 * 0.25 / N))
+    assert set(words[0]) == {0, 1} and set(words[1]) == {1, 2}
+
+
+def test_configuration_errors_name_the_key(tmp_path):
+    for kwargs, key in [({"vocabulary": []}, "vocabulary"), ({"vocabulary": ["a", "a"]}, "vocabulary"),
+                        ({"clip_fraction": 0.0}, "clip_fraction"), ({"n_topics": 0}, "n_topics"),
+                        ({"eta": -1.0}, "eta"), ({"vocabulary": str(tmp_path / "missing.txt")}, "vocabulary")]:
+        args = {"vocabulary": ["a", "b"], "corpus_size": 10, **kwargs}
+        with pytest.raises(ValueError, match=f"^{key}:"):
+            LDA(**args)
+    path = tmp_path / "vocab.txt"
+    path.write_text("apple\npear\n\nplum\n", encoding="utf-8")
+    assert LDA(str(path), corpus_size=5).vocabulary == ["apple", "pear", "plum"]
+    assert model_class("lda") is LDA
+    assert check_kwargs(LDA, {"vocabulary": str(path), "corpus_size": 5, "n_topics": 3}, "model.params")
+
+
+def test_top_words_and_topic_recovery():
+    model = LDA(VOCAB, corpus_size=10, n_topics=2, doc_length=10, seed=0)
+    lam = np.full((2, 12), 0.1)
+    lam[0, [4, 2, 7]] = [30, 20, 10]
+    lam[1, [11, 0]] = [5, 50]
+    model.load_state({"lambda": lam})
+    assert [t[:3] for t in model.top_words(3)] == [["w4", "w2", "w7"], ["w0", "w11", "w1"]]
+    topics = model.topics()
+    assert topic_recovery(topics, topics[::-1]) == pytest.approx(0.0, abs=1e-7)
+    # two-word closed form: H(p, q)^2 = 1 - sum sqrt(p q)
+    p, q = np.array([[0.5, 0.5]]), np.array([[0.9, 0.1]])
+    assert hellinger(p, q)[0, 0] == pytest.approx(math.sqrt(1 - (math.sqrt(0.45) + math.sqrt(0.05))), rel=1e-9)
+    assert topic_recovery(np.eye(3), np.eye(3)[[2, 0, 1]]) == pytest.approx(0.0, abs=1e-12)
+    assert topic_recovery(np.eye(2), np.array([[0.0, 1.0], [0.0, 1.0]])) == pytest.approx(0.5, rel=1e-12)
