@@ -467,9 +467,9 @@ def test_network_policy_denies_by_default_and_allows_only_kafka_dns_and_scrapes(
     assert dns and sorted(p["protocol"] for p in dns[0]) == ["TCP", "UDP"] and {p["port"] for p in dns[0]} == {53}
     # the broker port is the one in the configured bootstrap servers
     _, cfg = mounted_config(docs)
-    if cfg["source"]["type"] == "kafka":
-        ports = {int(s.rsplit(":", 1)[1]) for s in str(cfg["source"]["bootstrap_servers"]).split(",")}
-        assert kafka and ports <= {p["port"] for p in kafka[0]}
+    ports = {int(s.rsplit(":", 1)[1]) for sec in ("source", "sink", "dead_letter")
+             for s in str(cfg[sec]["bootstrap_servers"]).split(",")}
+    assert kafka and ports <= {p["port"] for p in kafka[0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,6 +491,12 @@ def _grants(user: dict[str, Any]) -> set[tuple[str, str, str, str]]:
     return out
 
 
+def kafka_topics_of(cfg: dict[str, Any], section: str) -> list[str]:
+    """Topics a Kafka connector section names (the source takes ``topics``, the sinks ``topic``)."""
+    value = cfg[section].get("topics", cfg[section].get("topic"))
+    return [value] if isinstance(value, str) else list(value)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_topics_match_the_config_and_their_roles(overlay: str) -> None:
     docs = render(overlay)
@@ -500,10 +506,16 @@ def test_topics_match_the_config_and_their_roles(overlay: str) -> None:
     clusters |= {u["metadata"]["labels"]["strimzi.io/cluster"] for u in of_kind(docs, "KafkaUser")}
     assert len(clusters) == 1
     for section, policy in (("source", "delete"), ("sink", "compact"), ("dead_letter", "delete")):
-        if cfg[section]["type"] == "kafka":
-            topic = topics[cfg[section]["topic"]]
+        assert cfg[section]["type"] == "kafka", section
+        for name in kafka_topics_of(cfg, section):
+            topic = topics[name]
             assert topic["spec"]["config"]["cleanup.policy"] == policy, section
             assert topic["spec"]["config"]["min.insync.replicas"] <= topic["spec"]["replicas"]
+        if section != "source":
+            assert cfg[section]["create_topic"] is False, "Strimzi owns the topics"
+    # the model sink refuses to start on a topic whose limit is below its own
+    (model_topic,) = kafka_topics_of(cfg, "sink")
+    assert topics[model_topic]["spec"]["config"]["max.message.bytes"] >= cfg["sink"]["max_message_bytes"]
     ledger = [t for name, t in topics.items() if "ledger" in name]
     assert len(ledger) == 1 and ledger[0]["spec"]["config"]["cleanup.policy"] == "compact"
     assert str(ledger[0]["spec"]["config"]["retention.ms"]) == "-1"
@@ -515,22 +527,45 @@ def test_acls_let_only_the_pipeline_read_raw_records(overlay: str) -> None:
     _, cfg = mounted_config(docs)
     users = {u["metadata"]["name"]: _grants(u) for u in of_kind(docs, "KafkaUser")}
     topics = _topics(docs)
-    model_topic = cfg["sink"]["topic"] if cfg["sink"]["type"] == "kafka" else "stream-vips.models"
-    raw_topics = set(topics) - {model_topic} - {n for n in topics if "ledger" in n}
-    pipeline = users.pop("stream-vips")
-    if cfg["source"]["type"] == "kafka":
-        assert ("topic", cfg["source"]["topic"], "literal", "Read") in pipeline
-        assert ("group", cfg["source"]["group_id"], "literal", "Read") in pipeline
+    (model_topic,) = kafka_topics_of(cfg, "sink")
+    raw_topics = set(kafka_topics_of(cfg, "source")) | set(kafka_topics_of(cfg, "dead_letter"))
+    assert raw_topics <= set(topics) and model_topic not in raw_topics
+    pipeline = users.pop(cfg["source"]["sasl_username"])
+    for name in kafka_topics_of(cfg, "source"):
+        assert {("topic", name, "literal", op) for op in ("Read", "Describe")} <= pipeline
+    assert ("group", cfg["source"]["group_id"], "literal", "Read") in pipeline
     for section in ("sink", "dead_letter"):
-        if cfg[section]["type"] == "kafka":
-            assert ("topic", cfg[section]["topic"], "literal", "Write") in pipeline, section
+        assert cfg[section]["sasl_username"] == cfg["source"]["sasl_username"]
+        for name in kafka_topics_of(cfg, section):
+            assert ("topic", name, "literal", "Write") in pipeline, section
+    # the model sink checks the topic's settings and writes in transactions under a fixed id
+    assert ("topic", model_topic, "literal", "DescribeConfigs") in pipeline
+    assert ("transactionalId", cfg["sink"]["transactional_id"], "literal", "Write") in pipeline
     assert all(op != "All" and rtype != "cluster" for rtype, _, _, op in pipeline)
+    source_ops = {op for rtype, name, _, op in pipeline if rtype == "topic" and name in kafka_topics_of(cfg, "source")}
+    assert source_ops == {"Read", "Describe"}, "the pipeline never writes its input"
     (reader,) = users.values()
-    assert {(t, n) for t, n, _, _ in reader if t == "topic"} == {("topic", model_topic)}
-    assert {op for t, _, _, op in reader if t == "topic"} == {"Read", "Describe"}
-    assert all(pattern == "literal" for t, _, pattern, _ in reader if t == "topic")
-    for name, grants in users.items():
-        assert not any(n in raw_topics for t, n, _, _ in grants if t == "topic"), name
+    assert reader == {("topic", model_topic, "literal", "Read"), ("topic", model_topic, "literal", "Describe")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_connectors_find_the_kafka_password_the_pod_gets(overlay: str) -> None:
+    """Each Kafka connector's security settings resolve from the config plus the pod's env."""
+    from connectors.kafka import SECURITY_KEYS, security_options
+
+    docs = render(overlay)
+    _, cfg = mounted_config(docs)
+    env = _env_with_placeholder_secrets(container(docs))
+    for section in ("source", "sink", "dead_letter"):
+        options = {k: v for k, v in cfg[section].items() if k in SECURITY_KEYS}
+        resolved = security_options(options, env=env)
+        assert resolved["security_protocol"] == "SASL_SSL", section
+        assert resolved["sasl_plain_password"].startswith("placeholder-"), section
+        with pytest.raises(Exception, match="sasl_password"):
+            security_options(options, env={})
+    # the CA file is mounted where the config says
+    mounts = [m["mountPath"] for m in container(docs)["volumeMounts"]]
+    assert any(cfg["source"]["ssl_cafile"].startswith(m.rstrip("/") + "/") for m in mounts)
 
 
 # ---------------------------------------------------------------------------------------------
