@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -157,8 +158,12 @@ class Application:
                     )
                 except ValueError as exc:
                     raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
-            if ledger is None:
-                ledger = MemoryLedger() if cfg.privacy.ledger.type == "memory" else FileLedger(cfg.privacy.ledger.path)
+            if ledger is None and cfg.privacy.ledger.type == "memory":
+                ledger = MemoryLedger()
+            elif ledger is None:
+                path = Path(cfg.privacy.ledger.path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                ledger = FileLedger(path)
             monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger)
         try:
             engine = PrivateEngine(
