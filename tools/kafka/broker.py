@@ -143,8 +143,12 @@ class KafkaBroker:
             if self.proc is not None and self.proc.poll() is not None:
                 raise BrokerError(f"broker exited with {self.proc.returncode}; see {self.log_path}:\n"
                                   + self.tail())
+            if not self._port_open():
+                time.sleep(0.1)
+                continue
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000,
+                                         bootstrap_timeout_ms=3000, reconnect_backoff_max_ms=200)
                 try:
                     if admin.describe_cluster().get("brokers"):
                         return
@@ -156,6 +160,14 @@ class KafkaBroker:
                 last = exc
             time.sleep(0.2)
         raise BrokerError(f"broker not ready after {timeout_s}s ({last!r}); log tail:\n{self.tail()}")
+
+    def _port_open(self) -> bool:
+        """A plain TCP connect first: kafka-python backs off for many seconds after a refusal."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def tail(self, n: int = 40) -> str:
         for p in (self.log_path, self.data_dir / "stdout.log"):

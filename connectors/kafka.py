@@ -1,0 +1,714 @@
+"""Kafka connectors (kafka-python): record source, model sink, dead-letter sink and durable ledger.
+
+* :class:`KafkaSource` -- a consumer-group member with manual offset commits and bounded polls.
+  While an update runs long (no ``poll()`` for ``long_update_s``) a keep-alive thread pauses the
+  assigned partitions and keeps polling, so the member is not evicted for exceeding
+  ``max.poll.interval.ms``; the next ``poll()`` resumes them. ``pause()`` (budget halted) pauses
+  everything for good while polling keeps the membership alive. ``group_instance_id`` turns on
+  static membership (a restart within the session timeout causes no rebalance).
+* :class:`KafkaModelSink` -- model messages as JSON on a compacted topic keyed by model id,
+  compressed by the producer (zstd, the ``zstandard`` package). A message larger than the
+  topic's ``max.message.bytes`` is split into chunks sent in one transaction, so a
+  ``read_committed`` reader sees all chunks or none (:func:`reassemble` puts them together).
+  Every send future is checked: a failure raises :class:`KafkaPublishError`.
+* :class:`KafkaDeadLetterSink` -- rejected records with their original bytes as the value and
+  the reason, detail and source topic/partition/offset in headers.
+* :class:`KafkaLedger` -- privacy events on a compacted topic, one key per step, written by a
+  transactional producer and confirmed before ``append`` returns (DESIGN rule 7). Opening it
+  fences any older writer with the same ledger id and replays the committed events.
+
+Security settings (``security_protocol``, ``sasl_mechanism``, ``sasl_username``,
+``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``) are constructor options;
+unset ones fall back to ``STREAM_VIPS_KAFKA_<NAME>`` environment variables (so secrets need
+not live in the YAML file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Iterable, Mapping, Sequence
+
+from stream_vips.io import DeadLetter, RawRecord
+
+log = logging.getLogger("connectors.kafka")
+
+SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
+                 "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+ENV_PREFIX = "STREAM_VIPS_KAFKA_"
+#: Headers of a chunked model message (all chunks of one message share ``message_id``).
+CHUNK_HEADER = "stream-vips-chunk"  # "<index>/<count>"
+MESSAGE_ID_HEADER = "stream-vips-message-id"
+SHA256_HEADER = "stream-vips-sha256"  # of the whole reassembled payload, on every chunk
+#: Bytes reserved per record for key, headers and batch framing when chunking.
+RECORD_OVERHEAD = 4096
+
+
+class KafkaConnectorError(RuntimeError):
+    """A Kafka connector cannot do what its configuration asks (names the topic and setting)."""
+
+
+class KafkaPublishError(KafkaConnectorError):
+    """A send was not acknowledged by the broker; nothing is dropped silently."""
+
+
+def security_options(options: Mapping[str, Any] | None = None,
+                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kafka-python keyword arguments for the security settings (options, else environment)."""
+    env = os.environ if env is None else env
+    given = dict(options or {})
+    out: dict[str, Any] = {}
+    for key in SECURITY_KEYS:
+        value = given.get(key)
+        if value is None:
+            value = env.get(ENV_PREFIX + key.upper())
+        if value is None:
+            continue
+        name = {"sasl_username": "sasl_plain_username", "sasl_password": "sasl_plain_password"}.get(key, key)
+        out[name] = value
+    protocol = out.setdefault("security_protocol", "PLAINTEXT")
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise KafkaConnectorError(f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {protocol!r}")
+    if protocol.startswith("SASL"):
+        if "sasl_mechanism" not in out:
+            raise KafkaConnectorError(f"security_protocol {protocol} needs sasl_mechanism (e.g. PLAIN, SCRAM-SHA-512)")
+        if out["sasl_mechanism"] in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+                out.get("sasl_plain_username") and out.get("sasl_plain_password")):
+            raise KafkaConnectorError(
+                f"sasl_mechanism {out['sasl_mechanism']} needs sasl_username and sasl_password "
+                f"(options or {ENV_PREFIX}SASL_USERNAME / {ENV_PREFIX}SASL_PASSWORD)")
+    return out
+
+
+def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
+    servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+    servers = [s.strip() for part in servers for s in part.split(",") if s.strip()]
+    if not servers:
+        raise KafkaConnectorError("bootstrap_servers is empty")
+    return servers
+
+
+def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitions: int = 1,
+                 replication_factor: int = 1, configs: Mapping[str, str] | None = None,
+                 create: bool = True, security: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Create ``topic`` with ``configs`` if allowed and missing, else check its settings.
+
+    An existing topic whose value for one of ``configs`` differs raises
+    :class:`KafkaConnectorError` naming the setting (a model topic that is not compacted would
+    lose nothing at first and the history later; refusing to start is the safe answer). Returns
+    the topic's effective settings for the checked keys.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    wanted = {k: str(v) for k, v in (configs or {}).items()}
+    admin = KafkaAdminClient(bootstrap_servers=_servers(bootstrap_servers), **dict(security or {}))
+    try:
+        existing = set(admin.list_topics())
+        if topic not in existing:
+            if not create:
+                raise KafkaConnectorError(f"topic {topic!r} does not exist and create_topic is false")
+            try:
+                admin.create_topics([NewTopic(topic, partitions, replication_factor, topic_configs=wanted)])
+            except TopicAlreadyExistsError:
+                pass  # created concurrently: check its settings below
+        if not wanted:
+            return {}
+        res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        actual = _config_values(res, topic)
+    finally:
+        admin.close()
+    wrong = {k: (v, actual.get(k)) for k, v in wanted.items() if k in _CHECKED and not _same(k, v, actual.get(k))}
+    if wrong:
+        detail = ", ".join(f"{k}={have!r} (needs {want!r})" for k, (want, have) in sorted(wrong.items()))
+        raise KafkaConnectorError(f"topic {topic!r} exists with incompatible settings: {detail}")
+    return {k: actual.get(k) for k in wanted}
+
+
+_CHECKED = ("cleanup.policy", "max.message.bytes")
+
+
+def _same(key: str, want: str, have: str | None) -> bool:
+    if have is None:
+        return False
+    if key == "max.message.bytes":
+        return int(have) >= int(want)  # a larger limit serves as well
+    return set(have.split(",")) == set(want.split(","))
+
+
+def _config_values(response: Any, topic: str) -> dict[str, str]:
+    """``{name: value}`` for ``topic`` from kafka-python's describe_configs result."""
+    entries = response.get("topic", {}).get(topic, {})
+    return {name: entry.get("value") for name, entry in entries.items()}
+
+
+def _check_future(future: Any, timeout_s: float, what: str) -> Any:
+    try:
+        return future.get(timeout=timeout_s)
+    except Exception as exc:
+        raise KafkaPublishError(f"{what} was not acknowledged: {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# source
+
+
+class KafkaSource:
+    """Records from Kafka topics as :class:`RawRecord` (origin: topic, partition, offset, timestamp).
+
+    ``commit()`` commits the offsets after the last record returned by ``poll()`` (manual
+    commits only: a record counts as processed when the pipeline says so). ``until_end=True``
+    makes the source exhausted once it has caught up with the end offsets (batch jobs,
+    benchmarks). :meth:`seek` overrides the committed offsets, e.g. from a reservoir checkpoint.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        topics: str | list[str],
+        group_id: str = "stream-vips",
+        group_instance_id: str | None = None,
+        auto_offset_reset: str = "earliest",
+        session_timeout_ms: int = 45_000,
+        max_poll_interval_ms: int = 300_000,
+        heartbeat_interval_ms: int = 3_000,
+        long_update_s: float = 1.0,
+        fetch_max_bytes: int = 52_428_800,
+        max_partition_fetch_bytes: int = 1_048_576,
+        until_end: bool = False,
+        commit_timeout_s: float = 120.0,
+        client_id: str = "stream-vips-source",
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
+        from kafka import KafkaConsumer
+
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self.topics:
+            raise KafkaConnectorError("topics is empty")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise KafkaConnectorError(f"auto_offset_reset must be earliest or latest, got {auto_offset_reset!r}")
+        if long_update_s <= 0 or long_update_s * 1000 >= max_poll_interval_ms:
+            raise KafkaConnectorError("long_update_s must be > 0 and below max_poll_interval_ms")
+        security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        self.group_id = group_id
+        self.until_end = bool(until_end)
+        self.commit_timeout_ms = int(commit_timeout_s * 1000)
+        self.long_update_s = float(long_update_s)
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=_servers(bootstrap_servers), group_id=group_id,
+            group_instance_id=group_instance_id, client_id=client_id,
+            enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            isolation_level="read_committed", session_timeout_ms=session_timeout_ms,
+            max_poll_interval_ms=max_poll_interval_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+            fetch_max_bytes=fetch_max_bytes, max_partition_fetch_bytes=max_partition_fetch_bytes,
+            **security,
+        )
+        self._lock = threading.RLock()
+        self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last returned record
+        self._seek: dict[Any, int] = {}
+        self._halted = False  # pause() until resume()
+        self._long_paused = False  # paused by the keep-alive thread during a long update
+        self._last_poll = time.monotonic()
+        self._caught_up = False
+        self._closed = threading.Event()
+        self._consumer.subscribe(self.topics, listener=_SeekListener(self))
+        self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
+        self._keepalive.start()
+
+    # -- the Source protocol -------------------------------------------------------------------
+
+    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        with self._lock:
+            if self._long_paused and not self._halted:
+                self._consumer.resume(*self._consumer.assignment())
+            self._long_paused = False
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+            out: list[RawRecord] = []
+            for tp, recs in batches.items():
+                for r in recs:
+                    out.append(RawRecord(r.value, {"topic": r.topic, "partition": r.partition,
+                                                   "offset": r.offset, "timestamp": r.timestamp}))
+                if recs:
+                    self._next[tp] = recs[-1].offset + 1
+            if self.until_end and not out:
+                self._caught_up = self._at_end()
+            self._last_poll = time.monotonic()
+            return out
+
+    def commit(self) -> None:
+        """Synchronously commit the offsets after every record returned so far.
+
+        Retriable failures (a broker restarting) are retried for ``commit_timeout_s``. A commit
+        refused because the group rebalanced is logged, not raised: the partition's new owner
+        resumes from the last committed offset (at-least-once).
+        """
+        from kafka.errors import CommitFailedError
+        from kafka.structs import OffsetAndMetadata
+
+        with self._lock:
+            if self._next:
+                offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._next.items()}
+                try:
+                    self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
+                except CommitFailedError as exc:
+                    log.warning("offset commit refused after a rebalance: %s", exc)
+            self._last_poll = time.monotonic()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._halted = True
+            self._consumer.pause(*self._consumer.assignment())
+
+    def resume(self) -> None:
+        with self._lock:
+            self._halted = False
+            self._long_paused = False
+            self._consumer.resume(*self._consumer.assignment())
+
+    @property
+    def exhausted(self) -> bool:
+        return self.until_end and self._caught_up
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            self._consumer.close(autocommit=False)
+        self._keepalive.join(timeout=5)
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """``{(topic, partition): next offset}`` after every record returned so far."""
+        with self._lock:
+            return {(tp.topic, tp.partition): off for tp, off in self._next.items()}
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Start these partitions at these offsets when they are (next) assigned."""
+        from kafka.structs import TopicPartition
+
+        with self._lock:
+            self._seek = {TopicPartition(t, p): int(o) for (t, p), o in offsets.items()}
+            self._next.update(self._seek)
+            for tp in self._consumer.assignment():
+                if tp in self._seek:
+                    self._consumer.seek(tp, self._seek[tp])
+
+    def paused_partitions(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return {(tp.topic, tp.partition) for tp in self._consumer.paused()}
+
+    def _at_end(self) -> bool:
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        ends = self._consumer.end_offsets(list(assigned))
+        return all(self._consumer.position(tp) >= ends[tp] for tp in assigned)
+
+    def _keepalive_loop(self) -> None:
+        while not self._closed.wait(self.long_update_s / 2):
+            if time.monotonic() - self._last_poll < self.long_update_s:
+                continue
+            if not self._lock.acquire(blocking=False):
+                continue  # the pipeline is polling or committing right now
+            try:
+                if self._closed.is_set():
+                    return
+                if not self._long_paused:
+                    self._consumer.pause(*self._consumer.assignment())
+                    self._long_paused = True
+                self._consumer.poll(timeout_ms=0)  # paused: fetches nothing, keeps the member alive
+            except Exception as exc:  # the pipeline's next poll() reports real failures
+                log.debug("keep-alive poll failed: %s", exc)
+            finally:
+                self._lock.release()
+
+
+def _listener_base() -> type:
+    from kafka import ConsumerRebalanceListener
+
+    return ConsumerRebalanceListener
+
+
+class _SeekListener(_listener_base()):
+    """Applies :meth:`KafkaSource.seek` offsets when partitions are assigned; keeps pauses."""
+
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        src = self.source
+        for tp in assigned:
+            if tp in src._seek:
+                src._consumer.seek(tp, src._seek[tp])
+        if src._halted:
+            src._consumer.pause(*assigned)
+
+
+# ---------------------------------------------------------------------------------------------
+# model sink
+
+
+def _partition_for(key: bytes, partitions: int) -> int:
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def chunk_payload(payload: bytes, max_bytes: int) -> list[bytes]:
+    """Split ``payload`` into pieces of at most ``max_bytes`` (one piece when it fits)."""
+    if max_bytes <= 0:
+        raise ValueError("max_bytes must be positive")
+    return [payload[i:i + max_bytes] for i in range(0, max(len(payload), 1), max_bytes)]
+
+
+class KafkaModelSink:
+    """Publishes model messages to a compacted topic keyed by model id.
+
+    The topic is created (or checked) with ``cleanup.policy=compact`` and ``max_message_bytes``.
+    A payload is chunked when its size would exceed ``max_message_bytes`` minus a framing
+    reserve; the chunks go out in one transaction with headers ``stream-vips-chunk: i/n``,
+    ``stream-vips-message-id`` and ``stream-vips-sha256``. Earlier chunks are keyed
+    ``<model id>#chunk-<i>`` and the last one carries the model id key, so compaction keeps the
+    latest complete message per model id and a plain reader of the key sees where it ends.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        topic: str = "stream-vips-models",
+        create_topic: bool = True,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        max_message_bytes: int = 1_048_576,
+        compression: str = "zstd",
+        transactional_id: str | None = None,
+        send_timeout_s: float = 30.0,
+        client_id: str = "stream-vips-model-sink",
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        if compression not in ("zstd", "lz4", "gzip", "snappy", "none"):
+            raise KafkaConnectorError(f"compression must be zstd, lz4, gzip, snappy or none, got {compression!r}")
+        if max_message_bytes <= 2 * RECORD_OVERHEAD:
+            raise KafkaConnectorError(f"max_message_bytes must exceed {2 * RECORD_OVERHEAD}")
+        security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        self.topic = topic
+        self.max_message_bytes = int(max_message_bytes)
+        self.chunk_bytes = self.max_message_bytes - RECORD_OVERHEAD
+        self.send_timeout_s = float(send_timeout_s)
+        ensure_topic(bootstrap_servers, topic, partitions=partitions, replication_factor=replication_factor,
+                     configs={"cleanup.policy": "compact", "max.message.bytes": str(self.max_message_bytes)},
+                     create=create_topic, security=security)
+        self._producer = KafkaProducer(
+            bootstrap_servers=_servers(bootstrap_servers), client_id=client_id, acks="all",
+            enable_idempotence=True, transactional_id=transactional_id or f"stream-vips-models-{uuid.uuid4().hex}",
+            compression_type=None if compression == "none" else compression,
+            max_request_size=self.max_message_bytes, linger_ms=0, **security,
+        )
+        self._producer.init_transactions()
+        self._partitions = len(self._producer.partitions_for(topic) or []) or partitions
+        self.chunked_messages = 0
+
+    def publish(self, key: str, message: Mapping[str, Any]) -> None:
+        payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        key_b = key.encode("utf-8")
+        partition = _partition_for(key_b, self._partitions)
+        pieces = chunk_payload(payload, self.chunk_bytes)
+        headers: list[tuple[str, bytes]] = []
+        if len(pieces) > 1:
+            self.chunked_messages += 1
+            headers = [(MESSAGE_ID_HEADER, uuid.uuid4().hex.encode()),
+                       (SHA256_HEADER, hashlib.sha256(payload).hexdigest().encode())]
+        version = message.get("version")
+        self._producer.begin_transaction()
+        try:
+            futures = []
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                h = headers + [(CHUNK_HEADER, f"{i}/{len(pieces)}".encode())] if headers else []
+                k = key_b if last else key_b + f"#chunk-{i}".encode()
+                futures.append(self._producer.send(self.topic, value=piece, key=k, headers=h, partition=partition))
+            self._producer.flush(timeout=self.send_timeout_s)
+            for i, f in enumerate(futures):
+                _check_future(f, self.send_timeout_s, f"model {key!r} version {version} part {i + 1}/{len(futures)}")
+            self._producer.commit_transaction()
+        except Exception as exc:
+            try:
+                self._producer.abort_transaction()
+            except Exception as abort_exc:  # keep the original failure; the abort is best effort
+                log.warning("aborting the model transaction failed: %s", abort_exc)
+            if isinstance(exc, KafkaPublishError):
+                raise
+            raise KafkaPublishError(f"model {key!r} version {version} was not published: {exc}") from exc
+
+    def flush(self) -> None:
+        self._producer.flush(timeout=self.send_timeout_s)
+
+    def close(self) -> None:
+        self._producer.close(timeout=self.send_timeout_s)
+
+
+def chunk_info(headers: Sequence[tuple[str, bytes]] | None) -> tuple[int, int, str, str] | None:
+    """``(index, count, message_id, sha256)`` of a chunk record, ``None`` for a whole message."""
+    h = dict(headers or [])
+    if CHUNK_HEADER not in h:
+        return None
+    index, _, count = h[CHUNK_HEADER].decode().partition("/")
+    return int(index), int(count), h[MESSAGE_ID_HEADER].decode(), h[SHA256_HEADER].decode()
+
+
+class Reassembler:
+    """Turns model-topic records (in partition order) back into whole payloads.
+
+    ``add(key, value, headers)`` returns ``(model_id, payload)`` when a message is complete and
+    ``None`` for a non-final chunk. A final chunk whose pieces are missing or whose checksum
+    fails raises :class:`KafkaConnectorError`.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[int, bytes]] = {}
+
+    def add(self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None) -> tuple[str, bytes] | None:
+        info = chunk_info(headers)
+        key_s = (key or b"").decode("utf-8")
+        if info is None:
+            return (key_s, value) if value is not None else None
+        index, count, message_id, digest = info
+        parts = self._parts.setdefault(message_id, {})
+        parts[index] = value or b""
+        if index != count - 1:
+            return None
+        del self._parts[message_id]
+        if len(parts) != count:
+            raise KafkaConnectorError(f"model {key_s!r}: {count - len(parts)} of {count} chunks missing")
+        payload = b"".join(parts[i] for i in range(count))
+        if hashlib.sha256(payload).hexdigest() != digest:
+            raise KafkaConnectorError(f"model {key_s!r}: reassembled payload fails its sha256")
+        return key_s, payload
+
+
+# ---------------------------------------------------------------------------------------------
+# dead letters
+
+
+class KafkaDeadLetterSink:
+    """Rejected records on a dead-letter topic.
+
+    Value: the original bytes, unchanged. Key: ``<topic>/<partition>/<offset>`` of the source
+    record when known. Headers: ``reason``, ``detail``, ``source.topic``, ``source.partition``,
+    ``source.offset`` (and any other origin field as ``source.<name>``).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        topic: str = "stream-vips-dead-letters",
+        create_topic: bool = True,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        send_timeout_s: float = 30.0,
+        client_id: str = "stream-vips-dead-letters",
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        self.topic = topic
+        self.send_timeout_s = float(send_timeout_s)
+        ensure_topic(bootstrap_servers, topic, partitions=partitions, replication_factor=replication_factor,
+                     create=create_topic, security=security)
+        self._producer = KafkaProducer(bootstrap_servers=_servers(bootstrap_servers), client_id=client_id,
+                                       acks="all", enable_idempotence=True, compression_type="zstd",
+                                       linger_ms=5, **security)
+        self._pending: list[Any] = []
+
+    def send(self, letters: Sequence[DeadLetter]) -> None:
+        for letter in letters:
+            origin = dict(letter.record.origin)
+            headers = [("reason", letter.reason.encode()), ("detail", letter.detail.encode("utf-8", "replace"))]
+            headers += [(f"source.{k}", str(v).encode()) for k, v in origin.items()]
+            key = None
+            if {"topic", "partition", "offset"} <= set(origin):
+                key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
+            self._pending.append(self._producer.send(self.topic, value=letter.record.value, key=key, headers=headers))
+        if len(self._pending) > 10_000:
+            self.flush()
+
+    def flush(self) -> None:
+        self._producer.flush(timeout=self.send_timeout_s)
+        pending, self._pending = self._pending, []
+        for f in pending:
+            _check_future(f, self.send_timeout_s, f"dead letter to {self.topic!r}")
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._producer.close(timeout=self.send_timeout_s)
+
+
+def dead_letter_from_record(record: Any) -> dict[str, Any]:
+    """Decode a dead-letter topic record: value bytes, reason, detail and source fields."""
+    h = {k: v.decode("utf-8", "replace") for k, v in (record.headers or [])}
+    source = {k[len("source."):]: v for k, v in h.items() if k.startswith("source.")}
+    return {"value": record.value, "reason": h.get("reason"), "detail": h.get("detail"), "source": source}
+
+
+# ---------------------------------------------------------------------------------------------
+# ledger
+
+
+def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapping[str, Any] | None = None,
+               timeout_s: float = 30.0) -> list[Any]:
+    """Every committed record of ``topic`` from the beginning to the current end, per partition
+    in offset order (partitions one after another)."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None,
+                             enable_auto_commit=False, isolation_level="read_committed", **dict(security or {}))
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if parts is None:
+            raise KafkaConnectorError(f"topic {topic!r} does not exist")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out: dict[Any, list] = {tp: [] for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise KafkaConnectorError(f"reading topic {topic!r} to its end took over {timeout_s}s")
+            for tp, recs in consumer.poll(timeout_ms=500).items():
+                out[tp].extend(recs)
+        return [r for tp in tps for r in out[tp]]
+    finally:
+        consumer.close(autocommit=False)
+
+
+class KafkaLedger:
+    """The privacy ledger on a compacted Kafka topic (the Ledger protocol).
+
+    Each event is the same checksummed line as :class:`~stream_vips.privacy.ledger.FileLedger`
+    writes, keyed ``<ledger id>/<step, 12 digits>`` so compaction never merges two steps. Every
+    append is its own transaction of the producer whose ``transactional.id`` is derived from
+    the ledger id; ``append`` returns only after the commit is acknowledged (``acks=all``), so
+    the event is durable before any noise is drawn or any model message is sent. Opening the
+    ledger initialises that transactional id, which fences an older process still holding it
+    (its next append fails) and aborts whatever it left open, then replays the committed
+    events; steps must run 0, 1, ... without a gap, else :class:`LedgerCorrupt` is raised.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        topic: str = "stream-vips-ledger",
+        ledger_id: str = "default",
+        create_topic: bool = True,
+        replication_factor: int = 1,
+        send_timeout_s: float = 30.0,
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        if "/" in ledger_id:
+            raise KafkaConnectorError(f"ledger_id must not contain '/', got {ledger_id!r}")
+        self.topic = topic
+        self.ledger_id = ledger_id
+        self.send_timeout_s = float(send_timeout_s)
+        self._servers = _servers(bootstrap_servers)
+        self._security = security
+        ensure_topic(self._servers, topic, partitions=1, replication_factor=replication_factor,
+                     configs={"cleanup.policy": "compact", "min.insync.replicas": "1"},
+                     create=create_topic, security=security)
+        self._producer = KafkaProducer(
+            bootstrap_servers=self._servers, client_id=f"stream-vips-ledger-{ledger_id}", acks="all",
+            enable_idempotence=True, transactional_id=f"stream-vips-ledger-{ledger_id}", linger_ms=0, **security)
+        self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+        self._events = self._replay()
+        self._failed: Exception | None = None
+
+    def _replay(self) -> list:
+        from stream_vips.privacy.ledger import LedgerCorrupt, _decode_line
+
+        prefix = f"{self.ledger_id}/".encode()
+        events: list = []
+        for rec in read_topic(self._servers, self.topic, security=self._security, timeout_s=self.send_timeout_s):
+            if rec.key is None or not rec.key.startswith(prefix):
+                continue
+            try:
+                events.append(_decode_line(rec.value, len(events)))
+            except ValueError as exc:
+                raise LedgerCorrupt(
+                    f"ledger topic {self.topic!r} id {self.ledger_id!r} offset {rec.offset}: {exc}") from exc
+        return events
+
+    def append(self, event: Any) -> int:
+        from stream_vips.privacy.ledger import encode_line
+
+        if self._failed is not None:
+            raise KafkaPublishError(
+                f"ledger {self.ledger_id!r} refused further appends after a failed one ({self._failed}); "
+                "restart to replay what was committed")
+        step = len(self._events)
+        key = f"{self.ledger_id}/{step:012d}".encode()
+        self._producer.begin_transaction()
+        try:
+            future = self._producer.send(self.topic, value=encode_line(step, event).rstrip(b"\n"), key=key, partition=0)
+            self._producer.flush(timeout=self.send_timeout_s)
+            _check_future(future, self.send_timeout_s, f"ledger event for step {step}")
+            self._producer.commit_transaction()
+        except Exception as exc:
+            # Whether the broker committed is unknown: never reuse this step number in-process.
+            self._failed = exc
+            try:
+                self._producer.abort_transaction()
+            except Exception as abort_exc:
+                log.warning("aborting the ledger transaction failed: %s", abort_exc)
+            if isinstance(exc, KafkaPublishError):
+                raise
+            raise KafkaPublishError(f"ledger event for step {step} was not committed: {exc}") from exc
+        self._events.append(event)
+        return step
+
+    def events(self) -> list:
+        return list(self._events)
+
+    def close(self) -> None:
+        self._producer.close(timeout=self.send_timeout_s)

@@ -1,0 +1,211 @@
+"""The read side: the latest published model per id, as a posterior with predictive methods.
+
+:class:`ModelReader` reads the model topic with ``isolation_level=read_committed`` (so chunks of
+an aborted or unfinished message are never seen), reassembles chunked messages, validates each
+message against the schema (refusing a schema version it does not know) and keeps the latest
+version per model id. :meth:`ModelReader.posterior` rebuilds the family's model from the
+published hyperparameters and natural parameters: its own predictive methods (``predictive``
+for ``linreg``, ``predict_proba`` for ``logistic``, ``perplexity`` for ``lda``) then answer.
+:class:`RiverClassifier` and :class:`RiverRegressor` wrap a published model for ``river``
+(``predict_proba_one`` / ``predict_one``; ``learn_one`` picks up newer published versions, since
+learning happens in the private pipeline).
+
+Everything here is post-processing of privatized releases (DESIGN rule 8): reading costs no
+privacy budget.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from river import base as river_base
+
+from stream_vips import messages
+from stream_vips.config import model_class
+from stream_vips.models.base import Model
+
+
+class SchemaVersionError(messages.MessageError):
+    """A model message with a schema version this reader does not understand."""
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    """One published model: its message fields plus the rebuilt family model (the posterior)."""
+
+    model_id: str
+    version: int
+    family: str
+    privacy: Mapping[str, Any]
+    message: Mapping[str, Any]
+    model: Model
+
+    @property
+    def epsilon_spent(self) -> float:
+        return float(self.privacy["epsilon_spent"])
+
+
+def check_message(msg: Any) -> dict[str, Any]:
+    """Schema-validate a decoded message, naming an unknown schema version explicitly."""
+    if isinstance(msg, dict) and msg.get("schema_version") != messages.SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"model message schema_version {msg.get('schema_version')!r} is not supported "
+            f"(this reader understands {messages.SCHEMA_VERSION})")
+    return messages.validate_message(msg)
+
+
+def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
+    """Rebuild the family's model from a validated message (hyperparameters + natural parameters).
+
+    Hyperparameters that are not constructor arguments (derived quantities a family reports,
+    e.g. a noise scale) are skipped; the natural parameters restore the fitted state.
+    """
+    cls = model_class(msg["family"])
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in msg["hyperparameters"].items() if k in params and k != "self"}
+    model = cls(**kwargs)
+    model.load_state(messages.decode_state(msg))
+    return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
+
+
+class ModelReader:
+    """Follows a model topic and keeps the latest valid message per model id.
+
+    ``poll()`` reads what has arrived (``until_end=True``: everything up to the current end);
+    ``latest()`` / ``posterior(model_id)`` answer from what was read. Invalid messages are
+    counted in :attr:`invalid` with their error and skipped; a schema version this code does not
+    know raises :class:`SchemaVersionError` (upgrade the reader rather than misread a model).
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str], topic: str = "stream-vips-models",
+                 security: Mapping[str, Any] | None = None, **security_options: Any) -> None:
+        from kafka import KafkaConsumer
+
+        from connectors.kafka import Reassembler, _servers, security_options as _security
+
+        self.topic = topic
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+            **dict(security or _security(security_options)))
+        parts = self._consumer.partitions_for_topic(topic)
+        if parts is None:
+            self._consumer.close()
+            raise ValueError(f"model topic {topic!r} does not exist")
+        from kafka.structs import TopicPartition
+
+        self._tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self._consumer.assign(self._tps)
+        self._consumer.seek_to_beginning(*self._tps)
+        self._reassembler = Reassembler()
+        self._latest: dict[str, dict[str, Any]] = {}
+        self.invalid: list[tuple[str, str]] = []
+
+    def poll(self, timeout_s: float = 1.0, until_end: bool = True) -> int:
+        """Read new messages; returns how many complete messages were read."""
+        n = 0
+        deadline = time.monotonic() + timeout_s
+        ends = self._consumer.end_offsets(self._tps) if until_end else {}
+        while True:
+            for recs in self._consumer.poll(timeout_ms=max(1, int(min(0.5, timeout_s) * 1000))).values():
+                for rec in recs:
+                    n += self._handle(rec)
+            done = until_end and all(self._consumer.position(tp) >= ends[tp] for tp in self._tps)
+            if done or time.monotonic() >= deadline:
+                return n
+
+    def _handle(self, rec: Any) -> int:
+        whole = self._reassembler.add(rec.key, rec.value, rec.headers)
+        if whole is None:
+            return 0
+        key, payload = whole
+        try:
+            msg = check_message(messages.loads(payload, validate=False))
+        except SchemaVersionError:
+            raise
+        except messages.MessageError as exc:
+            self.invalid.append((key, str(exc)))
+            return 0
+        current = self._latest.get(msg["model_id"])
+        if current is None or msg["version"] >= current["version"]:
+            self._latest[msg["model_id"]] = msg
+        return 1
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """``{model_id: latest message}`` read so far."""
+        return dict(self._latest)
+
+    def posterior(self, model_id: str = "default") -> PublishedModel:
+        """The latest published model ``model_id`` as a posterior object."""
+        if model_id not in self._latest:
+            self.poll()
+        if model_id not in self._latest:
+            raise KeyError(f"no model {model_id!r} published on {self.topic!r} (known: {sorted(self._latest)})")
+        return posterior_from_message(self._latest[model_id])
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+    def __enter__(self) -> "ModelReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _RiverWrapper:
+    """Shared part of the river wrappers: feature order and refreshing from a reader."""
+
+    def __init__(self, published: PublishedModel, features: Sequence[str], reader: ModelReader | None = None,
+                 refresh_s: float = 5.0) -> None:
+        self.published = published
+        self.features = list(features)
+        self.reader = reader
+        self.refresh_s = float(refresh_s)
+        self._checked = time.monotonic()
+
+    def _row(self, x: Mapping[str, float]) -> np.ndarray:
+        missing = [f for f in self.features if f not in x]
+        if missing:
+            raise KeyError(f"features missing from x: {missing}")
+        return np.array([[float(x[f]) for f in self.features]])
+
+    def learn_one(self, x: Mapping[str, float], y: Any = None) -> None:
+        """No learning on raw data here (that would bypass the privacy wall): at most every
+        ``refresh_s`` seconds, switch to a newer published version if the reader has one."""
+        if self.reader is None or time.monotonic() - self._checked < self.refresh_s:
+            return
+        self._checked = time.monotonic()
+        self.reader.poll(timeout_s=0.2)
+        latest = self.reader.latest().get(self.published.model_id)
+        if latest is not None and latest["version"] > self.published.version:
+            self.published = posterior_from_message(latest)
+
+
+class RiverClassifier(_RiverWrapper, river_base.Classifier):
+    """A published binary classifier (a family with ``predict_proba``) as a river classifier.
+
+    >>> issubclass(RiverClassifier, river_base.Classifier)
+    True
+    """
+
+    def predict_proba_one(self, x: Mapping[str, float]) -> dict[bool, float]:
+        p = float(self.published.model.predict_proba(self._row(x))[0])
+        return {False: 1.0 - p, True: p}
+
+    def predict_one(self, x: Mapping[str, float]) -> bool:
+        proba = self.predict_proba_one(x)
+        return proba[True] >= proba[False]
+
+
+class RiverRegressor(_RiverWrapper, river_base.Regressor):
+    """A published regression model (a family with ``predictive``) as a river regressor:
+    ``predict_one`` is the posterior predictive mean."""
+
+    def predict_one(self, x: Mapping[str, float]) -> float:
+        mean, _ = self.published.model.predictive(self._row(x))
+        return float(mean[0])

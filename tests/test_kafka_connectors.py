@@ -1,0 +1,246 @@
+"""Kafka connectors against the real broker: source, model sink, dead letters, ledger, reader."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.structs import TopicPartition
+
+from connectors.kafka import (
+    KafkaConnectorError, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaPublishError, KafkaSource,
+    Reassembler, chunk_payload, dead_letter_from_record, read_topic, security_options,
+)
+from kafka_broker import SASL_PASSWORD, SASL_USER, create_topic, produce, unique_topic
+from stream_vips import messages
+from stream_vips.client import ModelReader, RiverRegressor, SchemaVersionError, check_message
+from stream_vips.io import DeadLetter, RawRecord
+from stream_vips.models.linreg import LinearRegression
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import LedgerCorrupt
+
+pytestmark = pytest.mark.kafka
+
+
+def _drain(source: KafkaSource, n: int, max_records: int = 1000, timeout_s: float = 30.0) -> list[RawRecord]:
+    out: list[RawRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        batch = source.poll(max_records, 0.5)
+        assert len(batch) <= max_records
+        out.extend(batch)
+    return out
+
+
+def _committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return {(tp.topic, tp.partition): om.offset for tp, om in admin.list_group_offsets(group)[group].items() if om.offset >= 0}
+    finally:
+        admin.close()
+
+
+def test_source_bounded_polls_manual_commits_and_resume_from_commit(kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, unique_topic("src"), partitions=3)
+    produce(kafka_bootstrap, topic, [json.dumps({"i": i}).encode() for i in range(60)], partitions=3)
+    group = unique_topic("g")
+    src = KafkaSource(kafka_bootstrap, topic, group_id=group)
+    got = _drain(src, 40, max_records=7)
+    assert len(got) >= 40
+    assert {r.origin["partition"] for r in got} <= {0, 1, 2}
+    src.commit()
+    expected = {}
+    for r in got:
+        key = (r.origin["topic"], r.origin["partition"])
+        expected[key] = max(expected.get(key, 0), r.origin["offset"] + 1)
+    assert src.positions() == expected
+    src.close()
+    assert _committed(kafka_bootstrap, group) == expected
+
+    # a new member of the group continues exactly after the committed offsets
+    src2 = KafkaSource(kafka_bootstrap, topic, group_id=group, until_end=True)
+    rest = []
+    while not src2.exhausted:
+        rest.extend(src2.poll(1000, 0.5))
+    src2.close()
+    seen = sorted((r.origin["partition"], r.origin["offset"]) for r in got + rest)
+    assert seen == sorted((p, o) for p in range(3) for o in range(20))
+
+
+def test_long_update_pauses_partitions_and_keeps_the_member_alive(kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, unique_topic("long"), partitions=2)
+    produce(kafka_bootstrap, topic, [b'{"a":1}'] * 20, partitions=2)
+    group = unique_topic("g")
+    src = KafkaSource(kafka_bootstrap, topic, group_id=group, max_poll_interval_ms=3000,
+                      session_timeout_ms=6000, heartbeat_interval_ms=1000, long_update_s=0.5)
+    got = _drain(src, 5, max_records=5)
+    assert got
+    time.sleep(6.0)  # an update longer than max.poll.interval.ms: without keep-alive polls the member is evicted
+    assert src.paused_partitions() == {(topic, 0), (topic, 1)}
+    generation = src._consumer._coordinator._generation
+    src.commit()
+    assert _committed(kafka_bootstrap, group) == src.positions()
+    more = _drain(src, 20 - len(got))
+    assert not src.paused_partitions()
+    assert src._consumer._coordinator._generation == generation  # no rebalance happened
+    assert len(got) + len(more) == 20
+    src.close()
+
+
+def test_pause_on_halt_stops_delivery_until_resume(kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, unique_topic("halt"), partitions=1)
+    src = KafkaSource(kafka_bootstrap, topic, group_id=unique_topic("g"), group_instance_id="pipeline-0")
+    assert src.poll(10, 1.0) == []  # joins the group (static member) and gets the partition
+    src.pause()
+    produce(kafka_bootstrap, topic, [b"1", b"2", b"3"])
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert src.poll(10, 0.3) == []
+    src.resume()
+    assert [r.value for r in _drain(src, 3)] == [b"1", b"2", b"3"]
+    src.close()
+
+
+def test_sasl_settings_from_environment(kafka_broker, monkeypatch):
+    topic = create_topic(kafka_broker.bootstrap, unique_topic("sasl"))
+    produce(kafka_broker.bootstrap, topic, [b"secret-ok"])
+    monkeypatch.setenv("STREAM_VIPS_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("STREAM_VIPS_KAFKA_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("STREAM_VIPS_KAFKA_SASL_USERNAME", SASL_USER)
+    monkeypatch.setenv("STREAM_VIPS_KAFKA_SASL_PASSWORD", SASL_PASSWORD)
+    src = KafkaSource(kafka_broker.sasl_bootstrap, topic, group_id=unique_topic("g"))
+    assert [r.value for r in _drain(src, 1)] == [b"secret-ok"]
+    src.close()
+    monkeypatch.delenv("STREAM_VIPS_KAFKA_SASL_PASSWORD")
+    with pytest.raises(KafkaConnectorError, match="sasl_password"):
+        KafkaSource(kafka_broker.sasl_bootstrap, topic)
+
+
+def test_security_options_prefer_explicit_values_and_reject_unknown_protocols():
+    env = {"STREAM_VIPS_KAFKA_SECURITY_PROTOCOL": "SSL", "STREAM_VIPS_KAFKA_SSL_CAFILE": "/env/ca.pem"}
+    assert security_options({"ssl_cafile": "/cfg/ca.pem"}, env) == {"security_protocol": "SSL", "ssl_cafile": "/cfg/ca.pem"}
+    assert security_options({}, {}) == {"security_protocol": "PLAINTEXT"}
+    with pytest.raises(KafkaConnectorError, match="security_protocol"):
+        security_options({"security_protocol": "TLS"}, {})
+
+
+def _linreg_message(model_id: str, version: int, dim: int = 3, seed: int = 0) -> dict:
+    model = LinearRegression(dim=dim, dataset_size=100)
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(dim, dim))
+    model.load_state({"precision": a @ a.T + dim * np.eye(dim), "shift": rng.normal(size=dim)})
+    report = messages.privacy_report(epsilon_spent=0.1 * (version + 1), delta=1e-5, epsilon_budget=1.0,
+                                     accountant="pld", sampling="poisson", q=0.1, noise_multiplier=1.0,
+                                     steps=version + 1, halted=False, seeded=True)
+    return messages.build_message(model_id, "linreg", model.hyperparameters(), version, model.state(), report), model
+
+
+def test_model_sink_compacted_topic_and_reader_keeps_latest_per_id(kafka_bootstrap):
+    topic = unique_topic("models")
+    sink = KafkaModelSink(kafka_bootstrap, topic, partitions=2)
+    for v in range(3):
+        for mid in ("a", "b"):
+            sink.publish(mid, _linreg_message(mid, v, seed=v)[0])
+    sink.close()
+    with ModelReader(kafka_bootstrap, topic) as reader:
+        assert reader.poll() == 6
+        latest = reader.latest()
+        assert {k: m["version"] for k, m in latest.items()} == {"a": 2, "b": 2}
+        post = reader.posterior("a")
+    expected = _linreg_message("a", 2, seed=2)[1]
+    X = np.array([[0.1, -0.2, 0.3], [0.5, 0.0, -0.5]])
+    np.testing.assert_allclose(post.model.predictive(X)[0], expected.predictive(X)[0], rtol=1e-12)
+    np.testing.assert_allclose(post.model.predictive(X)[1], expected.predictive(X)[1], rtol=1e-12)
+    assert post.epsilon_spent == pytest.approx(0.3)
+    reg = RiverRegressor(post, ["f0", "f1", "f2"])
+    assert reg.predict_one({"f0": 0.1, "f1": -0.2, "f2": 0.3}) == pytest.approx(expected.predictive(X[:1])[0][0])
+
+
+def test_existing_topic_with_incompatible_settings_is_refused(kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, unique_topic("wrong"), configs={"cleanup.policy": "delete"})
+    with pytest.raises(KafkaConnectorError, match="cleanup.policy='delete'"):
+        KafkaModelSink(kafka_bootstrap, topic)
+    with pytest.raises(KafkaConnectorError, match="does not exist"):
+        KafkaModelSink(kafka_bootstrap, unique_topic("absent"), create_topic=False)
+
+
+def test_model_over_the_broker_limit_is_chunked_and_reassembled(kafka_bootstrap):
+    topic = unique_topic("big")
+    sink = KafkaModelSink(kafka_bootstrap, topic)  # default max.message.bytes = 1 MiB
+    msg, model = _linreg_message("big", 0, dim=400, seed=1)  # 400x400 float64 noise: ~1.7 MB of JSON
+    payload = messages.dumps(msg)
+    assert len(payload) > 1_048_576
+    sink.publish("big", msg)
+    assert sink.chunked_messages == 1
+    sink.close()
+    records = read_topic(kafka_bootstrap, topic)
+    assert len(records) == len(chunk_payload(payload, sink.chunk_bytes)) >= 2
+    assert all(len(r.value) <= sink.max_message_bytes for r in records)
+    with ModelReader(kafka_bootstrap, topic) as reader:
+        post = reader.posterior("big")
+    np.testing.assert_array_equal(post.model.state()["precision"], model.state()["precision"])
+
+
+def test_reassembler_refuses_missing_chunks_and_bad_checksums():
+    r = Reassembler()
+    h = lambda i, n, d="00": [("stream-vips-chunk", f"{i}/{n}".encode()), ("stream-vips-message-id", b"m"),
+                              ("stream-vips-sha256", d.encode())]
+    assert r.add(b"k#chunk-0", b"ab", h(0, 3)) is None
+    with pytest.raises(KafkaConnectorError, match="1 of 3 chunks missing"):
+        r.add(b"k", b"cd", h(2, 3))
+    assert r.add(b"k#chunk-0", b"ab", h(0, 2)) is None
+    with pytest.raises(KafkaConnectorError, match="sha256"):
+        r.add(b"k", b"cd", h(1, 2, "not-the-digest"))
+    assert r.add(b"k", b"whole", None) == ("k", b"whole")
+
+
+def test_reader_refuses_unknown_schema_version():
+    msg = _linreg_message("m", 0)[0]
+    with pytest.raises(SchemaVersionError, match="schema_version 2"):
+        check_message({**msg, "schema_version": 2})
+
+
+def test_dead_letters_keep_original_bytes_reason_and_origin(kafka_bootstrap):
+    topic = unique_topic("dlq")
+    sink = KafkaDeadLetterSink(kafka_bootstrap, topic)
+    raw = RawRecord(b"\xff not json", {"topic": "in", "partition": 2, "offset": 41})
+    sink.send([DeadLetter(raw, "invalid_json", "Expecting value")])
+    sink.close()
+    (rec,) = read_topic(kafka_bootstrap, topic)
+    assert rec.key == b"in/2/41"
+    assert dead_letter_from_record(rec) == {
+        "value": b"\xff not json", "reason": "invalid_json", "detail": "Expecting value",
+        "source": {"topic": "in", "partition": "2", "offset": "41"}}
+
+
+def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap):
+    topic = unique_topic("ledger")
+    events = [SubsampledGaussianEvent(noise_multiplier=1.0 + i, sampling_rate=0.1, sampling="poisson") for i in range(3)]
+    first = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1")
+    assert [first.append(e) for e in events] == [0, 1, 2]
+    other = KafkaLedger(kafka_bootstrap, topic, ledger_id="m2")  # another model's ledger on the same topic
+    assert other.events() == [] and other.append(events[0]) == 0
+    other.close()
+
+    second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1")  # a restart: replays and fences `first`
+    assert second.events() == events
+    with pytest.raises(KafkaPublishError):
+        first.append(events[0])
+    with pytest.raises(KafkaPublishError, match="refused further appends"):
+        first.append(events[0])
+    assert second.append(events[1]) == 3
+    second.close()
+    assert KafkaLedger(kafka_bootstrap, topic, ledger_id="m1").events() == events + [events[1]]
+
+    # a gap in the steps (a lost event) is refused rather than under-counted
+    from kafka import KafkaProducer
+    from stream_vips.privacy.ledger import encode_line
+
+    prod = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    prod.send(topic, key=b"m3/000000000001", value=encode_line(1, events[0]).rstrip(b"\n")).get(10)
+    prod.close()
+    with pytest.raises(LedgerCorrupt, match="step 1 where 0 was expected"):
+        KafkaLedger(kafka_bootstrap, topic, ledger_id="m3")
