@@ -35,6 +35,7 @@ from stream_vips.metrics import Metrics, MetricsServer
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, MemoryLedger
 from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.reservoir import Reservoir
@@ -142,12 +143,13 @@ class Application:
         if cfg.privacy.mode == "non_private":
             monitor, z, accountant_name = None, 0.0, "none"
         else:
+            q = sampler.rate(reservoir.capacity)
             try:
                 accountant = make_accountant(cfg.privacy.accountant, sampler.name)
+                accountant.check(SubsampledGaussianEvent(1.0, q, sampler.name, diameter=float(model.diameter())))
             except ValueError as exc:
                 raise ConfigError(f"privacy.accountant: {exc}") from exc
             accountant_name = accountant.name
-            q = sampler.rate(reservoir.capacity)
             z = cfg.privacy.noise_multiplier
             if z is None:
                 try:

@@ -1,0 +1,131 @@
+"""Configuration: defaults that serve, env overrides, and a ConfigError naming the dotted key for
+every unknown key or bad value, including connector options and model parameters."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from stream_vips.config import Config, ConfigError, config_from_dict, load_config
+from stream_vips.pipeline import Application
+
+
+def test_empty_configuration_is_the_shipped_default_file():
+    default_file = resources.files("stream_vips").joinpath("data", "default.yaml")
+    with resources.as_file(default_file) as path:
+        shipped = load_config(path, env={})
+    assert shipped == config_from_dict({}, env={}) == load_config(None, env={})
+    assert shipped.model.params == {"dim": 5, "dataset_size": 10_000}  # N defaults to M
+    assert shipped.sampling.q == 0.1 and shipped.privacy.noise_multiplier is None
+
+
+def test_round_trip_through_the_yaml_layout():
+    cfg = config_from_dict({"source": {"type": "jsonl", "path": "in.jsonl", "follow": True},
+                            "privacy": {"block_weights": {"xx": 1.0, "xy": 2.0}}}, env={})
+    assert config_from_dict(cfg.to_dict(), env={}) == cfg
+    assert cfg.source.options == {"path": "in.jsonl", "follow": True}
+
+
+def test_env_overrides_reach_nested_keys_and_are_parsed_as_yaml():
+    env = {
+        "STREAM_VIPS__PRIVACY__EPSILON": "0.5",
+        "STREAM_VIPS__PRIVACY__LEDGER__PATH": "/data/ledger.jsonl",
+        "STREAM_VIPS__SAMPLING__METHOD": "fixed",
+        "STREAM_VIPS__SOURCE__TYPE": "jsonl",
+        "STREAM_VIPS__SOURCE__PATH": "records.jsonl",
+        "STREAM_VIPS__SCHEDULE__EVERY_SECONDS": "2.5",
+        "STREAM_VIPS__METRICS__ENABLED": "false",
+        "UNRELATED": "x",
+    }
+    cfg = config_from_dict({"privacy": {"epsilon": 3.0}}, env=env)
+    assert cfg.privacy.epsilon == 0.5  # env wins over the file
+    assert cfg.privacy.ledger.path == "/data/ledger.jsonl"
+    assert cfg.sampling.method == "fixed" and cfg.schedule.every_seconds == 2.5
+    assert cfg.source.type == "jsonl" and cfg.source.options == {"path": "records.jsonl"}
+    assert cfg.metrics.enabled is False
+
+
+def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("privacy:\n  delta: 1e-6\n  epsilon: 2\n")  # PyYAML reads 1e-6 as a string
+    cfg = load_config(path, env={})
+    assert cfg.privacy.delta == 1e-6 and cfg.privacy.epsilon == 2.0
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({"privacy": {"epsilom": 1.0}}, "privacy.epsilom"),
+        ({"privacy": {"ledger": {"kind": "file"}}}, "privacy.ledger.kind"),
+        ({"sampler": {}}, "sampler"),
+        ({"privacy": {"epsilon": -1.0}}, "privacy.epsilon"),
+        ({"privacy": {"epsilon": "a lot"}}, "privacy.epsilon"),
+        ({"privacy": {"delta": 1.5}}, "privacy.delta"),
+        ({"privacy": {"accountant": "magic"}}, "privacy.accountant"),
+        ({"privacy": {"noise_multiplier": 0.0}}, "privacy.noise_multiplier"),
+        ({"privacy": {"mode": "non_private"}}, "privacy.mode"),  # inf epsilon cannot go to a JSON sink
+        ({"privacy": {"mode": "non_private", "noise_multiplier": 1.0}, "sink": {"type": "memory"}},
+         "privacy.noise_multiplier"),
+        ({"privacy": {"planned_steps": 2.5}}, "privacy.planned_steps"),
+        ({"privacy": {"block_weights": {"xx": -1.0}}}, "privacy.block_weights"),
+        ({"sampling": {"method": "shuffle"}}, "sampling.method"),
+        ({"sampling": {"batch_size": 20_000}}, "sampling.batch_size"),
+        ({"sampling": {"reservoir": True}}, "sampling.reservoir"),
+        ({"schedule": {"kappa": 0.4}}, "schedule.kappa"),
+        ({"schedule": {"tau0": 0.5}}, "schedule.tau0"),
+        ({"schedule": {"every_records": None}}, "schedule"),
+        ({"metrics": {"port": 70_000}}, "metrics.port"),
+        ({"metrics": {"enabled": "yes please"}}, "metrics.enabled"),
+        ({"runtime": {"on_halt": "explode"}}, "runtime.on_halt"),
+        ({"runtime": {"blas_threads": 0}}, "runtime.blas_threads"),
+        ({"source": {"type": "carrier-pigeon"}}, "source.type"),
+        ({"source": {"type": "synthetic", "dimensions": 3}}, "source.dimensions"),
+        ({"source": {"type": "synthetic", "count": "many"}}, "source.count"),
+        ({"source": {"type": "jsonl"}}, "source.path"),
+        ({"sink": {"type": "jsonl", "path": 3}}, "sink.path"),
+        ({"dead_letter": {"type": "stderr", "colour": True}}, "dead_letter.colour"),
+        ({"model": {"family": "nope"}}, "model.family"),
+        ({"model": {"params": {"dimension": 3}}}, "model.params.dimension"),
+        ({"model": {"params": {"dim": "three"}}}, "model.params.dim"),
+        ([1, 2], "<root>"),
+    ],
+)
+def test_bad_configuration_fails_naming_the_key(data, key):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, env={})
+    assert str(info.value).startswith(key + ":") or str(info.value).startswith(key + "."), str(info.value)
+
+
+def test_bad_env_override_names_the_key():
+    with pytest.raises(ConfigError, match=r"^privacy\.epsilon:"):
+        config_from_dict({}, env={"STREAM_VIPS__PRIVACY__EPSILON": "[1, 2]"})
+    with pytest.raises(ConfigError, match=r"^bogus:"):
+        config_from_dict({}, env={"STREAM_VIPS__BOGUS__KEY": "1"})
+
+
+def test_file_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("privacy: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, env={})
+
+
+def test_values_checked_only_when_parts_are_built_still_name_their_section(tmp_path):
+    # A model parameter value the model rejects (a negative bound) fails at start, naming model.params.
+    cfg = config_from_dict({"model": {"params": {"dim": 2, "x_bound": -1.0}},
+                            "metrics": {"enabled": False}}, env={})
+    with pytest.raises(ConfigError, match=r"^model\.params:"):
+        Application.from_config(cfg)
+    # An accountant that cannot bound the configured sampling (PLD has no fixed-size sampling).
+    cfg = config_from_dict({"privacy": {"accountant": "pld", "ledger": {"type": "memory"}},
+                            "sampling": {"method": "fixed"}, "metrics": {"enabled": False}}, env={})
+    with pytest.raises(ConfigError, match=r"^privacy\.accountant:"):
+        Application.from_config(cfg)
+
+
+def test_dataclass_defaults_construct_without_validation_errors():
+    # Config() is the in-code default; validating its YAML form changes nothing but N = M.
+    assert config_from_dict(Config().to_dict(), env={}).sampling == Config().sampling
