@@ -121,7 +121,7 @@ def test_pin_dp_accounting_without_replacement_reads_std_over_diameter():
 def test_pin_dp_accounting_pld_replace_one_reads_std_over_C():
     """PLD REPLACE_ONE's Gaussian noise_multiplier is std / C = z (its pair is +C vs -C)."""
     z = 2.0
-    acct = PLDAccountant(NR.REPLACE_ONE)
+    acct = PLDAccountant(NR.REPLACE_ONE, value_discretization_interval=PLD.value_discretization_interval)
     acct.compose(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)))
     assert acct.get_epsilon(DELTA) == pytest.approx(gaussian_epsilon(z / 2, DELTA), rel=1e-3)
     assert PLD.epsilon([E(z, 1.0, "poisson")], DELTA) == pytest.approx(acct.get_epsilon(DELTA), rel=1e-9)
@@ -241,3 +241,9 @@ def test_calibration_errors():
         calibrate_noise_multiplier(1.0, DELTA, 0.1, 0, "poisson")
     with pytest.raises(ValueError, match="target epsilon"):
         calibrate_noise_multiplier(-1.0, DELTA, 0.1, 10, "poisson")
+
+
+@pytest.mark.parametrize("z, q, steps", [(1.0, 0.01, 10), (1.0, 0.01, 20000), (1.5, 0.1, 1000)])
+def test_default_pld_grid_is_within_0_05_percent_of_dp_accountings_default(z, q, steps):
+    fine = PldAccountant(value_discretization_interval=1e-4).epsilon([E(z, q, "poisson", count=steps)], DELTA)
+    assert PLD.epsilon([E(z, q, "poisson", count=steps)], DELTA) == pytest.approx(fine, rel=5e-4)

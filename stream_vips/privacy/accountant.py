@@ -217,11 +217,17 @@ class PldAccountant(Accountant):
     smaller diameter is accounted conservatively at diameter 2 (still sound, since every
     contribution has norm <= C). Add/remove uses ``ADD_OR_REMOVE_ONE`` with the same z.
     Fixed-size sampling is refused (no PLD for sampling without replacement here).
+
+    PLDs are discretized pessimistically (every reported epsilon is an upper bound) on a grid of
+    ``value_discretization_interval`` in privacy loss. The default 1e-3 is 5-10x faster than
+    dp_accounting's 1e-4 and, with connect-the-dots discretization, within 0.05% of it over
+    10 to 10^5 compositions (pinned by a test), which matters because the monitor reports
+    spent epsilon after every step.
     """
 
     name = "pld"
 
-    def __init__(self, value_discretization_interval: float = 1e-4) -> None:
+    def __init__(self, value_discretization_interval: float = 1e-3) -> None:
         self.value_discretization_interval = value_discretization_interval
         self._plds: dict = {}
         self._composed: OrderedDict = OrderedDict()
