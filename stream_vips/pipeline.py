@@ -3,7 +3,7 @@
 :class:`Application` (Quix Streams style: one app object, ``run()``, SIGTERM) polls the source in
 batches, decodes and validates the whole batch at once, sends rejects to the dead-letter sink
 with their reason codes, offers the accepted rows to the reservoir and runs a private step each
-time the trigger fires (every ``every_records`` accepted records, counted exactly across poll
+time the trigger fires (every ``every_records`` arrivals, valid or not, counted exactly across poll
 boundaries, and/or every ``every_seconds``). Each released step is published as a versioned
 model message (version = ledger step) before the source is committed.
 
@@ -251,30 +251,38 @@ class Application:
     # ------------------------------------------------------------------------------------------
 
     def ingest(self, raws: list[RawRecord]) -> None:
-        """Decode, validate, dead-letter and reservoir one polled batch, stepping on the trigger."""
-        values = [r.value for r in raws]
-        decoded = records.decode_json(values)
+        """Decode, validate, dead-letter and reservoir one polled batch, stepping on the trigger.
+
+        Every arrival, valid or not, consumes a reservoir position and counts towards
+        ``every_records``: validity depends on the record's value, so membership and update
+        times must not (DESIGN rule 1). A rejected arrival only leaves an empty slot.
+        """
+        n = len(raws)
+        decoded = records.decode_json([r.value for r in raws])
         parsed = self.model.parse_batch(decoded.values)
         index = np.asarray(decoded.index, dtype=np.intp)
         rejected = list(decoded.rejected) + [(int(index[i]), reason, detail) for i, reason, detail in parsed.rejected]
-        n_ok = int(len(parsed.accepted))
-        self.stats.records += len(raws)
-        self.stats.accepted += n_ok
-        self.metrics.records_consumed.inc(len(raws))
+        ok = np.zeros(n, dtype=bool)
+        ok[index[np.asarray(parsed.accepted, dtype=np.intp)]] = True
+        row_end = np.cumsum(ok)  # rows of accepted arrivals before position i+1
+        self.stats.records += n
+        self.stats.accepted += int(row_end[-1]) if n else 0
+        self.metrics.records_consumed.inc(n)
         if rejected:
             self._dead_letter(raws, rejected)
         start = 0
-        while start < n_ok and not self.halted and not self._stop.is_set():
-            chunk = self._chunk(n_ok - start)
-            self.reservoir.add_batch({k: v[start : start + chunk] for k, v in parsed.rows.items()})
-            self.trigger.observe(chunk)
-            start += chunk
+        while start < n and not self.halted and not self._stop.is_set():
+            end = start + self._chunk(n - start)
+            lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
+            self.reservoir.add_batch({k: v[lo:hi] for k, v in parsed.rows.items()}, accepted=ok[start:end])
+            self.trigger.observe(end - start)
+            start = end
             if self.reservoir.full and self.trigger.due():
                 self._step()
         self.metrics.reservoir_records.set(self.reservoir.size)
 
     def _chunk(self, remaining: int) -> int:
-        """Records to add before the next possible update, so updates happen at exact counts."""
+        """Arrivals to add before the next possible update, so updates happen at exact positions."""
         res, every = self.reservoir, self.trigger.every_records
         if not res.full:
             return min(remaining, res.capacity - res.seen)

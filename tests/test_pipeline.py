@@ -143,11 +143,32 @@ def test_malformed_records_go_to_dead_letters_with_reasons_and_the_run_continues
     assert all(letter.detail for letter in dead.letters)
     assert all(letter.record.value == stream[letter.record.origin["offset"]] for letter in dead.letters)
     assert stats.records == len(stream) and stats.accepted == len(good)
-    assert stats.updates == 1 + (len(good) - 200) // 100  # the run went on through the bad records
+    # The run went on through the bad records; updates come every 100 arrivals, valid or not.
+    assert stats.updates == 1 + (len(stream) - 200) // 100
     counts = {reason: list(expected.values()).count(reason) for reason in set(expected.values())}
     for reason, n in counts.items():
         assert app.metrics.registry.get_sample_value("stream_vips_records_rejected_total", {"reason": reason}) == n
     assert app.metrics.registry.get_sample_value("stream_vips_records_consumed_total") == len(stream)
+
+
+def test_a_rejected_record_changes_neither_update_times_nor_other_reservoir_slots(tmp_path):
+    """Rule 1 with malformed input: validity depends on the value, so neighbouring streams (one
+    record valid in one, malformed in the other) must see the same positions and update times."""
+    stream = synthetic_lines(1_000)
+    neighbour = list(stream)
+    neighbour[437] = b'{"x": [NaN, 0, 0], "y": 0}'
+    runs = []
+    for i, s in enumerate((stream, neighbour)):
+        cfg = config_from_dict(cfg_dict(tmp_path / str(i), privacy={"epsilon": 50.0}), env={})
+        sink = MemorySink()
+        app = Application.from_config(cfg, source=MemorySource(s), sink=sink)
+        app.run()
+        runs.append((app, [m["version"] for _, m in sink.messages]))
+    (a, va), (b, vb) = runs
+    assert va == vb and len(va) == 9  # same updates at the same arrival positions
+    assert a.reservoir.seen == b.reservoir.seen == 1_000
+    differ = np.flatnonzero(np.any(a.reservoir.columns["x"] != b.reservoir.columns["x"], axis=1))
+    assert differ.size <= 1 and np.sum(a.reservoir.valid != b.reservoir.valid) == differ.size
 
 
 def test_jsonl_dead_letters_are_written_and_flushed(tmp_path):
