@@ -81,10 +81,11 @@ def require(tool: str, installed_by: str = ".ci/k8s-setup.sh") -> str:
 
 @lru_cache(maxsize=None)
 def _kustomize_command() -> tuple[str, ...] | None:
-    kubectl = shutil.which("kubectl")
-    if kubectl and subprocess.run([kubectl, "kustomize", "--help"], capture_output=True).returncode == 0:
-        return (kubectl, "kustomize")
-    kustomize = shutil.which("kustomize")
+    """``kubectl kustomize`` when this kubectl renders the base, else a standalone ``kustomize build``."""
+    kubectl, kustomize = shutil.which("kubectl"), shutil.which("kustomize")
+    if kubectl and (kustomize is None or subprocess.run(
+            [kubectl, "kustomize", str(K8S / "base")], capture_output=True).returncode == 0):
+        return (kubectl, "kustomize")  # with no alternative, its errors are the ones to show
     return (kustomize, "build") if kustomize else None
 
 
@@ -99,7 +100,7 @@ def _render(overlay: str) -> tuple[str, str, int]:
 def render(overlay: str) -> list[dict[str, Any]]:
     """The overlay's resources as rendered by ``kubectl kustomize`` (or ``kustomize build``)."""
     if _kustomize_command() is None:
-        require("kubectl")
+        require("kustomize")
     out, err, code = _render(overlay)
     assert code == 0, f"kustomize failed on {overlay}:\n{err}"
     return copy.deepcopy([d for d in yaml.safe_load_all(out) if d])
@@ -445,6 +446,9 @@ def test_service_monitor_reaches_the_metrics_port(overlay: str) -> None:
     assert sm["metadata"]["labels"]["release"] == one(docs, "PrometheusRule")["metadata"]["labels"]["release"]
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    # the job label Prometheus gives the target is the one the down alert selects
+    job = svc["metadata"]["labels"][sm["spec"]["jobLabel"]]
+    assert f'up{{job="{job}"}}' in alerts(docs)["StreamVipsDown"]["expr"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -586,6 +590,14 @@ def _promtool_test(rules: dict[str, Any], tmp_path: Path) -> subprocess.Complete
     (tmp_path / RULES_FILE).write_text(yaml.safe_dump(rules, sort_keys=False))
     shutil.copy(K8S / "tests" / "alerts-test.yaml", tmp_path / "alerts-test.yaml")
     return run([promtool, "test", "rules", "alerts-test.yaml"], cwd=tmp_path)
+
+
+def test_every_alert_links_to_its_runbook_section() -> None:
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / "deploy.md").read_text(), flags=re.M)
+    slugs = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    for name, rule in alerts(render("base")).items():
+        path, _, anchor = rule["annotations"]["runbook"].partition("#")
+        assert path == "docs/deploy.md" and anchor in slugs, name
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
