@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -77,6 +78,12 @@ def require(tool: str, installed_by: str = ".ci/k8s-setup.sh") -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def require_script(name: str, installed_by: str) -> str:
+    """A console script of this interpreter's environment (pyenv may have no shim for it yet)."""
+    path = Path(sysconfig.get_path("scripts")) / name
+    return str(path) if path.is_file() else require(name, installed_by)
 
 
 @lru_cache(maxsize=None)
@@ -224,7 +231,7 @@ def test_overlay_renders_every_component(overlay: str) -> None:
 
 
 def _validate_core(docs: list[dict[str, Any]], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    exe = require("kubernetes-validate")
+    exe = require_script("kubernetes-validate", ".ci/k8s-setup.sh")
     path = tmp_path / "core.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     return run([exe, "--strict", "--quiet", "-k", KUBERNETES_VERSION, str(path)])

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 
-from test_k8s import dashboard, dashboard_exprs, dockerfile_instruction, render, require, rule_groups
+from test_k8s import dashboard, dashboard_exprs, dockerfile_instruction, render, require, require_script, rule_groups
 
 pytestmark = pytest.mark.prometheus
 
@@ -126,14 +126,14 @@ def pipeline_config(tmp: Path, metrics_port: int) -> dict[str, Any]:
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[PromAPI, Path, subprocess.Popen]]:
     prometheus = require("prometheus")
-    require("stream-vips", installed_by="pip install -e .")
     metrics_port, prom_port = free_port(), free_port()
 
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(pipeline_config(tmp_path, metrics_port)))
     entrypoint = json.loads(dockerfile_instruction("ENTRYPOINT"))
     assert entrypoint[-2] == "--config"
-    argv = entrypoint[:-1] + [str(config_path)]  # the image's command, on the test's config
+    # the image's command, on the test's config
+    argv = [require_script(entrypoint[0], "pip install -e ."), *entrypoint[1:-1], str(config_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("STREAM_VIPS__")}
 
