@@ -391,6 +391,21 @@ def test_entrypoint_reads_the_mounted_config_and_state_is_persistent(overlay: st
     assert w["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
 
 
+def test_image_build_context_holds_the_whole_package() -> None:
+    """The Dockerfile copies, and .dockerignore lets through, everything pyproject builds from."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = {"pyproject.toml", project["project"]["readme"]}
+    needed |= {pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    lines = [ln.split() for ln in (ROOT / "Dockerfile").read_text().splitlines()]
+    copied = {src.rstrip("/") for ln in lines if ln[:1] == ["COPY"] and not ln[1].startswith("--from")
+              for src in ln[1:-1]}
+    allowed = {ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.startswith("!")}
+    assert needed <= copied <= allowed, (needed, copied, allowed)
+    assert all((ROOT / path).exists() for path in needed)
+
+
 def _env_with_placeholder_secrets(c: dict[str, Any]) -> dict[str, str]:
     env = {}
     for e in c.get("env", []):
