@@ -67,7 +67,7 @@ import math
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
-from scipy.linalg import blas, cho_factor, cho_solve
+from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
@@ -195,8 +195,7 @@ class BayesianLogisticRegression(Model):
         """E-step sums S1 = sum (y - 1/2) x, S2 = sum E[omega] x x^T over the batch.
 
         Rows are re-clipped to norm 1 (idempotent for parsed rows) so the bounds hold whatever
-        the reservoir holds. c_n^2 = ||L^T x_n||^2 with L the Cholesky factor of E[m m^T]
-        (one triangular product for the batch), and S2 is one symmetric rank-n update.
+        the reservoir holds; S2 is one symmetric rank-n product.
         """
         X = clip_rows(batch["x"], 1.0)
         y = np.asarray(batch["y"], dtype=float)
@@ -208,11 +207,12 @@ class BayesianLogisticRegression(Model):
         return {"s1": (y - 0.5) @ X, "s2": Xw.T @ Xw}
 
     def _c2(self, X: np.ndarray) -> np.ndarray:
-        """x_n^T E[m m^T] x_n for every row, via (L^T X^T) with X^T read in place (Fortran)."""
+        """x^T Sigma x + (mu^T x)^2 for every row: Sigma = U^T U with U = R^-1 triangular, so
+        one triangular product U X^T (X^T read in place as a Fortran array) gives the first term."""
         if X.shape[0] == 0:
             return np.zeros(0)
-        LtXt = blas.dtrmm(1.0, self._mm_chol, X.T, side=0, lower=1, trans_a=1)
-        return np.einsum("ij,ij->j", LtXt, LtXt)
+        UXt = blas.dtrmm(1.0, self._sigma_factor, X.T, side=0, lower=1)
+        return np.einsum("ij,ij->j", UXt, UXt) + np.square(X @ self.mu)
 
     # ------------------------------------------------------------------ protocol: M-step
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
@@ -253,13 +253,13 @@ class BayesianLogisticRegression(Model):
         self._alpha_rate = self.b0 + 0.5 * (self.mu @ self.mu + np.trace(self.Sigma))
 
     def _refresh_posterior(self) -> None:
-        """mu, Sigma from nu = [h, P] and the Cholesky factor of E[m m^T] for the next E-step."""
+        """mu, Sigma from nu = [h, P] via P = R R^T (R lower): Sigma = U^T U with U = R^-1."""
         self._P = 0.5 * (self._P + self._P.T)
-        factor = cho_factor(self._P, lower=True)
-        self.Sigma = cho_solve(factor, np.eye(self.dim))
-        self.Sigma = 0.5 * (self.Sigma + self.Sigma.T)
-        self.mu = cho_solve(factor, self._h)
-        self._mm_chol = np.asfortranarray(np.linalg.cholesky(self.Sigma + np.outer(self.mu, self.mu)))
+        R = np.linalg.cholesky(self._P)
+        U = solve_triangular(R, np.eye(self.dim), lower=True)
+        self._sigma_factor = np.asfortranarray(U)
+        self.Sigma = U.T @ U
+        self.mu = U.T @ (U @ self._h)
 
     @property
     def alpha_mean(self) -> float:

@@ -1,0 +1,500 @@
+"""VIPS Pólya-Gamma logistic regression: E-step, M-step, sensitivities, engine integration."""
+
+from __future__ import annotations
+
+import cmath
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from stream_vips import messages
+from stream_vips.engine import PrivateEngine
+from stream_vips.models.logistic import (
+    BayesianLogisticRegression,
+    joint_diameter,
+    log_loss,
+    pg_mean,
+    roc_auc,
+)
+from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import FixedSizeSampler, PoissonSampler
+
+C1, C2 = 0.5, 0.25
+
+
+def synthetic(rng, n, d, scale=2.0):
+    """Non-separable data: Gaussian inputs with a bias feature, labels drawn from the logistic
+    model itself (so both labels occur on every region of input space), rows of norm <= 1."""
+    X = rng.normal(size=(n, d)) / math.sqrt(d)
+    X[:, -1] = 0.5
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+    w = scale * rng.normal(size=d)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-X @ w))).astype(float)
+    return X, y
+
+
+def batch_vb(X, y, a0, b0, iters=5000, tol=1e-14):
+    """Batch mean-field VB for PG-augmented logistic regression, written record by record.
+
+    q(omega_n) = PG(1, c_n), c_n^2 = x_n^T (Sigma + mu mu^T) x_n; q(m) = N(mu, Sigma) with
+    Sigma^-1 = sum_n E[omega_n] x_n x_n^T + E[alpha] I, Sigma^-1 mu = sum_n (y_n - 1/2) x_n;
+    q(alpha) = Gamma(a0 + d/2, b0 + (mu^T mu + tr Sigma)/2).
+    """
+    n, d = X.shape
+    alpha = a0 / b0
+    mu, Sigma = np.zeros(d), np.eye(d) / alpha
+    for _ in range(iters):
+        M = Sigma + np.outer(mu, mu)
+        P = alpha * np.eye(d)
+        h = np.zeros(d)
+        for i in range(n):
+            c = math.sqrt(max(float(X[i] @ M @ X[i]), 0.0))
+            omega = 0.25 if c == 0.0 else math.tanh(c / 2.0) / (2.0 * c)
+            P += omega * np.outer(X[i], X[i])
+            h += (y[i] - 0.5) * X[i]
+        Sigma_new = np.linalg.inv(P)
+        mu_new = Sigma_new @ h
+        alpha = (a0 + d / 2.0) / (b0 + 0.5 * (mu_new @ mu_new + np.trace(Sigma_new)))
+        done = np.max(np.abs(mu_new - mu)) < tol and np.max(np.abs(Sigma_new - Sigma)) < tol
+        mu, Sigma = mu_new, Sigma_new
+        if done:
+            break
+    return mu, Sigma, alpha
+
+
+def full_batch_mean(model, X, y):
+    """Noise-free means with the whole data set as batch (normaliser = N = n)."""
+    return {k: v / len(y) for k, v in model.clipped_sum({"x": X, "y": y}).items()}
+
+
+def set_second_moment(model, M, mu=None):
+    """Give the model a posterior with E[m m^T] = M (mean ``mu``, default 0)."""
+    d = M.shape[0]
+    mu = np.zeros(d) if mu is None else mu
+    P = np.linalg.inv(M - np.outer(mu, mu))
+    model.load_state({"h": P @ mu, "precision": P, "alpha": np.array([1.0, 1.0])})
+
+
+def scaled_difference(model, rec_a, rec_b, weights):
+    """||(w_k (S_k(a) - S_k(b)))_k|| for one-record batches: the engine's joint sensitivity."""
+    sa = model.clipped_sum({"x": rec_a[0][None, :], "y": np.array([rec_a[1]])})
+    sb = model.clipped_sum({"x": rec_b[0][None, :], "y": np.array([rec_b[1]])})
+    w1, w2 = weights[0] / C1, weights[1] / C2
+    return math.sqrt(w1**2 * np.sum((sa["s1"] - sb["s1"]) ** 2) + w2**2 * np.sum((sa["s2"] - sb["s2"]) ** 2))
+
+
+# ------------------------------------------------------------------------------------- E-step
+
+
+def test_pg_mean_closed_form_series_and_laplace_transform():
+    c = np.array([0.0, 1e-9, 1e-5, 9.99e-5, 1.01e-4, 0.3, 1.0, 5.0, 40.0, 1e4])
+    got = pg_mean(c)
+    assert got[0] == 0.25 and np.all(got <= 0.25) and np.all(np.diff(got) <= 0)
+    assert np.array_equal(pg_mean(-c), got)
+    big = c >= 1e-3
+    np.testing.assert_allclose(got[big], np.tanh(c[big] / 2) / (2 * c[big]), rtol=1e-14)
+    # continuity across the series threshold (the series error is < c^4 / 480)
+    assert abs(pg_mean(np.array([1e-4 - 1e-12]))[0] - math.tanh(5e-5) / 2e-4) < 1e-15
+    # E[omega] = -d/dt E[exp(-t omega)] at 0, with E[exp(-t omega)] = cosh(c/2) / cosh(sqrt(c^2/4 + t/2))
+    # for PG(1, c) (Polson, Scott & Windle 2013); central difference error ~ h^2 f''' / 6 < 1e-9.
+    for cc in (0.0, 0.7, 3.0, 12.0):
+        # cosh(sqrt(u)) is entire in u: evaluate through the complex sqrt when u < 0 (c = 0)
+        lt = lambda t: math.cosh(cc / 2) / cmath.cosh(cmath.sqrt(cc * cc / 4 + t / 2)).real  # noqa: E731
+        h = 1e-5
+        assert abs(-(lt(h) - lt(-h)) / (2 * h) - pg_mean(np.array([cc]))[0]) < 1e-8
+
+
+def test_pg_mean_matches_monte_carlo():
+    """PG(1, c) = (1 / 2 pi^2) sum_k g_k / ((k - 1/2)^2 + c^2 / (4 pi^2)), g_k ~ Exp(1).
+
+    The first K = 60 terms are sampled; the tail k > K enters with its exact mean, so the
+    estimator is unbiased. Its variance per draw is (1 / 4 pi^4) sum_{k <= K} 1 / ((k - 1/2)^2 +
+    c^2 / 4 pi^2)^2, computed exactly; the test allows 5 standard errors.
+    """
+    rng = np.random.default_rng(7)
+    K, n = 60, 40_000
+    k = np.arange(1, K + 1)
+    k_tail = np.arange(K + 1, 2_000_000)
+    for c in (0.0, 0.5, 2.0, 8.0):
+        denom = (k - 0.5) ** 2 + c * c / (4 * math.pi**2)
+        tail = np.sum(1.0 / ((k_tail - 0.5) ** 2 + c * c / (4 * math.pi**2))) / (2 * math.pi**2)
+        tail += 1.0 / (2 * math.pi**2 * (k_tail[-1] + 0.5))  # integral bound of the rest, < 3e-8
+        draws = (rng.exponential(size=(n, K)) / denom).sum(axis=1) / (2 * math.pi**2) + tail
+        se = math.sqrt(np.sum(1.0 / denom**2) / (4 * math.pi**4) / n)
+        assert abs(draws.mean() - pg_mean(np.array([c]))[0]) < 5 * se + 1e-7
+
+
+def test_c_squared_is_x_second_moment_x():
+    rng = np.random.default_rng(1)
+    d = 6
+    model = BayesianLogisticRegression(d, 100)
+    A = rng.normal(size=(d, d))
+    mu = rng.normal(size=d)
+    M = A @ A.T / d + np.eye(d) * 0.1 + np.outer(mu, mu)
+    set_second_moment(model, M, mu)
+    X = rng.normal(size=(50, d)) / math.sqrt(d)
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+    y = (rng.random(50) < 0.5).astype(float)
+    sums = model.clipped_sum({"x": X, "y": y})
+    omega = np.array([pg_mean(np.array([math.sqrt(x @ M @ x)]))[0] for x in X])
+    np.testing.assert_allclose(sums["s1"], sum((t - 0.5) * x for x, t in zip(X, y)), atol=1e-13)
+    np.testing.assert_allclose(sums["s2"], sum(o * np.outer(x, x) for o, x in zip(omega, X)), atol=1e-13)
+
+
+# ------------------------------------------------------------------------------------- z = 0
+
+
+def test_noiseless_full_batch_steps_equal_batch_vb_iterations():
+    """rho = 1 with the whole data set as batch is exactly one batch VB sweep per step."""
+    rng = np.random.default_rng(2)
+    X, y = synthetic(rng, 400, 4)
+    a0, b0 = 2.0, 0.5
+    model = BayesianLogisticRegression(4, 400, a0=a0, b0=b0)
+    for _ in range(3):
+        model.update(full_batch_mean(model, X, y), rho=1.0)
+    mu, Sigma, alpha = batch_vb(X, y, a0, b0, iters=3)
+    np.testing.assert_allclose(model.mu, mu, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model.Sigma, Sigma, rtol=1e-9, atol=1e-12)
+    assert model.alpha_mean == pytest.approx(alpha, rel=1e-10)
+
+
+def test_noiseless_engine_converges_to_batch_vb_posterior():
+    """Through the engine (non-private mode, z = 0, full-batch fixed-size sampling, decaying
+    Robbins-Monro steps) the averaged natural parameters reach the batch VB fixed point."""
+    rng = np.random.default_rng(3)
+    n, d = 300, 3
+    X, y = synthetic(rng, n, d)
+    assert 0 < y.mean() < 1
+    model = BayesianLogisticRegression(d, n, a0=1.0, b0=1.0)
+    reservoir = Reservoir(model.row_layout(), n, np.random.default_rng(0))
+    parsed = model.parse_batch([{"x": x.tolist(), "y": int(t)} for x, t in zip(X, y)])
+    reservoir.add_batch(parsed.rows)
+    engine = PrivateEngine(model, reservoir, FixedSizeSampler(n), None, 0.0, np.random.default_rng(1),
+                           tau0=1.0, kappa=0.51, accountant_name="none", non_private=True)
+    for _ in range(600):
+        engine.step()
+    mu, Sigma, alpha = batch_vb(X, y, 1.0, 1.0)
+    # The damped iteration contracts by ~(1 - rho_t (1 - L)) per step; sum of rho_t over 600
+    # steps is ~47, so the distance left is far below the tolerance used here.
+    np.testing.assert_allclose(model.mu, mu, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(model.Sigma, Sigma, rtol=1e-7, atol=1e-9)
+    assert model.alpha_mean == pytest.approx(alpha, rel=1e-7)
+
+
+# ------------------------------------------------------------------------------------- M-step
+
+
+def test_released_precision_is_always_positive_definite():
+    rng = np.random.default_rng(4)
+    d, N = 8, 1000
+    for trial in range(200):
+        model = BayesianLogisticRegression(d, N, a0=1.0, b0=float(rng.uniform(0.01, 100)))
+        std = float(rng.choice([0.0, 1e-4, 1e-2, 1.0]))
+        model.set_noise_scale({"s1": std, "s2": std})
+        for _ in range(3):
+            G = rng.normal(size=(d, d)) * rng.choice([1e-3, 1.0, 1e3])
+            s2 = (G + G.T) / 2 - rng.uniform(0, 10) * np.eye(d)  # indefinite or negative definite
+            s1 = rng.normal(size=d) * 10
+            P_before = model.state()["precision"]
+            rho = float(rng.uniform(0.01, 1.0))
+            model.update({"s1": s1, "s2": s2}, rho)
+            P = model.state()["precision"]
+            eig = np.linalg.eigvalsh(P)
+            assert np.allclose(P, P.T) and eig[0] > 0
+            # the new term N proj(s2) + alpha I has eigenvalues >= N * floor + alpha_prev
+            assert eig[0] >= min(np.linalg.eigvalsh(P_before)[0], N * model.eigen_floor) * (1 - 1e-9)
+            assert np.all(np.isfinite(model.mu)) and np.all(np.isfinite(model.Sigma))
+
+
+def test_eigen_floor_comes_from_public_noise_scale():
+    model = BayesianLogisticRegression(16, 100, floor_factor=2.0)
+    model.set_noise_scale({"s1": 0.3, "s2": 0.01})
+    assert model.eigen_floor == pytest.approx(2.0 * 4 * 0.01)
+    assert model.hyperparameters()["s2_noise_std"] == 0.01
+    with pytest.raises(ValueError, match="s2 noise std"):
+        model.set_noise_scale({"s1": 0.0, "s2": -1.0})
+
+
+def test_m_step_blends_natural_parameters_and_updates_alpha():
+    rng = np.random.default_rng(5)
+    d, N = 3, 50
+    model = BayesianLogisticRegression(d, N, a0=3.0, b0=2.0)
+    h0, P0 = model.state()["h"], model.state()["precision"]
+    assert np.allclose(P0, 1.5 * np.eye(d))  # prior mean of alpha, a0 / b0
+    A = rng.normal(size=(d, d))
+    s2, s1 = A @ A.T / 10, rng.normal(size=d) / 10
+    model.update({"s1": s1, "s2": s2}, rho=0.3)
+    st = model.state()
+    np.testing.assert_allclose(st["h"], 0.7 * h0 + 0.3 * N * s1)
+    np.testing.assert_allclose(st["precision"], 0.7 * P0 + 0.3 * (N * s2 + 1.5 * np.eye(d)), rtol=1e-12)
+    Sigma = np.linalg.inv(st["precision"])
+    mu = Sigma @ st["h"]
+    assert st["alpha"][0] == 3.0 + d / 2
+    assert st["alpha"][1] == pytest.approx(2.0 + 0.5 * (mu @ mu + np.trace(Sigma)))
+
+
+# ------------------------------------------------------------------------------ sensitivities
+
+
+def test_block_bounds_hold_and_are_attained():
+    rng = np.random.default_rng(6)
+    d = 5
+    model = BayesianLogisticRegression(d, 10)
+    assert [(b.name, b.shape, b.bound, b.symmetric) for b in model.blocks()] == [
+        ("s1", (d,), C1, False), ("s2", (d, d), C2, True)]
+    # worst case: unit-norm x and E[m m^T] -> 0, so c -> 0 and E[omega] -> 1/4
+    set_second_moment(model, 1e-12 * np.eye(d))
+    x = rng.normal(size=d)
+    s = model.clipped_sum({"x": (5 * x / np.linalg.norm(x))[None, :], "y": np.array([1.0])})
+    assert np.linalg.norm(s["s1"]) == pytest.approx(C1, rel=1e-12)
+    assert np.linalg.norm(s["s2"]) == pytest.approx(C2, rel=1e-9)
+    # random records and random posteriors never exceed the bounds
+    for _ in range(300):
+        A = rng.normal(size=(d, d)) * rng.choice([1e-3, 1.0, 30.0])
+        set_second_moment(model, A @ A.T + 1e-6 * np.eye(d))
+        x = rng.normal(size=d) * rng.choice([0.1, 1.0, 100.0])
+        s = model.clipped_sum({"x": x[None, :], "y": np.array([float(rng.integers(2))])})
+        assert np.linalg.norm(s["s1"]) <= C1 * (1 + 1e-12)
+        assert np.linalg.norm(s["s2"]) <= C2 * (1 + 1e-12)
+
+
+def test_replace_one_block_sensitivities_closed_form():
+    """s1: 2 C1 = 1 (same x, flipped label); s2: sqrt(2) C2 (orthogonal unit inputs, c -> 0)."""
+    d = 4
+    model = BayesianLogisticRegression(d, 10)
+    set_second_moment(model, 1e-12 * np.eye(d))
+    e = np.eye(d)
+    one = lambda x, y: model.clipped_sum({"x": x[None, :], "y": np.array([y])})  # noqa: E731
+    a, b = one(e[0], 1.0), one(e[0], 0.0)
+    assert np.linalg.norm(a["s1"] - b["s1"]) == pytest.approx(2 * C1)
+    a, b = one(e[0], 1.0), one(e[1], 1.0)
+    assert np.linalg.norm(a["s2"] - b["s2"]) == pytest.approx(math.sqrt(2) * C2, rel=1e-9)
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        A = rng.normal(size=(d, d)) * rng.choice([1e-3, 1.0, 30.0])
+        set_second_moment(model, A @ A.T + 1e-6 * np.eye(d))
+        xa, xb = rng.normal(size=(2, d)) * rng.choice([0.5, 3.0])
+        a, b = one(xa, float(rng.integers(2))), one(xb, float(rng.integers(2)))
+        assert np.linalg.norm(a["s1"] - b["s1"]) <= 2 * C1 * (1 + 1e-12)
+        assert np.linalg.norm(a["s2"] - b["s2"]) <= math.sqrt(2) * C2 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("a1sq", [0.05, 0.3, 0.5, 0.66, 0.8, 0.95])
+def test_joint_diameter_matches_numerical_worst_case(a1sq):
+    """The closed form equals the sup found by optimizing the reduced problem of the docstring
+    over (|x|, |x'|, omega |x|^2, omega' |x'|^2, signed cosine) from many starts."""
+    a1, a2 = math.sqrt(a1sq), math.sqrt(1 - a1sq)
+    w1, w2 = a1 / C1, a2 / C2
+
+    def neg_d2(v):
+        r, rp, bp, bpp, t = v
+        p, pp = bp * r * r / 4, bpp * rp * rp / 4
+        return -(w1**2 * (r * r + rp * rp - 2 * t * r * rp) / 4 + w2**2 * (p * p + pp * pp - 2 * t * t * p * pp))
+
+    rng = np.random.default_rng(9)
+    best = 0.0
+    for _ in range(60):
+        x0 = np.concatenate([rng.random(4), rng.uniform(-1, 1, 1)])
+        res = minimize(neg_d2, x0, bounds=[(0, 1)] * 4 + [(-1, 1)], method="L-BFGS-B")
+        best = max(best, -res.fun)
+    assert joint_diameter(a1, a2) == pytest.approx(math.sqrt(best), rel=1e-6)
+    assert joint_diameter(a1, a2) <= 2.0
+
+
+def test_joint_diameter_bounds_real_neighbours_and_is_approached():
+    d = 4
+    model = BayesianLogisticRegression(d, 10)
+    default = (C1 / math.hypot(C1, C2), C2 / math.hypot(C1, C2))
+    D = model.diameter({"s1": default[0], "s2": default[1]})
+    assert D == pytest.approx(math.sqrt(3.4)) and model.diameter() == 2.0
+    rng = np.random.default_rng(10)
+    for _ in range(400):
+        weights = rng.uniform(0.05, 1, 2)
+        weights /= np.linalg.norm(weights)
+        Dw = joint_diameter(*weights)
+        A = rng.normal(size=(d, d)) * rng.choice([1e-4, 1.0, 100.0])
+        set_second_moment(model, A @ A.T + 1e-8 * np.eye(d))
+        xa = rng.normal(size=d)
+        xb = rng.normal(size=d) if rng.random() < 0.5 else -xa + 0.01 * rng.normal(size=d)
+        ya, yb = float(rng.integers(2)), float(rng.integers(2))
+        assert scaled_difference(model, (xa * 5, ya), (xb * 5, yb), weights) <= Dw * (1 + 1e-12)
+    # near-worst case for default weights: x' ~ x with flipped label, omega(x) ~ 1/4, omega(x') ~ 0
+    theta = 1e-3
+    x, xp = np.eye(d)[0], math.cos(theta) * np.eye(d)[0] + math.sin(theta) * np.eye(d)[1]
+    M = 1e-10 * np.eye(d)
+    M[1, 1] += 1e18  # diagonal, so exactly invertible: c(x) ~ 1e-5, c(x') = 1e9 sin(theta) ~ 1e6
+    set_second_moment(model, M)
+    assert scaled_difference(model, (x, 1.0), (xp, 0.0), default) == pytest.approx(D, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------- engine
+
+
+def private_engine(model, n, X, y, z, sampler, accountant, seed=0, block_weights=None, budget=10.0):
+    reservoir = Reservoir(model.row_layout(), n, np.random.default_rng(seed))
+    reservoir.add_batch({"x": X, "y": y})
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(budget, 1e-5, accountant, ledger)
+    engine = PrivateEngine(model, reservoir, sampler, monitor, z, np.random.default_rng(seed + 1),
+                           tau0=10.0, kappa=0.7, accountant_name=accountant.name,
+                           block_weights=block_weights, seeded=True)
+    return engine, ledger
+
+
+@pytest.mark.parametrize("block_weights", [None, {"s1": 1.0, "s2": 3.0}])
+def test_noise_std_per_block_is_z_times_bound_over_weight(block_weights):
+    """The engine adds std z C_k / a_k to block sums; the model sees it divided by S. The
+    captured noise, standardized, is a sum of squares of independent N(0, 1): chi-square with
+    n degrees of freedom, checked within 5 standard deviations sqrt(2 n)."""
+    rng = np.random.default_rng(11)
+    n, d, S, z, steps = 200, 12, 50, 1.7, 40
+    X, y = synthetic(rng, n, d)
+    captured = []
+
+    class Capturing(BayesianLogisticRegression):
+        def clipped_sum(self, batch):
+            self._last = super().clipped_sum(batch)
+            return self._last
+
+        def update(self, noisy_mean, rho):
+            captured.append({k: noisy_mean[k] * S - self._last[k] for k in noisy_mean})
+            super().update(noisy_mean, rho)
+
+    model = Capturing(d, n)
+    engine, _ = private_engine(model, n, X, y, z, FixedSizeSampler(S), RdpAccountant(),
+                                block_weights=block_weights, budget=1e6)
+    if block_weights is None:
+        a = np.array([C1, C2]) / math.hypot(C1, C2)
+    else:
+        a = np.array([1.0, 3.0]) / math.sqrt(10.0)
+    expected = {"s1": z * C1 / a[0], "s2": z * C2 / a[1]}
+    assert engine.block_stds == pytest.approx(expected, rel=1e-12)
+    for _ in range(steps):
+        engine.step()
+    iu = np.triu_indices(d, 1)
+    z1 = np.concatenate([c["s1"] for c in captured]) / expected["s1"]
+    zd = np.concatenate([np.diag(c["s2"]) for c in captured]) / expected["s2"]
+    zo = np.concatenate([c["s2"][iu] for c in captured]) / (expected["s2"] / math.sqrt(2))
+    assert all(np.allclose(c["s2"], c["s2"].T) for c in captured)
+    for sample in (z1, zd, zo):
+        k = sample.size
+        assert abs(np.sum(sample**2) - k) < 5 * math.sqrt(2 * k)
+
+
+def test_published_epsilon_equals_ledger_epsilon():
+    rng = np.random.default_rng(12)
+    n, d = 400, 5
+    X, y = synthetic(rng, n, d)
+    model = BayesianLogisticRegression(d, n)
+    engine, ledger = private_engine(model, n, X, y, 1.2, PoissonSampler(0.2), PldAccountant())
+    for _ in range(5):
+        result = engine.step()
+    msg = messages.build_message("m", model.family, model.hyperparameters(), result.step,
+                                 model.state(), result.privacy)
+    msg = messages.loads(messages.dumps(msg))
+    assert len(ledger.events()) == 5 and msg["version"] == 4
+    assert msg["privacy"]["epsilon_spent"] == pytest.approx(PldAccountant().epsilon(ledger.events(), 1e-5), rel=1e-12)
+    assert msg["privacy"]["noise_multiplier"] == 1.2
+    restored = BayesianLogisticRegression(d, n)
+    restored.load_state(messages.decode_state(msg))
+    np.testing.assert_allclose(restored.predict_proba(X), model.predict_proba(X), rtol=1e-12)
+
+
+def test_private_run_learns_on_synthetic_data():
+    """A moderately noisy private run still ranks held-out data far better than chance."""
+    rng = np.random.default_rng(13)
+    n, d = 4000, 6
+    X, y = synthetic(rng, 2 * n, d, scale=6.0)
+    model = BayesianLogisticRegression(d, n)
+    engine, _ = private_engine(model, n, X[:n], y[:n], 1.0, PoissonSampler(0.25), PldAccountant())
+    model.set_noise_scale({k: s / engine.normaliser for k, s in engine.block_stds.items()})
+    for _ in range(20):
+        engine.step()
+    assert roc_auc(y[n:], model.predict_proba(X[n:])) > 0.75
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+def test_record_beyond_the_norm_bound_is_clipped():
+    model = BayesianLogisticRegression(3, 10)
+    parsed = model.parse_batch([{"x": [30.0, 40.0, 0.0], "y": 1}, {"x": [0.1, 0.2, 0.2], "y": 0}])
+    np.testing.assert_allclose(parsed.rows["x"], [[0.6, 0.8, 0.0], [0.1, 0.2, 0.2]])
+    # clipped_sum clips again, whatever reached the reservoir
+    s = model.clipped_sum({"x": np.array([[300.0, 400.0, 0.0]]), "y": np.array([1.0])})
+    np.testing.assert_allclose(s["s1"], [0.3, 0.4, 0.0])
+    assert np.linalg.norm(s["s2"]) <= C2
+
+
+def test_parse_batch_rejects_malformed_records_with_reasons():
+    model = BayesianLogisticRegression(2, 10)
+    objs = [
+        {"x": [0.1, 0.2], "y": 1},
+        {"x": [0.1, 0.2], "y": 2},
+        {"x": [0.1, 0.2], "y": 0.5},
+        {"x": [float("nan"), 0.2], "y": 0},
+        {"x": [0.1, 0.2, 0.3], "y": 0},
+        {"x": [0.1, 0.2]},
+        {"x": "0.1,0.2", "y": 1},
+        {"x": [0.1, 0.2], "y": "1"},
+        [0.1, 0.2, 1],
+        {"x": [0.3, 0.4], "y": 0.0},
+    ]
+    parsed = model.parse_batch(objs)
+    assert parsed.accepted.tolist() == [0, 9]
+    assert parsed.rows["y"].tolist() == [1.0, 0.0]
+    reasons = {i: r for i, r, _ in parsed.rejected}
+    assert reasons == {1: "out_of_range", 2: "out_of_range", 3: "non_finite", 4: "wrong_shape",
+                       5: "missing_field", 6: "wrong_type", 7: "wrong_type", 8: "not_object"}
+    details = {i: t for i, _, t in parsed.rejected}
+    assert "0 or 1" in details[1] and "'y'" in details[5]
+
+
+# ---------------------------------------------------------------------------------- prediction
+
+
+def test_predictive_probit_approximation_and_metrics():
+    rng = np.random.default_rng(14)
+    d = 4
+    model = BayesianLogisticRegression(d, 100)
+    A = rng.normal(size=(d, d))
+    mu = rng.normal(size=d)
+    set_second_moment(model, A @ A.T + np.outer(mu, mu), mu)
+    X = rng.normal(size=(300, d)) / 2
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+    p = model.predict_proba(X)
+    # Monte Carlo of E[sigmoid(m^T x)] under q(m); the probit approximation is within 0.02 of it
+    # (its max error over all means a and sds s, by Gauss-Hermite quadrature on a grid, is 0.016)
+    m = rng.multivariate_normal(mu, A @ A.T, size=20_000)
+    exact = (1.0 / (1.0 + np.exp(-(X @ m.T)))).mean(axis=1)
+    assert np.max(np.abs(p - exact)) < 0.02 + 5 * 0.5 / math.sqrt(20_000)
+    sk = pytest.importorskip("sklearn.metrics")
+    yy = (rng.random(300) < p).astype(float)
+    assert roc_auc(yy, p) == pytest.approx(sk.roc_auc_score(yy, p), rel=1e-12)
+    assert log_loss(yy, p) == pytest.approx(sk.log_loss(yy, p), rel=1e-12)
+    ties = np.round(p, 1)
+    assert roc_auc(yy, ties) == pytest.approx(sk.roc_auc_score(yy, ties), rel=1e-12)
+
+
+def test_state_round_trip_and_bad_config():
+    rng = np.random.default_rng(15)
+    X, y = synthetic(rng, 100, 3)
+    model = BayesianLogisticRegression(3, 100)
+    model.update(full_batch_mean(model, X, y), 0.5)
+    other = BayesianLogisticRegression(3, 100)
+    other.load_state(model.state())
+    assert other.alpha_mean == model.alpha_mean
+    np.testing.assert_allclose(other.mu, model.mu)
+    with pytest.raises(ValueError, match="positive definite"):
+        other.load_state({**model.state(), "precision": -np.eye(3)})
+    with pytest.raises(ValueError, match="shapes"):
+        other.load_state({**model.state(), "h": np.zeros(4)})
+    with pytest.raises(ValueError, match="dataset_size"):
+        BayesianLogisticRegression(3, 0)
+    with pytest.raises(ValueError, match="rho"):
+        model.update(full_batch_mean(model, X, y), 0.0)
