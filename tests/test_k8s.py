@@ -635,6 +635,7 @@ def test_alert_unit_tests_pass(overlay: str, tmp_path: Path) -> None:
     "alert, old, new",
     [
         ("StreamVipsBudget80PercentSpent", ">= 0.8", ">= 0.9"),
+        ("StreamVipsBudget80PercentSpent", "and stream_vips_epsilon_budget > 0", ""),
         ("StreamVipsUpdatesStalled", "and stream_vips_halted == 0", ""),
         ("StreamVipsUpdatesStalled", "> 0\n", ">= 0\n"),
         ("StreamVipsConsumerLagGrowing", "unless ignoring (topic) stream_vips_halted == 1", ""),
