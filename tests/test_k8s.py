@@ -406,11 +406,15 @@ def test_image_build_context_holds_the_whole_package() -> None:
     assert all((ROOT / path).exists() for path in needed)
 
 
-def _env_with_placeholder_secrets(c: dict[str, Any]) -> dict[str, str]:
+def _env_with_placeholder_secrets(c: dict[str, Any], pod_name: str = "stream-vips-0") -> dict[str, str]:
+    """The container's environment as the kubelet would set it, secrets replaced by placeholders."""
     env = {}
     for e in c.get("env", []):
         if "value" in e:
             env[e["name"]] = e["value"]
+        elif "fieldRef" in e["valueFrom"]:
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+            env[e["name"]] = pod_name
         else:
             ref = e["valueFrom"]["secretKeyRef"]
             env[e["name"]] = f"placeholder-{ref['name']}-{ref['key']}"
@@ -432,6 +436,7 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     assert cfg.runtime.on_halt == "stay", "a halted pod keeps serving metrics instead of crash-looping"
     assert cfg.privacy.seed is None, "production noise is OS-seeded (DESIGN rule 9)"
     assert cfg.privacy.mode == "private"
+    assert cfg.source.options["group_instance_id"] == "stream-vips-0"  # static membership, per pod
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -439,7 +444,7 @@ def test_kafka_credentials_come_from_secrets(overlay: str) -> None:
     docs = render(overlay)
     c = container(docs)
     _, cfg = mounted_config(docs)
-    secret_env = [e for e in c.get("env", []) if "valueFrom" in e]
+    secret_env = [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
     assert secret_env, "Kafka credentials are referenced from a Secret"
     for e in c.get("env", []):
         if re.search(r"PASSWORD|SECRET|TOKEN|JAAS", e["name"]):
