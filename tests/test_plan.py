@@ -35,27 +35,35 @@ def run_inprocess(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_json_report_for_a_noise_multiplier():
-    res = cli("--sampling", "poisson", *BASE, "--noise-multiplier", "1.2", "--json")
+    res = cli("--sampling", "poisson", *BASE, "--noise-multiplier", "3.2", "--json")
     assert res.returncode == 0, res.stderr
     rep = json.loads(res.stdout)
     assert {"epsilon", "delta", "noise_multiplier", "paper_sigma", "q", "steps", "sampling", "accountant"} <= set(rep)
     assert rep["accountant"] == "pld" and rep["sampling"] == "poisson" and rep["steps"] == 200
     assert rep["q"] == 0.05 and rep["delta"] == 1e-5
-    assert rep["noise_multiplier"] == 1.2 and rep["paper_sigma"] == pytest.approx(0.6)
-    assert rep["epsilon"] == pytest.approx(PldAccountant().epsilon([E(1.2, 0.05, "poisson", count=200)], 1e-5))
+    assert rep["noise_multiplier"] == 3.2 and rep["paper_sigma"] == pytest.approx(1.6)
+    assert rep["epsilon"] == pytest.approx(PldAccountant().epsilon([E(3.2, 0.05, "poisson", count=200)], 1e-5))
     by = [rep["epsilon_by_steps"][k] for k in sorted(rep["epsilon_by_steps"], key=int)]
     assert by == sorted(by) and by[-1] == rep["epsilon"]
 
 
-def test_fixed_defaults_to_autodp_and_calibrates(capsys):
-    code, out, _ = run_inprocess(["--sampling", "fixed", *BASE, "--epsilon", "2.0", "--json"], capsys)
+def test_fixed_defaults_to_autodp(capsys):
+    code, out, _ = run_inprocess(["--sampling", "fixed", *BASE, "--noise-multiplier", "4", "--json"], capsys)
     assert code == 0
     rep = json.loads(out)
-    assert rep["accountant"] == "autodp" and rep["target_epsilon"] == 2.0
+    assert rep["accountant"] == "autodp" and rep["target_epsilon"] is None
+    assert rep["epsilon"] == RdpAccountant().epsilon([E(4.0, 0.05, "fixed", count=200)], 1e-5)
+
+
+def test_calibrates_for_a_target_epsilon(capsys):
+    code, out, _ = run_inprocess(["--sampling", "poisson", *BASE, "--epsilon", "1.0", "--json"], capsys)
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["accountant"] == "pld" and rep["target_epsilon"] == 1.0
     z = rep["noise_multiplier"]
-    acct = RdpAccountant()
-    assert acct.epsilon([E(z, 0.05, "fixed", count=200)], 1e-5) == rep["epsilon"] <= 2.0
-    assert acct.epsilon([E(0.99 * z, 0.05, "fixed", count=200)], 1e-5) > 2.0
+    acct = PldAccountant()
+    assert acct.epsilon([E(z, 0.05, "poisson", count=200)], 1e-5) == rep["epsilon"] <= 1.0
+    assert acct.epsilon([E(0.99 * z, 0.05, "poisson", count=200)], 1e-5) > 1.0
     assert rep["paper_sigma"] == pytest.approx(z / 2)
 
 

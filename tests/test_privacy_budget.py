@@ -19,7 +19,7 @@ RDP = RdpAccountant()
 PLD_COARSE = PldAccountant(value_discretization_interval=1e-3)
 
 RDP_POOL = [E(1.5, 0.05, "fixed"), E(3.0, 0.2, "fixed"), E(6.0, 1.0, "fixed"), E(2.0, 1.0, "fixed")]
-PLD_POOL = [E(1.0, 0.1, "poisson"), E(2.5, 0.3, "poisson"), E(1.5, 0.2, "poisson", "add_remove", 1.0)]
+PLD_POOL = [E(2.0, 0.1, "poisson"), E(4.0, 0.3, "poisson"), E(3.0, 0.2, "poisson", "add_remove", 1.0)]
 
 
 def sequences(pool, max_len, max_count, min_len=1):

@@ -219,15 +219,14 @@ class PldAccountant(Accountant):
     Fixed-size sampling is refused (no PLD for sampling without replacement here).
 
     PLDs are discretized pessimistically (every reported epsilon is an upper bound) on a grid of
-    ``value_discretization_interval`` in privacy loss. The default 1e-3 is 5-10x faster than
-    dp_accounting's 1e-4 and, with connect-the-dots discretization, within 0.05% of it over
-    10 to 10^5 compositions (pinned by a test), which matters because the monitor reports
-    spent epsilon after every step.
+    ``value_discretization_interval`` in privacy loss; the default is dp_accounting's 1e-4. A
+    coarser grid is faster but, at large z and many steps, visibly loose (1e-3 overstated
+    epsilon by 1.3% at z = 7.5, q = 0.01, T = 10^4 where 1e-4 is within 0.01% of 3e-5).
     """
 
     name = "pld"
 
-    def __init__(self, value_discretization_interval: float = 1e-3) -> None:
+    def __init__(self, value_discretization_interval: float = 1e-4) -> None:
         self.value_discretization_interval = value_discretization_interval
         self._plds: dict = {}
         self._composed: OrderedDict = OrderedDict()
