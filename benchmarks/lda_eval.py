@@ -160,3 +160,194 @@ def synthetic_records(syn: Synthetic, n_docs: int, alpha: float, mean_length: in
     bounds = np.concatenate(([0], np.cumsum(lengths)))
     words = vocab[w]
     return [{"tokens": words[bounds[i]:bounds[i + 1]].tolist()} for i in range(n_docs)]
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One corpus and the public configuration of its private runs."""
+
+    name: str
+    vocabulary: list[str]
+    n_topics: int
+    doc_length: int
+    q: float
+    steps: int
+    alpha: float
+    eta: float = 0.01
+    tau0: float = 1.0
+    kappa: float = 0.55
+    clip_fraction: float = 0.1
+
+
+def make_model(setting: Setting, dataset_size: int, seed: int) -> LDA:
+    return LDA(setting.vocabulary, dataset_size=dataset_size, n_topics=setting.n_topics,
+               doc_length=setting.doc_length, alpha=setting.alpha, eta=setting.eta,
+               clip_fraction=setting.clip_fraction, seed=seed)
+
+
+def fill_reservoir(setting: Setting, chunks, capacity: int, seed: int) -> Reservoir:
+    """Stream record chunks through the model's parse_batch into a reservoir of ``capacity``."""
+    parser = make_model(setting, capacity, seed)
+    res = Reservoir(parser.row_layout(), capacity, np.random.default_rng(seed))
+    for chunk in chunks:
+        parsed = parser.parse_batch(chunk)
+        mask = np.zeros(len(chunk), dtype=bool)
+        mask[parsed.accepted] = True
+        res.add_batch(parsed.rows, mask)
+    return res
+
+
+def run(setting: Setting, res: Reservoir, epsilon: float, z: float, seed: int) -> LDA:
+    """T engine steps (private unless epsilon is inf) from a fresh model; returns the model."""
+    model = make_model(setting, res.capacity, seed)
+    sampler = PoissonSampler(setting.q)
+    private = math.isfinite(epsilon)
+    monitor = BudgetMonitor(epsilon * (1 + 1e-9), DELTA, PldAccountant(), MemoryLedger()) if private else None
+    engine = PrivateEngine(model, res, sampler, monitor, z if private else 0.0, np.random.default_rng(seed + 7),
+                           tau0=setting.tau0, kappa=setting.kappa, accountant_name="pld", seeded=True,
+                           non_private=not private, delta=DELTA)
+    for _ in range(setting.steps):
+        if engine.step() is None:
+            raise RuntimeError(f"{setting.name}: budget halted before step {setting.steps} at epsilon {epsilon}")
+    if private and not engine.epsilon_spent() <= epsilon * (1 + 1e-9):
+        raise RuntimeError(f"{setting.name}: spent {engine.epsilon_spent()} > {epsilon}")
+    return model
+
+
+def summary(values: list[float]) -> dict:
+    return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "values": [float(v) for v in values]}
+
+
+def evaluate(setting: Setting, res: Reservoir, held_out: list[dict], seeds: list[int],
+             true_topics: np.ndarray | None) -> dict:
+    """Perplexity (and recovery) per epsilon, plus the untrained model and the true topics."""
+    q, T = setting.q, setting.steps
+    diameter = make_model(setting, res.capacity, 0).diameter()
+    out: dict = {"setting": {k: v for k, v in setting.__dict__.items() if k != "vocabulary"}
+                 | {"V": len(setting.vocabulary), "dataset_size_D": res.capacity, "held_out_docs": len(held_out),
+                    "expected_batch": q * res.capacity, "delta": DELTA, "accountant": "pld (replace-one, Poisson)",
+                    "diameter": diameter},
+                 "runs": []}
+    untrained = [make_model(setting, res.capacity, s) for s in seeds]
+    out["untrained_perplexity"] = summary([m.perplexity(held_out) for m in untrained])
+    if true_topics is not None:
+        oracle = make_model(setting, res.capacity, 0)
+        oracle.load_state({"lambda": setting.eta + 1e6 * true_topics})
+        out["true_topics_perplexity"] = oracle.perplexity(held_out)
+        out["untrained_recovery"] = summary([topic_recovery(true_topics, m.topics()) for m in untrained])
+    for eps in EPSILONS:
+        started = time.perf_counter()
+        z = calibrate_noise_multiplier(eps, DELTA, q, T, "poisson", accountant=PldAccountant(),
+                                       diameter=diameter) if math.isfinite(eps) else 0.0
+        calibrated = time.perf_counter()
+        perp, rec, top = [], [], None
+        for s in seeds:
+            model = run(setting, res, eps, z, s)
+            perp.append(model.perplexity(held_out))
+            if true_topics is not None:
+                rec.append(topic_recovery(true_topics, model.topics()))
+            top = top or [words[:8] for words in model.top_words(8)[:5]]
+        entry = {"epsilon": eps if math.isfinite(eps) else "inf", "noise_multiplier_z": z,
+                 "paper_sigma": z / diameter, "perplexity": summary(perp),
+                 "calibration_s": calibrated - started, "runs_s": time.perf_counter() - calibrated,
+                 "top_words_first_seed": top}
+        if true_topics is not None:
+            entry["recovery_hellinger"] = summary(rec)
+        out["runs"].append(entry)
+        print(f"{setting.name} eps={eps} z={z:.3f} perplexity={np.mean(perp):.1f}"
+              + (f" recovery={np.mean(rec):.3f}" if rec else "")
+              + f" ({time.perf_counter() - started:.0f}s)", flush=True)
+    return out
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    panels = [("news", "perplexity", "NewsArticles: held-out perplexity bound"),
+              ("synthetic", "perplexity", "Synthetic: held-out perplexity bound"),
+              ("synthetic", "recovery_hellinger", "Synthetic: topic recovery (mean Hellinger)")]
+    for ax, (corpus, key, title) in zip(axes, panels):
+        res = results[corpus]
+        priv = [r for r in res["runs"] if r["epsilon"] != "inf"]
+        nonpriv = next(r for r in res["runs"] if r["epsilon"] == "inf")
+        eps = [r["epsilon"] for r in priv]
+        ax.errorbar(eps, [r[key]["mean"] for r in priv], yerr=[r[key]["sd"] for r in priv], marker="o",
+                    label="private VIPS")
+        ax.axhline(nonpriv[key]["mean"], color="k", ls="--", label="non-private VIPS (z = 0)")
+        base = res["untrained_perplexity" if key == "perplexity" else "untrained_recovery"]["mean"]
+        ax.axhline(base, color="grey", ls=":", label="untrained model")
+        if key == "perplexity" and "true_topics_perplexity" in res:
+            ax.axhline(res["true_topics_perplexity"], color="g", ls="-.", label="true topics")
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon (delta = 1e-5)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+SYNTH_DOCS, SYNTH_HELD_OUT, SYNTH_K, SYNTH_V = 100_000, 2_000, 10, 1_000
+NEWS_V, NEWS_K = 1_000, 10
+SEEDS = [0, 1]
+
+
+def main() -> dict:
+    started = time.perf_counter()
+    # synthetic: 100,000 documents from known topics, streamed in chunks
+    syn = synthetic_topics(SYNTH_K, SYNTH_V, seed=11)
+    syn_setting = Setting("synthetic", syn.vocabulary, SYNTH_K, doc_length=100, q=0.02, steps=30,
+                          alpha=1.0 / SYNTH_K)
+    gen = np.random.default_rng(12)
+    chunks = (synthetic_records(syn, 5_000, 0.2, 100, gen) for _ in range(SYNTH_DOCS // 5_000))
+    syn_res = fill_reservoir(syn_setting, chunks, SYNTH_DOCS, seed=13)
+    syn_held = synthetic_records(syn, SYNTH_HELD_OUT, 0.2, 100, np.random.default_rng(14))
+    synthetic = evaluate(syn_setting, syn_res, syn_held, SEEDS, syn.topics)
+    synthetic["setting"] |= {"true_alpha": 0.2, "topic_concentration": 0.02, "mean_raw_length": 110}
+    # NewsArticles
+    news = news_split(NEWS_V)
+    news_setting = Setting("news", news.vocabulary, NEWS_K, doc_length=200, q=0.2, steps=30, alpha=1.0 / NEWS_K)
+    news_res = fill_reservoir(news_setting, [news.stream], len(news.stream), seed=15)
+    news_out = evaluate(news_setting, news_res, news.held_out, SEEDS, None)
+
+    def at(res: dict, eps) -> dict:
+        return next(r for r in res["runs"] if r["epsilon"] == eps)
+
+    perp_np = at(synthetic, "inf")["perplexity"]["mean"]
+    result = {
+        "benchmark": "lda_eval",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "seeds": SEEDS,
+        "synthetic": synthetic,
+        "news": news_out,
+        "targets": {
+            "nonprivate_near_true_topics": {
+                "value": perp_np / synthetic["true_topics_perplexity"],
+                "target": "synthetic held-out perplexity at z = 0 within 10% of the true topics' (sanity check)",
+                "met": bool(perp_np <= 1.1 * synthetic["true_topics_perplexity"])},
+            "private_eps4_beats_untrained": {
+                "value": {c: at(r, 4.0)["perplexity"]["mean"] for c, r in (("synthetic", synthetic), ("news", news_out))},
+                "target": "perplexity at epsilon 4 below the untrained model's, both corpora",
+                "met": bool(all(at(r, 4.0)["perplexity"]["mean"] < r["untrained_perplexity"]["mean"]
+                                for r in (synthetic, news_out)))},
+        },
+        "wall_s": time.perf_counter() - started,
+    }
+    return result
+
+
+if __name__ == "__main__":
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = main()
+    (RESULTS / "lda_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, RESULTS / "lda_eval.png")
+    print(json.dumps(result["targets"], indent=2))

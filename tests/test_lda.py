@@ -116,7 +116,7 @@ def ref_perplexity(lam, docs_counts, alpha, max_iter, tol):
 @pytest.mark.parametrize("clip_fraction", [0.1, 1.0])
 def test_z0_matches_loop_implementation(clip_fraction):
     N, D, S = 20, 50, 7
-    model = LDA(VOCAB, corpus_size=D, n_topics=3, doc_length=N, alpha=0.4, eta=0.05,
+    model = LDA(VOCAB, dataset_size=D, n_topics=3, doc_length=N, alpha=0.4, eta=0.05,
                 clip_fraction=clip_fraction, max_iter=40, tol=1e-4, block_size=3, seed=1)
     rows = model.parse_batch(tiny_corpus(0, S)).rows["words"]
     lam = model.state()["lambda"].tolist()
@@ -129,7 +129,7 @@ def test_z0_matches_loop_implementation(clip_fraction):
 
 def test_z0_through_the_engine_in_non_private_mode():
     N, M = 20, 6
-    model = LDA(VOCAB, corpus_size=M, n_topics=2, doc_length=N, max_iter=30, tol=1e-4, seed=3)
+    model = LDA(VOCAB, dataset_size=M, n_topics=2, doc_length=N, max_iter=30, tol=1e-4, seed=3)
     rows = model.parse_batch(tiny_corpus(1, M)).rows["words"]
     res = Reservoir(model.row_layout(), M, np.random.default_rng(0))
     res.add_batch({"words": rows})
@@ -143,7 +143,7 @@ def test_z0_through_the_engine_in_non_private_mode():
 
 
 def test_perplexity_matches_loop_implementation_of_eq32():
-    model = LDA(VOCAB, corpus_size=30, n_topics=3, doc_length=20, alpha=0.3, max_iter=50, tol=1e-5, seed=2)
+    model = LDA(VOCAB, dataset_size=30, n_topics=3, doc_length=20, alpha=0.3, max_iter=50, tol=1e-5, seed=2)
     model.update({"s": model.clipped_sum(model.parse_batch(tiny_corpus(2, 30)).rows)["s"] / 30}, 0.9)
     held_out = tiny_corpus(3, 9) + [{"counts": {"w1": 4, "w7": 2, "nope": 5}}, {"tokens": ["nope"]}]
     counts = []
@@ -164,7 +164,7 @@ def test_sparse_clipping_norms_equal_dense():
     rng = np.random.default_rng(4)
     V, K, N = 300, 5, 60
     vocab = [f"v{i}" for i in range(V)]
-    model = LDA(vocab, corpus_size=100, n_topics=K, doc_length=N, seed=5, block_size=4)
+    model = LDA(vocab, dataset_size=100, n_topics=K, doc_length=N, seed=5, block_size=4)
     rows = rng.integers(0, V, size=(23, N)).astype(np.int32)
     bags = Bags.from_rows(rows)
     seen = 0
@@ -184,7 +184,7 @@ def test_sparse_clipping_norms_equal_dense():
 
 def test_document_exceeding_the_bound_is_clipped_and_others_are_not():
     N, K, a = 40, 4, 0.1
-    model = LDA(VOCAB, corpus_size=10, n_topics=K, doc_length=N, clip_fraction=a, seed=6)
+    model = LDA(VOCAB, dataset_size=10, n_topics=K, doc_length=N, clip_fraction=a, seed=6)
     # one word N times: one column summing to N, norm >= N / sqrt(K) = 20 > a N = 4
     big = model.clipped_sum({"words": np.full((1, N), 3, np.int32)})["s"]
     assert np.linalg.norm(big) == pytest.approx(a * N, rel=1e-12)
@@ -192,14 +192,14 @@ def test_document_exceeding_the_bound_is_clipped_and_others_are_not():
     empty = model.clipped_sum({"words": np.zeros((0, N), np.int32)})["s"]  # Poisson can draw no one
     assert empty.shape == (K, len(VOCAB)) and not empty.any()
     # with a = 1 nothing can exceed the bound (norm <= N): the contribution sums to N, unscaled
-    loose = LDA(VOCAB, corpus_size=10, n_topics=K, doc_length=N, clip_fraction=1.0, seed=6)
+    loose = LDA(VOCAB, dataset_size=10, n_topics=K, doc_length=N, clip_fraction=1.0, seed=6)
     one = loose.clipped_sum({"words": np.full((1, N), 3, np.int32)})["s"]
     assert one.sum() == pytest.approx(N, rel=1e-12)
     np.testing.assert_allclose(big, one * (a * N / np.linalg.norm(one)), rtol=1e-12)
 
 
 def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
-    model = LDA(VOCAB, corpus_size=10, n_topics=3, doc_length=30, seed=7)
+    model = LDA(VOCAB, dataset_size=10, n_topics=3, doc_length=30, seed=7)
     assert model.diameter() == pytest.approx(math.sqrt(2), rel=1e-15)
     C = model.clip_bound
     rng = np.random.default_rng(8)
@@ -220,7 +220,7 @@ def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
 def test_engine_noise_std_is_z_a_N_and_message_epsilon_is_the_ledgers():
     V, K, N, M, z = 300, 4, 50, 20, 5.0
     vocab = [f"v{i}" for i in range(V)]
-    model = LDA(vocab, corpus_size=M, n_topics=K, doc_length=N, clip_fraction=0.1, seed=9)
+    model = LDA(vocab, dataset_size=M, n_topics=K, doc_length=N, clip_fraction=0.1, seed=9)
     rng = np.random.default_rng(10)
     docs = [{"tokens": [vocab[i] for i in rng.integers(0, V, 30)]} for _ in range(M)]
     res = Reservoir(model.row_layout(), M, np.random.default_rng(0))
@@ -254,7 +254,7 @@ def test_engine_noise_std_is_z_a_N_and_message_epsilon_is_the_ledgers():
 
 
 def test_m_step_sets_negative_noisy_statistics_to_zero():
-    model = LDA(VOCAB[:4], corpus_size=100, n_topics=2, doc_length=10, eta=0.05, seed=0)
+    model = LDA(VOCAB[:4], dataset_size=100, n_topics=2, doc_length=10, eta=0.05, seed=0)
     lam = model.state()["lambda"]
     s = np.array([[-0.3, 0.2, 0.0, -1e-9], [0.01, -5.0, 1.0, 0.5]])
     model.update({"s": s}, 0.25)
@@ -265,7 +265,7 @@ def test_m_step_sets_negative_noisy_statistics_to_zero():
 
 
 def test_parse_rejects_bad_input_with_reasons():
-    model = LDA(["a", "b", "c"], corpus_size=10, n_topics=2, doc_length=6, seed=0)
+    model = LDA(["a", "b", "c"], dataset_size=10, n_topics=2, doc_length=6, seed=0)
     objs = [
         {"tokens": ["a", "zzz", "b"]},
         {"counts": {"c": 2, "zzz": 9}},
@@ -297,7 +297,7 @@ def test_parse_rejects_bad_input_with_reasons():
 
 def test_resampling_draws_words_in_proportion_to_counts():
     N = 4000
-    model = LDA(["a", "b", "c"], corpus_size=10, n_topics=2, doc_length=N, seed=1)
+    model = LDA(["a", "b", "c"], dataset_size=10, n_topics=2, doc_length=N, seed=1)
     words = model.parse_batch([{"counts": {"a": 3, "b": 1}}, {"tokens": ["c", "b", "c", "c"]}]).rows["words"]
     # binomial proportions: sd = sqrt(p (1 - p) / N) ~ 0.0068; allow 5 sd
     assert np.mean(words[0] == 0) == pytest.approx(0.75, abs=5 * math.sqrt(0.75 * 0.25 / N))
@@ -309,18 +309,18 @@ def test_configuration_errors_name_the_key(tmp_path):
     for kwargs, key in [({"vocabulary": []}, "vocabulary"), ({"vocabulary": ["a", "a"]}, "vocabulary"),
                         ({"clip_fraction": 0.0}, "clip_fraction"), ({"n_topics": 0}, "n_topics"),
                         ({"eta": -1.0}, "eta"), ({"vocabulary": str(tmp_path / "missing.txt")}, "vocabulary")]:
-        args = {"vocabulary": ["a", "b"], "corpus_size": 10, **kwargs}
+        args = {"vocabulary": ["a", "b"], "dataset_size": 10, **kwargs}
         with pytest.raises(ValueError, match=f"^{key}:"):
             LDA(**args)
     path = tmp_path / "vocab.txt"
     path.write_text("apple\npear\n\nplum\n", encoding="utf-8")
-    assert LDA(str(path), corpus_size=5).vocabulary == ["apple", "pear", "plum"]
+    assert LDA(str(path), dataset_size=5).vocabulary == ["apple", "pear", "plum"]
     assert model_class("lda") is LDA
-    assert check_kwargs(LDA, {"vocabulary": str(path), "corpus_size": 5, "n_topics": 3}, "model.params")
+    assert check_kwargs(LDA, {"vocabulary": str(path), "dataset_size": 5, "n_topics": 3}, "model.params")
 
 
 def test_top_words_and_topic_recovery():
-    model = LDA(VOCAB, corpus_size=10, n_topics=2, doc_length=10, seed=0)
+    model = LDA(VOCAB, dataset_size=10, n_topics=2, doc_length=10, seed=0)
     lam = np.full((2, 12), 0.1)
     lam[0, [4, 2, 7]] = [30, 20, 10]
     lam[1, [11, 0]] = [5, 50]

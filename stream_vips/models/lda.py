@@ -13,13 +13,14 @@ their number of distinct words (documents are sparse unique-word counts; no K x 
 document is ever formed), forms the per-document expected counts ``c_dv * phi_dvk`` (a K x V
 matrix with as many non-zero columns as the document has distinct words), clips each to L2 norm
 ``a * N`` and sums them. :meth:`LDA.update` is the M-step on the privatized mean: negatives to 0,
-``lambda_hat = eta + D * s`` with D the configured corpus size, blended with rho_t.
+``lambda_hat = eta + D * s`` with D the configured corpus size (``dataset_size``), blended with
+rho_t.
 
 Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 :meth:`LDA.top_words`, and :func:`topic_recovery` for synthetic corpora with known topics.
 
 >>> model = LDA(vocabulary=["apple", "pear", "goal", "match"], n_topics=2, doc_length=8,
-...             corpus_size=100, seed=0)
+...             dataset_size=100, seed=0)
 >>> parsed = model.parse_batch([{"tokens": ["apple", "pear", "apple"]}, {"counts": {"goal": 2}},
 ...                             {"tokens": ["unknown"]}, [1, 2]])
 >>> parsed.rows["words"].shape, parsed.accepted.tolist()
@@ -235,9 +236,9 @@ class LDA(Model):
 
     Parameters (all public configuration, DESIGN rule 5): ``vocabulary`` (list of words, or a
     path to a file with one word per line), ``n_topics`` K, ``doc_length`` N (documents are
-    resampled to N words), ``corpus_size`` D (the M-step's dataset size; set it to the reservoir
-    capacity), ``alpha`` and ``eta`` (symmetric Dirichlet priors on theta and beta; ``alpha``
-    defaults to 1/K), ``clip_fraction`` a (per-document contributions are clipped to L2 norm
+    resampled to N words), ``dataset_size`` D (the M-step's corpus size; the configuration
+    defaults it to the reservoir capacity M), ``alpha`` and ``eta`` (symmetric Dirichlet priors
+    on theta and beta; ``alpha`` defaults to 1/K), ``clip_fraction`` a (per-document contributions are clipped to L2 norm
     a * N; 1 means no clipping, as in the paper), ``max_iter`` and ``tol`` (E-step iteration
     cap and mean-absolute-change tolerance), ``block_size`` (documents per vectorized E-step
     block) and ``seed`` (initial lambda and the resampling generator; None draws from OS entropy).
@@ -257,7 +258,7 @@ class LDA(Model):
     def __init__(
         self,
         vocabulary: list[str] | str,
-        corpus_size: int,
+        dataset_size: int,
         n_topics: int = 10,
         doc_length: int = 500,
         alpha: float | None = None,
@@ -271,11 +272,11 @@ class LDA(Model):
         self.vocabulary = load_vocabulary(vocabulary)
         self._index = {w: i for i, w in enumerate(self.vocabulary)}
         for key, value, lo in (("n_topics", n_topics, 1), ("doc_length", doc_length, 1),
-                               ("corpus_size", corpus_size, 1), ("max_iter", max_iter, 1),
+                               ("dataset_size", dataset_size, 1), ("max_iter", max_iter, 1),
                                ("block_size", block_size, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
                 raise ValueError(f"{key}: must be an integer >= {lo}, got {value!r}")
-        self.n_topics, self.doc_length, self.corpus_size = int(n_topics), int(doc_length), int(corpus_size)
+        self.n_topics, self.doc_length, self.dataset_size = int(n_topics), int(doc_length), int(dataset_size)
         self.max_iter, self.block_size = int(max_iter), int(block_size)
         self.alpha = 1.0 / self.n_topics if alpha is None else float(alpha)
         self.eta, self.clip_fraction, self.tol = float(eta), float(clip_fraction), float(tol)
@@ -308,7 +309,7 @@ class LDA(Model):
         """Constructor arguments that shape the model; ``LDA(**hyperparameters())`` rebuilds it."""
         return {
             "vocabulary": list(self.vocabulary),
-            "corpus_size": self.corpus_size,
+            "dataset_size": self.dataset_size,
             "n_topics": self.n_topics,
             "doc_length": self.doc_length,
             "alpha": self.alpha,
@@ -472,7 +473,7 @@ class LDA(Model):
             raise ValueError(f"noisy_mean.s: expected shape {shape}, got {s.shape}")
         if not 0 < rho <= 1:
             raise ValueError(f"rho must be in (0, 1], got {rho!r}")
-        lam_hat = self.eta + self.corpus_size * np.maximum(s, 0.0)
+        lam_hat = self.eta + self.dataset_size * np.maximum(s, 0.0)
         self._set_lambda((1.0 - rho) * self._lambda + rho * lam_hat)
 
     # -- read side ------------------------------------------------------------------------------------
