@@ -61,3 +61,88 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes], partitions: int
         return out
     finally:
         prod.close()
+
+
+def linreg_records(n: int, dim: int = 4, seed: int = 0) -> list[bytes]:
+    """``n`` JSON records ``{"x": [...], "y": ...}`` from a fixed linear model (public test data)."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    w = np.linspace(-1.0, 1.0, dim)
+    X = rng.normal(scale=0.4, size=(n, dim))
+    y = X @ w + rng.normal(scale=0.1, size=n)
+    return [json.dumps({"x": xi, "y": yi}).encode() for xi, yi in zip(X.round(6).tolist(), y.round(6).tolist())]
+
+
+def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_letter_topic: str,
+                    group_id: str, model_id: str = "m", reservoir: int = 5000, batch_size: int = 500,
+                    every_records: int = 5000, epsilon: float = 2.0, planned_steps: int = 20,
+                    source_options: dict | None = None, sink_options: dict | None = None,
+                    seed: int | None = None) -> dict:
+    """The YAML layout of a Kafka-to-Kafka linreg pipeline used by the end-to-end tests."""
+    return {
+        "model": {"family": "linreg", "id": model_id, "params": {"dim": 4}},
+        "privacy": {"epsilon": epsilon, "delta": 1e-5, "planned_steps": planned_steps, "seed": seed,
+                    "ledger": {"type": "memory"}},
+        "sampling": {"method": "poisson", "reservoir": reservoir, "batch_size": batch_size},
+        "schedule": {"every_records": every_records},
+        "source": {"type": "kafka", "bootstrap_servers": bootstrap, "topics": input_topic,
+                   "group_id": group_id, **(source_options or {})},
+        "sink": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": model_topic,
+                 "transactional_id": f"{group_id}-models", **(sink_options or {})},
+        "dead_letter": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": dead_letter_topic},
+        "metrics": {"enabled": False},
+        "runtime": {"on_halt": "exit", "poll_max_records": 5000, "poll_timeout_s": 0.2},
+    }
+
+
+def build_app(spec: dict):
+    """An Application from ``spec`` = {"config": ..., "ledger_topic", "ledger_id", ["checkpoint"]}
+    with the Kafka ledger, and (when ``checkpoint`` is given) the reservoir checkpoint attached."""
+    from connectors.kafka import KafkaLedger
+    from stream_vips.checkpoint import attach
+    from stream_vips.config import config_from_dict
+    from stream_vips.pipeline import Application
+
+    cfg = config_from_dict(spec["config"], env={})
+    ledger = KafkaLedger(spec["config"]["source"]["bootstrap_servers"], spec["ledger_topic"],
+                         ledger_id=spec["ledger_id"])
+    app = Application.from_config(cfg, ledger=ledger)
+    if spec.get("checkpoint"):
+        attach(app, spec["checkpoint"])
+    return app
+
+
+class _RecordingSource:
+    """Appends ``partition offset`` of every polled record to a file before the pipeline sees it."""
+
+    def __init__(self, inner, path: str) -> None:
+        self.inner = inner
+        self._log = open(path, "a")
+
+    def poll(self, max_records: int, timeout_s: float):
+        out = self.inner.poll(max_records, timeout_s)
+        if out:
+            self._log.write("".join(f"{r.origin['partition']} {r.origin['offset']}\n" for r in out))
+            self._log.flush()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _child(spec_path: str) -> int:
+    """Run one pipeline process from a JSON spec (the SIGKILL restart test starts this)."""
+    import json
+
+    spec = json.loads(Path(spec_path).read_text())
+    app = build_app(spec)
+    app.source = _RecordingSource(app.source, spec["consumed_log"])
+    app.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child(sys.argv[1]))

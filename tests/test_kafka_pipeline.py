@@ -1,0 +1,278 @@
+"""End to end on the real broker: Kafka in, private updates, Kafka out, ledger, restarts and outages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from connectors.kafka import KafkaLedger, dead_letter_from_record, read_topic
+from kafka_broker import (
+    KafkaBroker, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
+)
+from stream_vips import inspect as sv_inspect
+from stream_vips import messages
+from stream_vips.checkpoint import Checkpoint
+from stream_vips.client import ModelReader
+from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+
+pytestmark = pytest.mark.kafka
+HERE = Path(__file__).resolve().parent
+
+
+def _ledger_epsilon(bootstrap: str, topic: str, ledger_id: str) -> tuple[float, int]:
+    """Spent epsilon and number of events, replayed from the Kafka ledger."""
+    ledger = KafkaLedger(bootstrap, topic, ledger_id=ledger_id, create_topic=False)
+    try:
+        monitor = BudgetMonitor(1e9, 1e-5, make_accountant("auto", "poisson"), ledger)
+        return monitor.spent(), len(ledger.events())
+    finally:
+        ledger.close()
+
+
+def _versions(msgs: list[dict]) -> list[int]:
+    """Published versions, leaving out the halt notice (the last model re-sent with halted: true)."""
+    out = []
+    for i, m in enumerate(msgs):
+        if m["privacy"]["halted"] and i > 0 and msgs[i - 1]["version"] == m["version"]:
+            assert msgs[i - 1]["natural_parameters"] == m["natural_parameters"]
+            continue
+        out.append(m["version"])
+    return out
+
+
+def _committed_total(bootstrap: str, group: str) -> int:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return sum(om.offset for om in admin.list_group_offsets(group)[group].values())
+    finally:
+        admin.close()
+
+
+@pytest.fixture(scope="module")
+def e2e(kafka_bootstrap):
+    """100,000 records over 3 partitions (plus 10,000 that arrive after the budget is spent)."""
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    create_topic(kafka_bootstrap, names["in"], partitions=3)
+    produce(kafka_bootstrap, names["in"], linreg_records(110_000), partitions=3)
+    spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
+                                      dead_letter_topic=names["dlq"], group_id=names["g"], planned_steps=20),
+            "ledger_topic": names["ledger"], "ledger_id": "m"}
+    app = build_app(spec)
+    stats = app.run()
+    return {"names": names, "stats": stats, "app": app, "bootstrap": kafka_bootstrap}
+
+
+def test_end_to_end_publishes_every_update_and_halting_stops_consumption(e2e):
+    stats, names, bs = e2e["stats"], e2e["names"], e2e["bootstrap"]
+    # reservoir of 5,000 full at record 5,000, then a step every 5,000 records: 20 steps fit the
+    # budget (planned_steps = 20); the 21st, due at record 105,000, is refused and halts.
+    assert stats.updates == 20 and stats.halted
+    assert stats.accepted == 105_000
+    assert 105_000 <= stats.records < 110_000
+    assert _committed_total(bs, names["g"]) == stats.records  # nothing consumed after the halt
+
+    spent, n_events = _ledger_epsilon(bs, names["ledger"], "m")
+    assert n_events == 20
+    with ModelReader(bs, names["models"]) as reader:
+        reader.poll()
+        last = reader.latest()["m"]
+    assert last["version"] == 19 and last["privacy"]["halted"]
+    assert last["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
+    assert spent <= 2.0
+
+
+def test_kcat_reads_and_the_schema_validates_every_model_message(e2e):
+    names, bs = e2e["names"], e2e["bootstrap"]
+    out = subprocess.run(["kcat", "-C", "-b", bs, "-t", names["models"], "-e", "-q", "-J",
+                          "-X", "isolation.level=read_committed"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    envelopes = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    msgs = [messages.loads(env["payload"]) for env in envelopes]  # validates against the JSON Schema
+    assert {env["key"] for env in envelopes} == {"m"}
+    assert _versions(msgs) == list(range(20))
+    eps = [m["privacy"]["epsilon_spent"] for m in msgs]
+    assert all(b >= a for a, b in zip(eps, eps[1:]))
+    for m in msgs:
+        assert set(messages.decode_state(m)) == {"precision", "shift"}
+
+
+def test_inspect_prints_the_latest_model_with_its_privacy_report(e2e, capsys):
+    names, bs = e2e["names"], e2e["bootstrap"]
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    sv_inspect.add_parser(sub)
+    assert sv_inspect.run(parser.parse_args(["inspect", "--bootstrap", bs, "--topic", names["models"], "--json"])) == 0
+    report = json.loads(capsys.readouterr().out)
+    (model,) = report["models"]
+    assert model["model_id"] == "m" and model["version"] == 19
+    assert model["natural_parameters"]["precision"]["shape"] == [4, 4]
+    assert model["privacy"]["halted"] is True
+    assert sv_inspect.run(parser.parse_args(["inspect", "--bootstrap", bs, "--topic", names["models"]])) == 0
+    text = capsys.readouterr().out
+    assert "model m  family linreg  version 19" in text and "HALTED" in text
+    assert sv_inspect.run(parser.parse_args(["inspect", "--bootstrap", bs, "--topic", names["models"],
+                                             "--model-id", "absent"])) == 1
+
+
+def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka_bootstrap):
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    create_topic(kafka_bootstrap, names["in"], partitions=2)
+    good = linreg_records(3000, seed=3)
+    bad = [b"{not json", b'{"x": [1, 2, 3, 4]}', b"\xff\xfe", b'{"x": [1, 2], "y": 0}', b'[1, 2]']
+    values = good[:1000] + bad + good[1000:]
+    placed = produce(kafka_bootstrap, names["in"], values, partitions=2)
+    spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
+                                      dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000,
+                                      batch_size=100, every_records=1000, source_options={"until_end": True}),
+            "ledger_topic": names["ledger"], "ledger_id": "dl"}
+    stats = build_app(spec).run()
+    assert stats.records == 3005 and stats.accepted == 3000 and stats.updates == 3
+    letters = [dead_letter_from_record(r) for r in read_topic(kafka_bootstrap, names["dlq"])]
+    by_value = {d["value"]: d for d in letters}
+    assert set(by_value) == set(bad)
+    assert by_value[b"{not json"]["reason"] == "invalid_json"
+    assert by_value[b'{"x": [1, 2, 3, 4]}']["reason"] == "missing_field"
+    assert by_value[b'{"x": [1, 2], "y": 0}']["reason"] == "wrong_shape"
+    assert by_value[b"[1, 2]"]["reason"] == "not_object"
+    for i, value in enumerate(values):
+        if value in by_value:
+            src = by_value[value]["source"]
+            assert (src["topic"], int(src["partition"]), int(src["offset"])) == (names["in"], *placed[i])
+
+
+def test_a_model_over_the_1_mib_limit_is_delivered_and_read_back(kafka_bootstrap):
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    create_topic(kafka_bootstrap, names["in"])
+    rng = np.random.default_rng(5)
+    dim = 400
+    produce(kafka_bootstrap, names["in"],
+            [json.dumps({"x": (rng.normal(size=dim) / 40).round(5).tolist(), "y": 0.1}).encode() for _ in range(60)])
+    cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
+                          dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=50, batch_size=25,
+                          every_records=50, planned_steps=5, source_options={"until_end": True})
+    cfg["model"]["params"] = {"dim": dim}
+    app = build_app({"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "big"})
+    stats = app.run()
+    assert stats.updates == 1
+    assert len(messages.dumps(stats.last_message)) > 1_048_576
+    with ModelReader(kafka_bootstrap, names["models"]) as reader:
+        post = reader.posterior("m")
+    np.testing.assert_array_equal(post.model.state()["precision"], app.model.state()["precision"])
+
+
+def test_broker_outage_of_10_seconds_is_survived(tmp_path):
+    with KafkaBroker() as broker:
+        bs = broker.bootstrap
+        names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+        create_topic(bs, names["in"], partitions=3)
+        produce(bs, names["in"], linreg_records(60_000, seed=7), partitions=3)
+        spec = {"config": pipeline_config(bs, input_topic=names["in"], model_topic=names["models"],
+                                          dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=2000,
+                                          batch_size=200, every_records=2000, planned_steps=100,
+                                          source_options={"until_end": True, "max_partition_fetch_bytes": 65536},
+                                          sink_options={"send_timeout_s": 60.0}),
+                "ledger_topic": names["ledger"], "ledger_id": "outage"}
+        spec["config"]["runtime"]["poll_max_records"] = 500
+        app = build_app(spec)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                app.run()
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while app.stats.published < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.stats.published >= 2
+        broker.stop()
+        down_at = app.stats.records
+        time.sleep(10)
+        broker.start()
+        thread.join(timeout=180)
+        assert not thread.is_alive() and not errors, errors
+        assert down_at < 60_000 and app.stats.records == 60_000
+        spent, n_events = _ledger_epsilon(bs, names["ledger"], "outage")
+        msgs = [messages.loads(r.value) for r in read_topic(bs, names["models"])]
+        assert _versions(msgs) == list(range(n_events)) == list(range(app.stats.updates))
+        assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
+
+
+def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootstrap, tmp_path):
+    bs = kafka_bootstrap
+    n = 40_000
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    create_topic(bs, names["in"], partitions=3)
+    placed = produce(bs, names["in"], linreg_records(n, seed=11), partitions=3)
+    cfg = pipeline_config(bs, input_topic=names["in"], model_topic=names["models"], dead_letter_topic=names["dlq"],
+                          group_id=names["g"], reservoir=2000, batch_size=200, every_records=1000,
+                          planned_steps=200, source_options={"until_end": True, "group_instance_id": "kill-0",
+                                                             "session_timeout_ms": 10000})
+    cfg["runtime"]["poll_max_records"] = 250
+    consumed_log = tmp_path / "consumed.txt"
+    spec = {"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "kill",
+            "checkpoint": str(tmp_path / "ckpt" / "reservoir.npz"), "consumed_log": str(consumed_log)}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)]),
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    rnd = random.Random(1234)
+    kills, spent_history, rc = 0, [0.0], None
+
+    def lines() -> int:
+        return sum(1 for _ in open(consumed_log)) if consumed_log.exists() else 0
+
+    for attempt in range(15):
+        start_lines = lines()
+        proc = subprocess.Popen([sys.executable, str(HERE / "kafka_broker.py"), str(spec_path)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if kills < 5:
+            deadline = time.monotonic() + 60
+            while lines() < start_lines + 500 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rnd.uniform(0.0, 0.4))
+        if kills < 5 and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            kills += 1
+        else:
+            _, err = proc.communicate(timeout=180)
+            rc = proc.returncode
+            assert rc == 0, err.decode()[-3000:]
+        spent, _ = _ledger_epsilon(bs, names["ledger"], "kill")
+        assert spent >= spent_history[-1]  # spent epsilon never goes down
+        spent_history.append(spent)
+        if rc == 0:
+            break
+    assert kills >= 5 and rc == 0
+
+    consumed = {tuple(map(int, line.split())) for line in open(consumed_log)}
+    assert consumed == set(placed)  # every produced offset was consumed, none skipped
+    state = Checkpoint(spec["checkpoint"]).load()
+    assert state["reservoir"]["seen"] == n  # ... and each entered the reservoir exactly once
+    assert state["offsets"] == {(names["in"], p): sum(1 for q, _ in placed if q == p) for p in range(3)}
+    assert (Path(spec["checkpoint"]).stat().st_mode & 0o777) == 0o600
+
+    msgs = [messages.loads(r.value) for r in read_topic(bs, names["models"])]
+    versions = _versions(msgs)
+    assert len(versions) == len(set(versions)) and versions == sorted(versions)  # never repeated
+    spent, n_events = _ledger_epsilon(bs, names["ledger"], "kill")
+    assert versions[-1] == n_events - 1
+    assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
