@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .events import SubsampledGaussianEvent
+from .events import PureDpEvent, SubsampledGaussianEvent
 
 Counts = Mapping[SubsampledGaussianEvent, int]
 
@@ -144,6 +144,8 @@ class RdpAccountant(Accountant):
         self._curves: dict[SubsampledGaussianEvent, np.ndarray] = {}
 
     def why_unsupported(self, event: object) -> str | None:
+        if isinstance(event, PureDpEvent):
+            return None
         if not isinstance(event, SubsampledGaussianEvent):
             return f"unknown event type {type(event).__name__}"
         if event.sampling == "poisson" and event.adjacency == "replace_one" and event.sampling_rate < 1:
@@ -165,6 +167,13 @@ class RdpAccountant(Accountant):
         if cached is not None:
             return cached
         self.check(unit)
+        if isinstance(unit, PureDpEvent):
+            # pure eps-DP: D_alpha <= D_inf = eps, and eps-DP implies (eps^2 / 2)-zCDP
+            # (Bun & Steinke 2016, Prop. 3.3), i.e. RDP(alpha) <= alpha eps^2 / 2.
+            rdp = np.minimum(unit.epsilon, 0.5 * self.orders * unit.epsilon**2)
+            rdp.setflags(write=False)
+            self._curves[unit] = rdp
+            return rdp
         sigma, q = self.sigma(unit), unit.sampling_rate
         if q == 1:
             rdp = self.orders / (2 * sigma**2)
@@ -183,13 +192,13 @@ class RdpAccountant(Accountant):
 
     def epsilon_of_counts(self, counts: Counts, delta: float) -> float:
         _check_delta(delta)
+        if not counts:
+            return 0.0
         total = np.zeros_like(self.orders)
         for unit, n in counts.items():
             total = total + n * self.curve(unit)
-        if not counts:
-            return 0.0
         eps = rdp_to_epsilon(total, self.orders, delta)
-        if all(u.sampling_rate == 1 for u in counts):
+        if all(isinstance(u, SubsampledGaussianEvent) and u.sampling_rate == 1 for u in counts):
             precision = sum(n / self.sigma(u) ** 2 for u, n in counts.items())
             eps = min(eps, analytic_gaussian_epsilon(precision**-0.5, delta))
         return eps
@@ -232,6 +241,8 @@ class PldAccountant(Accountant):
         self._composed: OrderedDict = OrderedDict()
 
     def why_unsupported(self, event: object) -> str | None:
+        if isinstance(event, PureDpEvent):
+            return None
         if not isinstance(event, SubsampledGaussianEvent):
             return f"unknown event type {type(event).__name__}"
         if event.sampling == "fixed" and event.sampling_rate < 1:
@@ -243,6 +254,16 @@ class PldAccountant(Accountant):
         """The PLD of one release of ``event`` (cached)."""
         unit = event.unit()
         cached = self._plds.get(unit)
+        if cached is None and isinstance(unit, PureDpEvent):
+            # the dominating pair of every pure eps-DP mechanism (randomized response)
+            from dp_accounting.pld import common
+            from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+            cached = pld_lib.from_privacy_parameters(
+                common.DifferentialPrivacyParameters(unit.epsilon, 0.0),
+                value_discretization_interval=self.value_discretization_interval,
+            )
+            self._plds[unit] = cached
         if cached is None:
             self.check(unit)
             from dp_accounting import privacy_accountant
@@ -281,7 +302,9 @@ class PldAccountant(Accountant):
 
 
 def make_accountant(name: str, sampling: str) -> Accountant:
-    """``"auto"`` (pld for Poisson, autodp for fixed-size), ``"pld"`` or ``"autodp"``."""
+    """``"auto"`` (pld for Poisson, autodp for fixed-size), ``"pld"``, ``"autodp"``, or
+    ``"strong"`` (Dwork & Roth Theorem 3.20 over per-step bounds from the auto accountant; a
+    baseline, see :mod:`stream_vips.privacy.composition`)."""
     if sampling not in ("poisson", "fixed"):
         raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
     if name == "auto":
@@ -290,7 +313,11 @@ def make_accountant(name: str, sampling: str) -> Accountant:
         return PldAccountant()
     if name == "autodp":
         return RdpAccountant()
-    raise ValueError(f"accountant must be 'auto', 'pld' or 'autodp', got {name!r}")
+    if name == "strong":
+        from .composition import StrongCompositionAccountant
+
+        return StrongCompositionAccountant(make_accountant("auto", sampling))
+    raise ValueError(f"accountant must be 'auto', 'pld', 'autodp' or 'strong', got {name!r}")
 
 
 def calibrate_noise_multiplier(
