@@ -333,3 +333,38 @@ def test_top_words_and_topic_recovery():
     assert hellinger(p, q)[0, 0] == pytest.approx(math.sqrt(1 - (math.sqrt(0.45) + math.sqrt(0.05))), rel=1e-9)
     assert topic_recovery(np.eye(3), np.eye(3)[[2, 0, 1]]) == pytest.approx(0.0, abs=1e-12)
     assert topic_recovery(np.eye(2), np.array([[0.0, 1.0], [0.0, 1.0]])) == pytest.approx(0.5, rel=1e-12)
+
+
+def test_pipeline_run_publishes_lda_with_the_ledgers_epsilon():
+    """`stream-vips run` path: config -> Application with memory connectors -> messages."""
+    from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
+    from stream_vips.client import posterior_from_message
+    from stream_vips.config import config_from_dict
+    from stream_vips.pipeline import Application
+
+    rng = np.random.default_rng(20)
+    vocab = [f"w{i}" for i in range(20)]
+    docs = [{"tokens": [vocab[j] for j in rng.integers(10 * t, 10 * t + 10, 30)] + ["unknown"]}
+            for t in rng.integers(0, 2, 300)]
+    cfg = config_from_dict({
+        "model": {"family": "lda", "id": "topics",
+                  "params": {"vocabulary": vocab, "n_topics": 2, "doc_length": 30, "seed": 0}},
+        "privacy": {"epsilon": 1.0, "noise_multiplier": 3.0, "seed": 1, "ledger": {"type": "memory"}},
+        "sampling": {"reservoir": 200, "batch_size": 50},
+        "schedule": {"every_records": 10, "tau0": 1.0},
+        "metrics": {"enabled": False},
+        "runtime": {"on_halt": "exit"},
+    })
+    ledger, sink, dead = MemoryLedger(), MemorySink(), MemoryDeadLetterSink()
+    source = MemorySource(docs + [{"tokens": ["unknown"]}, [1, 2]])
+    Application.from_config(cfg, source=source, sink=sink, dead_letter=dead, ledger=ledger).run()
+    assert [letter.reason for letter in dead.letters] == ["empty_document", "not_object"]
+    assert sink.messages and ledger.events()
+    msg = sink.messages[-1][1]
+    assert msg["family"] == "lda" and msg["hyperparameters"]["dataset_size"] == 200  # D defaults to M
+    assert msg["version"] == len(ledger.events()) - 1
+    assert msg["privacy"]["epsilon_spent"] == pytest.approx(PldAccountant().epsilon(ledger.events(), 1e-5), rel=1e-9)
+    assert msg["privacy"]["epsilon_spent"] <= 1.0
+    model = posterior_from_message(msg).model  # a reader rebuilds the published posterior
+    np.testing.assert_array_equal(model.state()["lambda"], messages.decode_state(msg)["lambda"])
+    assert model.vocabulary == vocab and model.dataset_size == 200
