@@ -102,7 +102,50 @@ class SubsampledGaussianEvent:
         return out
 
 
-EVENT_TYPES: dict[str, type] = {SubsampledGaussianEvent.TYPE: SubsampledGaussianEvent}
+@dataclass(frozen=True)
+class PureDpEvent:
+    """``count`` compositions of a mechanism that is pure ``epsilon``-DP (delta = 0).
+
+    Mathematics: for every pair of neighbouring inputs under ``adjacency`` (replace-one by
+    default: one record's content changes) and every set O of outputs,
+    P[M(D) in O] <= exp(epsilon) P[M(D') in O]. Nothing else about the mechanism is assumed, so
+    an accountant must use a bound that holds for every such mechanism (e.g. the dominating
+    pair of randomized response, or RDP(alpha) <= min(epsilon, alpha epsilon^2 / 2)). The
+    exponential mechanism (e.g. the one-posterior-sample estimator OPS, "Privacy for free",
+    ICML 2015, Theorem 1) is the intended use; the event is whatever the mechanism's proof
+    states, with no subsampling amplification claimed.
+    """
+
+    epsilon: float
+    adjacency: str = "replace_one"
+    count: int = 1
+
+    TYPE: ClassVar[str] = "pure_dp"
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        e = self.epsilon
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise ValueError(f"epsilon must be a finite number > 0, got {e!r}")
+        if self.adjacency not in ADJACENCIES:
+            raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {self.adjacency!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
+        object.__setattr__(self, "epsilon", float(e))
+
+    def unit(self) -> "PureDpEvent":
+        return self if self.count == 1 else dataclasses.replace(self, count=1)
+
+    def with_count(self, count: int) -> "PureDpEvent":
+        return dataclasses.replace(self, count=count)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
+        out.update(dataclasses.asdict(self))
+        return out
+
+
+EVENT_TYPES: dict[str, type] = {SubsampledGaussianEvent.TYPE: SubsampledGaussianEvent, PureDpEvent.TYPE: PureDpEvent}
 
 
 def event_from_dict(data: Mapping[str, Any]):
