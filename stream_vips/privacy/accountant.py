@@ -192,11 +192,11 @@ class RdpAccountant(Accountant):
 
     def epsilon_of_counts(self, counts: Counts, delta: float) -> float:
         _check_delta(delta)
+        if not counts:
+            return 0.0
         total = np.zeros_like(self.orders)
         for unit, n in counts.items():
             total = total + n * self.curve(unit)
-        if not counts:
-            return 0.0
         eps = rdp_to_epsilon(total, self.orders, delta)
         if all(isinstance(u, SubsampledGaussianEvent) and u.sampling_rate == 1 for u in counts):
             precision = sum(n / self.sigma(u) ** 2 for u, n in counts.items())
