@@ -73,11 +73,15 @@ def full_batch_mean(model, X, y):
 
 
 def set_second_moment(model, M, mu=None):
-    """Give the model a posterior with E[m m^T] = M (mean ``mu``, default 0)."""
+    """Give the model a posterior with E[m m^T] = M (mean ``mu``, default 0), through the
+    documented state: precision P = N proj(S / N) + A I with S = P - A I, A tiny, no noise."""
     d = M.shape[0]
     mu = np.zeros(d) if mu is None else mu
     P = np.linalg.inv(M - np.outer(mu, mu))
-    model.load_state({"h": P @ mu, "precision": P, "alpha": np.array([1.0, 1.0])})
+    P = (P + P.T) / 2
+    A = 1e-30
+    model.load_state({"h": P @ mu, "precision": P, "s2_blend": P - A * np.eye(d),
+                      "alpha": np.array([1.0, 1.0, A]), "noise_var": np.array([0.0])})
 
 
 def scaled_difference(model, rec_a, rec_b, weights):
@@ -200,22 +204,29 @@ def test_released_precision_is_always_positive_definite():
             G = rng.normal(size=(d, d)) * rng.choice([1e-3, 1.0, 1e3])
             s2 = (G + G.T) / 2 - rng.uniform(0, 10) * np.eye(d)  # indefinite or negative definite
             s1 = rng.normal(size=d) * 10
-            P_before = model.state()["precision"]
-            rho = float(rng.uniform(0.01, 1.0))
-            model.update({"s1": s1, "s2": s2}, rho)
-            P = model.state()["precision"]
+            model.update({"s1": s1, "s2": s2}, float(rng.uniform(0.01, 1.0)))
+            st = model.state()
+            P = st["precision"]
             eig = np.linalg.eigvalsh(P)
             assert np.allclose(P, P.T) and eig[0] > 0
-            # the new term N proj(s2) + alpha I has eigenvalues >= N * floor + alpha_prev
-            assert eig[0] >= min(np.linalg.eigvalsh(P_before)[0], N * model.eigen_floor) * (1 - 1e-9)
+            # P = N proj(S / N) + A I has eigenvalues >= N * floor + A, up to the rounding of
+            # the eigendecomposition (a few ulps of the largest eigenvalue)
+            assert eig[0] >= N * model.eigen_floor + st["alpha"][2] - 1e-12 * eig[-1]
             assert np.all(np.isfinite(model.mu)) and np.all(np.isfinite(model.Sigma))
 
 
-def test_eigen_floor_comes_from_public_noise_scale():
+def test_eigen_floor_follows_the_public_noise_of_the_average():
+    """Per-step noise std s on S / N entries; after blending with steps rho_t the noise std is
+    s * sqrt(sum_t w_t^2), w_t the final weight of step t; the floor is floor_factor sqrt(d) times it."""
     model = BayesianLogisticRegression(16, 100, floor_factor=2.0)
     model.set_noise_scale({"s1": 0.3, "s2": 0.01})
-    assert model.eigen_floor == pytest.approx(2.0 * 4 * 0.01)
     assert model.hyperparameters()["s2_noise_std"] == 0.01
+    rhos = [1.0, 0.5, 0.2, 0.2]
+    for rho in rhos:
+        model.update({"s1": np.zeros(16), "s2": np.zeros((16, 16))}, rho)
+    w = [r * np.prod([1 - later for later in rhos[i + 1:]]) for i, r in enumerate(rhos)]
+    assert model.eigen_floor == pytest.approx(2.0 * 4 * 0.01 * math.sqrt(np.sum(np.square(w))))
+    assert np.linalg.eigvalsh(model.state()["precision"])[0] >= 100 * model.eigen_floor
     with pytest.raises(ValueError, match="s2 noise std"):
         model.set_noise_scale({"s1": 0.0, "s2": -1.0})
 
@@ -231,11 +242,16 @@ def test_m_step_blends_natural_parameters_and_updates_alpha():
     model.update({"s1": s1, "s2": s2}, rho=0.3)
     st = model.state()
     np.testing.assert_allclose(st["h"], 0.7 * h0 + 0.3 * N * s1)
-    np.testing.assert_allclose(st["precision"], 0.7 * P0 + 0.3 * (N * s2 + 1.5 * np.eye(d)), rtol=1e-12)
+    np.testing.assert_allclose(st["s2_blend"], 0.3 * N * s2, rtol=1e-12)
+    # nu = 0.7 nu_prior + 0.3 [N s1, N s2 + <alpha> I]; s2 is PSD, so the projection is inactive
+    np.testing.assert_allclose(st["precision"], 0.7 * P0 + 0.3 * (N * s2 + 1.5 * np.eye(d)), rtol=1e-10)
     Sigma = np.linalg.inv(st["precision"])
     mu = Sigma @ st["h"]
     assert st["alpha"][0] == 3.0 + d / 2
     assert st["alpha"][1] == pytest.approx(2.0 + 0.5 * (mu @ mu + np.trace(Sigma)))
+    alpha_new = st["alpha"][0] / st["alpha"][1]
+    model.update({"s1": s1, "s2": s2}, rho=0.5)
+    assert model.state()["alpha"][2] == pytest.approx(0.5 * 1.5 + 0.5 * alpha_new)
 
 
 # ------------------------------------------------------------------------------ sensitivities
@@ -490,10 +506,13 @@ def test_state_round_trip_and_bad_config():
     other.load_state(model.state())
     assert other.alpha_mean == model.alpha_mean
     np.testing.assert_allclose(other.mu, model.mu)
-    with pytest.raises(ValueError, match="positive definite"):
-        other.load_state({**model.state(), "precision": -np.eye(3)})
-    with pytest.raises(ValueError, match="shapes"):
+    np.testing.assert_allclose(other.state()["precision"], model.state()["precision"])
+    with pytest.raises(ValueError, match="symmetric"):
+        other.load_state({**model.state(), "s2_blend": np.triu(np.ones((3, 3)))})
+    with pytest.raises(ValueError, match="'h' must have shape"):
         other.load_state({**model.state(), "h": np.zeros(4)})
+    with pytest.raises(ValueError, match="no 'noise_var'"):
+        other.load_state({k: v for k, v in model.state().items() if k != "noise_var"})
     with pytest.raises(ValueError, match="dataset_size"):
         BayesianLogisticRegression(3, 0)
     with pytest.raises(ValueError, match="rho"):

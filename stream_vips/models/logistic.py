@@ -12,12 +12,18 @@ E[omega_n] = tanh(c_n / 2) / (2 c_n) (1/4 at c = 0). The batch sums
 S1 = sum (y_n - 1/2) x_n and S2 = sum E[omega_n] x_n x_n^T are what the engine releases.
 
 **M-step (post-processing, eqs. 51-55).** From the privatized means s1, s2 and the configured
-dataset size N (the reservoir capacity, DESIGN rule 5):
-nu_t = [N s1, N proj(s2) + <alpha> I], blended nu <- (1 - rho) nu + rho nu_t; then
-Sigma = P^-1, mu = Sigma h for nu = [h, P], and q(alpha) = Gamma(a0 + d/2,
-b0 + (mu^T mu + tr Sigma) / 2) (eq. 53). ``proj`` raises the eigenvalues of the noisy s2 to a
-floor set from public quantities only (the expected spectral norm of the release noise; see
-:meth:`BayesianLogisticRegression.set_noise_scale`), so the precision is always positive definite.
+dataset size N (the reservoir capacity, DESIGN rule 5) the step's natural parameters are
+nu_t = [N s1, N s2 + <alpha> I] (eq. 54), blended nu <- (1 - rho) nu + rho nu_t. The blend keeps
+the data part S = blend of N s2 and the prior part A = blend of <alpha> separately, and the
+precision is P = N proj(S / N) + A I; then Sigma = P^-1, mu = Sigma h, and q(alpha) =
+Gamma(a0 + d/2, b0 + (mu^T mu + tr Sigma) / 2) (eq. 53). ``proj`` (``project_pd``) raises the
+eigenvalues of the averaged noisy statistic to a floor computed from public quantities only: the
+noise std of one diagonal entry of S / N, which the blend shrinks (variance v <- (1 - rho)^2 v +
+rho^2 std^2 per step), times ``floor_factor * sqrt(d)``, about the noise's spectral norm (see
+:meth:`BayesianLogisticRegression.set_noise_scale`). So P >= A I is always positive definite.
+The paper projects each step's s2 before blending; projecting after the blend is also
+post-processing, and its bias (of the order of the noise spectral norm) shrinks with the
+averaging instead of accumulating.
 
 **Sensitivity.** Inputs are clipped to ||x|| <= 1 (a bias feature, if wanted, is part of x and
 inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 1/4.
@@ -77,9 +83,8 @@ from stream_vips.records import OUT_OF_RANGE, FieldBatch
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4
-#: Eigenvalue floor of s2 when no noise scale is known; s2 entries are means of terms <= 1/4, so
-#: this moves a noise-free precision N s2 + alpha I by at most N * 1e-12.
-_MIN_FLOOR = 1e-12
+#: Eigenvalue floor without noise: only negative (rounding) eigenvalues are removed.
+_MIN_FLOOR = float(np.finfo(float).tiny)
 #: Largest |x_j| accepted before clipping (rejects absurd inputs rather than silently shrinking).
 _MAX_ABS_INPUT = 1e6
 
@@ -148,8 +153,10 @@ class BayesianLogisticRegression(Model):
         self.floor_factor = float(floor_factor)
         self.s2_noise_std = 0.0
         self._alpha_shape, self._alpha_rate = self.a0, self.b0  # q(alpha) = prior before any data
-        self._h = np.zeros(self.dim)
-        self._P = self.alpha_mean * np.eye(self.dim)
+        self._h = np.zeros(self.dim)  # blend of N s1
+        self._S = np.zeros((self.dim, self.dim))  # blend of N s2 (noisy, not projected)
+        self._A = self.alpha_mean  # blend of <alpha>
+        self._noise_var = 0.0  # variance of the noise on one diagonal entry of S / N
         self._refresh_posterior()
 
     # ------------------------------------------------------------------ protocol: records
@@ -218,9 +225,9 @@ class BayesianLogisticRegression(Model):
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
         """Tell the model the public noise std on each entry of the released block means.
 
-        For s2 this is the diagonal std (z C2 / a2 / normaliser); the eigenvalue floor of the
-        noisy s2 becomes ``floor_factor * sqrt(d) * std``. Without it (or at zero, non-private)
-        the floor is ``_MIN_FLOOR``: the precision stays PD but noise is not damped.
+        For s2 this is the diagonal std (z C2 / a2 / normaliser), which sets the eigenvalue
+        floor of the averaged statistic. Without it (or at zero, non-private) the projection only
+        removes negative eigenvalues: the precision stays PD (>= A I) but noise is not damped.
         """
         std = float(mean_stds["s2"])
         if not (math.isfinite(std) and std >= 0):
@@ -229,11 +236,11 @@ class BayesianLogisticRegression(Model):
 
     @property
     def eigen_floor(self) -> float:
-        """Public eigenvalue floor for the noisy s2 mean (at least ``_MIN_FLOOR``)."""
-        return max(self.floor_factor * math.sqrt(self.dim) * self.s2_noise_std, _MIN_FLOOR)
+        """Public eigenvalue floor of the averaged s2 mean S / N (at least ``_MIN_FLOOR``)."""
+        return max(self.floor_factor * math.sqrt(self.dim * self._noise_var), _MIN_FLOOR)
 
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
-        """Blend nu_t = [N s1, N proj(s2) + <alpha> I] into nu with step rho (eqs. 51-55)."""
+        """Blend nu_t = [N s1, N s2 + <alpha> I] into nu with step rho (eqs. 51-55)."""
         if not (0.0 < rho <= 1.0):
             raise ValueError(f"rho must be in (0, 1], got {rho!r}")
         d = self.dim
@@ -241,20 +248,20 @@ class BayesianLogisticRegression(Model):
         s2 = np.asarray(noisy_mean["s2"], dtype=float)
         if s1.shape != (d,) or s2.shape != (d, d):
             raise ValueError(f"noisy means must have shapes ({d},) and ({d}, {d}), got {s1.shape}, {s2.shape}")
-        s2 = 0.5 * (s2 + s2.T)
-        s2 = project_pd(s2, self.eigen_floor)
         N = float(self.dataset_size)
-        P_t = N * s2
-        P_t[np.diag_indices(d)] += self.alpha_mean
         self._h = (1.0 - rho) * self._h + rho * (N * s1)
-        self._P = (1.0 - rho) * self._P + rho * P_t
+        self._S = (1.0 - rho) * self._S + rho * (0.5 * N) * (s2 + s2.T)
+        self._A = (1.0 - rho) * self._A + rho * self.alpha_mean
+        self._noise_var = (1.0 - rho) ** 2 * self._noise_var + rho**2 * self.s2_noise_std**2
         self._refresh_posterior()
         self._alpha_shape = self.a0 + 0.5 * d
         self._alpha_rate = self.b0 + 0.5 * (self.mu @ self.mu + np.trace(self.Sigma))
 
     def _refresh_posterior(self) -> None:
-        """mu, Sigma from nu = [h, P] via P = R R^T (R lower): Sigma = U^T U with U = R^-1."""
-        self._P = 0.5 * (self._P + self._P.T)
+        """P = N proj(S / N) + A I, then Sigma = U^T U with U = R^-1 for P = R R^T, mu = Sigma h."""
+        N = float(self.dataset_size)
+        self._P = N * project_pd(self._S / N, self.eigen_floor)
+        self._P[np.diag_indices(self.dim)] += self._A
         R = np.linalg.cholesky(self._P)
         U = solve_triangular(R, np.eye(self.dim), lower=True)
         self._sigma_factor = np.asfortranarray(U)
@@ -268,27 +275,37 @@ class BayesianLogisticRegression(Model):
 
     # ------------------------------------------------------------------ protocol: state
     def state(self) -> dict[str, np.ndarray]:
-        """Natural parameters: h = Sigma^-1 mu, precision = Sigma^-1, alpha = (a_N, b_N)."""
+        """Natural parameters of q(m): ``h`` = Sigma^-1 mu and the PD ``precision`` Sigma^-1 (what
+        a reader needs); the blended statistics they derive from, ``s2_blend`` (S) and
+        ``alpha`` = (a_N, b_N, A); and ``noise_var`` (public) for the eigenvalue floor."""
         return {
             "h": self._h.copy(),
             "precision": self._P.copy(),
-            "alpha": np.array([self._alpha_shape, self._alpha_rate]),
+            "s2_blend": self._S.copy(),
+            "alpha": np.array([self._alpha_shape, self._alpha_rate, self._A]),
+            "noise_var": np.array([self._noise_var]),
         }
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore from :meth:`state`; the precision is recomputed from ``s2_blend`` and A."""
         d = self.dim
-        h = np.asarray(state["h"], dtype=float)
-        P = np.asarray(state["precision"], dtype=float)
-        alpha = np.asarray(state["alpha"], dtype=float)
-        if h.shape != (d,) or P.shape != (d, d) or alpha.shape != (2,):
-            raise ValueError(f"state shapes must be h ({d},), precision ({d}, {d}), alpha (2,); "
-                             f"got {h.shape}, {P.shape}, {alpha.shape}")
-        if not (np.all(np.isfinite(h)) and np.all(np.isfinite(P)) and np.all(alpha > 0)):
-            raise ValueError("state must be finite with positive alpha parameters")
-        if not np.allclose(P, P.T) or np.linalg.eigvalsh(0.5 * (P + P.T))[0] <= 0:
-            raise ValueError("state precision must be symmetric positive definite")
-        self._h, self._P = h.copy(), P.copy()
-        self._alpha_shape, self._alpha_rate = float(alpha[0]), float(alpha[1])
+        shapes = {"h": (d,), "precision": (d, d), "s2_blend": (d, d), "alpha": (3,), "noise_var": (1,)}
+        arrays = {}
+        for name, shape in shapes.items():
+            if name not in state:
+                raise ValueError(f"state has no {name!r}")
+            arrays[name] = np.array(state[name], dtype=float)
+            if arrays[name].shape != shape:
+                raise ValueError(f"state {name!r} must have shape {shape}, got {arrays[name].shape}")
+            if not np.all(np.isfinite(arrays[name])):
+                raise ValueError(f"state {name!r} must be finite")
+        if not np.all(arrays["alpha"] > 0) or arrays["noise_var"][0] < 0:
+            raise ValueError("state alpha parameters must be > 0 and noise_var >= 0")
+        if not np.allclose(arrays["s2_blend"], arrays["s2_blend"].T):
+            raise ValueError("state 's2_blend' must be symmetric")
+        self._h, self._S = arrays["h"], arrays["s2_blend"]
+        self._alpha_shape, self._alpha_rate, self._A = map(float, arrays["alpha"])
+        self._noise_var = float(arrays["noise_var"][0])
         self._refresh_posterior()
 
     def hyperparameters(self) -> dict[str, Any]:
