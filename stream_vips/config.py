@@ -47,6 +47,9 @@ MODEL_FAMILIES: dict[str, str] = {
     "lda": "stream_vips.models.lda",
     "sep_mixture": "stream_vips.models.sep.mixture",
     "sep_probit": "stream_vips.models.sep.probit",
+    "dpvi": "stream_vips.models.baselines.dpvi",
+    "sgld": "stream_vips.models.baselines.sgld",
+    "ops": "stream_vips.models.baselines.ops",
 }
 
 
@@ -85,7 +88,7 @@ class PrivacyConfig:
     noise_multiplier: float | None = None
     calibration_rtol: float = 0.01
     planned_steps: int = 100
-    accountant: Literal["auto", "pld", "autodp"] = "auto"
+    accountant: Literal["auto", "pld", "autodp", "strong"] = "auto"
     seed: int | None = None
     block_weights: dict[str, float] | None = None
     ledger: LedgerConfig = field(default_factory=LedgerConfig)

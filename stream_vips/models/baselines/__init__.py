@@ -1,0 +1,56 @@
+"""Baselines from the seed papers, streamed behind the same engine, budget monitor and ledger.
+
+* :mod:`.dpvi`: DPVI (Jälkö, MSc thesis, Algorithm 1), doubly stochastic VI with per-record
+  gradient clipping, Gaussian noise and AdaGrad, diagonal Gaussian posterior.
+* :mod:`.sgld`: DP-SGLD (Wang, Fienberg & Smola, ICML 2015, Algorithm 2 / Theorem 4).
+* :mod:`.ops`: the one-posterior-sample estimator (same paper, Algorithm 1 / Theorem 1), a pure
+  epsilon-DP exponential mechanism released through :class:`~stream_vips.privacy.events.PureDpEvent`.
+
+All three are Bayesian logistic regression on records ``{"x": [d numbers], "y": 0 | 1}`` with
+exactly the record handling of :class:`~stream_vips.models.logistic.BayesianLogisticRegression`
+(x clipped to L2 norm 1, y in {0, 1}); :class:`LogisticRecords` shares it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from stream_vips.models.base import Model
+from stream_vips.models.logistic import BayesianLogisticRegression
+
+
+class LogisticRecords(Model):
+    """Record layout and parsing of the VIPS logistic family (one implementation, reused)."""
+
+    row_layout = BayesianLogisticRegression.row_layout
+    parse_batch = BayesianLogisticRegression.parse_batch
+
+    def _init_records(self, dim: Any, dataset_size: Any) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 1:
+            raise ValueError(f"dataset_size must be a positive integer, got {dataset_size!r}")
+        self.dim = int(dim)
+        self.dataset_size = int(dataset_size)
+
+    def _batch_xy(self, batch) -> tuple[np.ndarray, np.ndarray]:
+        """Rows re-clipped to norm 1 (idempotent for parsed rows) and labels as +-1 floats."""
+        from stream_vips.privacy.mechanisms import clip_rows
+
+        X = clip_rows(np.asarray(batch["x"], dtype=float), 1.0)
+        y = np.asarray(batch["y"], dtype=float)
+        if X.ndim != 2 or X.shape[1] != self.dim or y.shape != (X.shape[0],):
+            raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
+                             f"got {X.shape} and {y.shape}")
+        return X, y
+
+
+def positive(name: str, value: Any) -> float:
+    """``value`` as a float, or a ValueError naming ``name`` unless finite and > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)

@@ -1,0 +1,203 @@
+"""DP-SGLD for logistic regression (Wang, Fienberg & Smola, ICML 2015, Algorithm 2, Theorem 4).
+
+Model: y ~ Bernoulli(sigmoid(theta^T x)), prior N(0, alpha^-1 I), so the regularizer is
+r(theta) = alpha ||theta||^2 / 2 and the per-record loss l(x, y; theta) = -log p(y | x, theta)
+has gradient (sigmoid(theta^T x) - y) x, of norm <= ||x|| <= 1. Each per-record gradient is
+still clipped to the Lipschitz constant L (``lipschitz``), so ||grad l|| <= L whatever the input.
+
+Algorithm 2 with a constant step eta, minibatch size tau, N records and T data passes
+(NT/tau iterations):
+
+    theta <- theta - eta (grad r(theta) + (N / tau) sum_{i in S} grad l_i) + z_t,
+    z_t ~ N(0, v I),  v = max(128 N T L^2 / (tau eps^2) log(2.5 N T / (tau delta)) log(2 / delta) eta^2, eta).
+
+**The same update through the engine.** Write z_t = eta (N / tau) xi_t. Then
+theta <- theta - eta (grad r + (N / tau)(sum_i grad l_i + xi_t)) with xi_t ~ N(0, s^2 I),
+s = sqrt(v) tau / (eta N): Gaussian noise on the clipped gradient sum. In units of the
+per-record bound L the noise multiplier is
+
+    z = s / L = sqrt(v) tau / (eta N L),
+
+which in the privacy branch of v (the first term) is z = sqrt(128 T tau log(2.5 N T / (tau delta))
+log(2 / delta) / N) / eps, independent of eta; in the Langevin branch (v = eta) it is
+z = tau / (N L sqrt(eta)). The engine adds exactly this noise (std z L on the sum, then divides by
+the public normaliser tau), :meth:`DPSGLD.update` takes the step, and the release is accounted by
+this project's accountants like every other event. (With Poisson sampling the normaliser is
+q M = tau in expectation, the usual Poisson form of the minibatch estimate.)
+
+**The paper's own condition** (Theorem 4): T >= eps^2 N / (32 tau log(2 / delta)). The model
+refuses to be built when the configured (eps, delta, tau, T, N) violate it, and
+:meth:`DPSGLD.check_noise` refuses an engine noise multiplier below the z above: then the
+injected variance is below the paper's formula and its guarantee does not apply. Use
+:meth:`DPSGLD.paper_noise_multiplier` as the engine's z.
+
+>>> m = DPSGLD(dim=2, dataset_size=1000, batch_size=100, step_size=1e-3, epsilon=1.0,
+...            delta=1e-5, passes=2.0)
+>>> round(m.paper_noise_multiplier(), 3), m.iterations
+(69.426, 20)
+>>> DPSGLD(dim=2, dataset_size=10**6, batch_size=10, step_size=1e-3, epsilon=1.0, delta=1e-5, passes=1.0)
+Traceback (most recent call last):
+...
+stream_vips.models.baselines.sgld.SgldConditionError: sgld privacy condition (Theorem 4): passes T = 1 < eps^2 N / (32 tau log(2/delta)) = 256
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+from scipy.special import expit
+
+from stream_vips.models.base import Block
+from stream_vips.models.baselines import LogisticRecords, positive
+from stream_vips.privacy.mechanisms import clip_rows
+
+
+class SgldConditionError(ValueError):
+    """The configured DP-SGLD parameters violate the paper's privacy condition."""
+
+
+class DPSGLD(LogisticRecords):
+    """Streaming DP-SGLD logistic regression (records ``{"x", "y"}``).
+
+    ``dataset_size`` is N (the reservoir capacity), ``batch_size`` tau, ``step_size`` the constant
+    eta, ``epsilon``/``delta`` the paper's target, ``passes`` T, ``lipschitz`` L (the clip bound),
+    ``prior_precision`` alpha. After ``burn_in`` updates every iterate is a posterior sample;
+    the last ``keep`` samples are kept for prediction (Bayesian model averaging).
+    """
+
+    family: ClassVar[str] = "sgld"
+
+    def __init__(
+        self,
+        dim: int,
+        dataset_size: int,
+        batch_size: int,
+        step_size: float,
+        epsilon: float,
+        delta: float,
+        passes: float,
+        lipschitz: float = 1.0,
+        prior_precision: float = 1.0,
+        burn_in: int = 0,
+        keep: int = 200,
+    ) -> None:
+        self._init_records(dim, dataset_size)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or not 1 <= batch_size <= self.dataset_size:
+            raise ValueError(f"batch_size must be an integer in [1, dataset_size], got {batch_size!r}")
+        self.batch_size = int(batch_size)
+        self.step_size = positive("step_size", step_size)
+        self.epsilon = positive("epsilon", epsilon)
+        self.delta = positive("delta", delta)
+        if not self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        self.passes = positive("passes", passes)
+        self.lipschitz = positive("lipschitz", lipschitz)
+        self.prior_precision = positive("prior_precision", prior_precision)
+        for name, value in (("burn_in", burn_in), ("keep", keep)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        self.burn_in, self.keep = int(burn_in), max(1, int(keep))
+        need = self.min_passes()
+        if self.passes < need:
+            raise SgldConditionError(
+                f"sgld privacy condition (Theorem 4): passes T = {self.passes:g} < eps^2 N / "
+                f"(32 tau log(2/delta)) = {need:.4g}")
+        self.theta = np.zeros(self.dim)
+        self._t = 0
+        self._samples = np.zeros((self.keep, self.dim))
+        self._n_samples = 0
+
+    # ------------------------------------------------------------------ the paper's conditions
+    def min_passes(self) -> float:
+        """Theorem 4's lower bound on T: eps^2 N / (32 tau log(2 / delta))."""
+        return self.epsilon**2 * self.dataset_size / (32.0 * self.batch_size * math.log(2.0 / self.delta))
+
+    @property
+    def iterations(self) -> int:
+        """floor(N T / tau), the number of steps Algorithm 2 runs."""
+        return int(math.floor(self.dataset_size * self.passes / self.batch_size))
+
+    def paper_variance(self) -> float:
+        """Algorithm 2's per-coordinate noise variance v at the configured constant step."""
+        N, T, tau, eps, delta, L, eta = (self.dataset_size, self.passes, self.batch_size, self.epsilon,
+                                         self.delta, self.lipschitz, self.step_size)
+        private = (128.0 * N * T * L * L / (tau * eps * eps) * math.log(2.5 * N * T / (tau * delta))
+                   * math.log(2.0 / delta) * eta * eta)
+        return max(private, eta)
+
+    def paper_noise_multiplier(self) -> float:
+        """z = sqrt(v) tau / (eta N L): Algorithm 2's Langevin noise as gradient-sum noise over L."""
+        return math.sqrt(self.paper_variance()) * self.batch_size / (self.step_size * self.dataset_size * self.lipschitz)
+
+    def check_noise(self, noise_multiplier: float) -> None:
+        """Refuse an engine noise multiplier that injects less variance than Algorithm 2 needs."""
+        need = self.paper_noise_multiplier()
+        if not noise_multiplier >= need * (1.0 - 1e-12):
+            raise SgldConditionError(
+                f"sgld privacy condition (Algorithm 2): noise multiplier {noise_multiplier:.6g} gives variance "
+                f"{self.implied_variance(noise_multiplier):.6g} < {self.paper_variance():.6g}; need z >= {need:.6g}")
+
+    def implied_variance(self, noise_multiplier: float) -> float:
+        """Variance on theta of gradient noise with multiplier z: (eta N z L / tau)^2."""
+        return (self.step_size * self.dataset_size * noise_multiplier * self.lipschitz / self.batch_size) ** 2
+
+    # ------------------------------------------------------------------ release
+    def blocks(self) -> tuple[Block, ...]:
+        return (Block("grad", (self.dim,), self.lipschitz),)
+
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sum over the batch of per-record loss gradients (sigmoid(theta^T x) - y) x, clipped to L."""
+        X, y = self._batch_xy(batch)
+        g = (expit(X @ self.theta) - y)[:, None] * X
+        return {"grad": clip_rows(g, self.lipschitz).sum(axis=0)}
+
+    def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
+        """theta <- theta - eta (alpha theta + N m) with m the noisy mean gradient (rho unused)."""
+        m = np.asarray(noisy_mean["grad"], dtype=float)
+        if m.shape != (self.dim,):
+            raise ValueError(f"noisy mean gradient must have shape ({self.dim},), got {m.shape}")
+        self.theta = self.theta - self.step_size * (self.prior_precision * self.theta + self.dataset_size * m)
+        self._t += 1
+        if self._t > self.burn_in:
+            self._samples[self._n_samples % self.keep] = self.theta
+            self._n_samples += 1
+
+    # ------------------------------------------------------------------ state
+    def samples(self) -> np.ndarray:
+        """The kept posterior samples (the current iterate while still burning in)."""
+        n = min(self._n_samples, self.keep)
+        return self._samples[:n].copy() if n else self.theta[None, :].copy()
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"theta": self.theta.copy(), "samples": self.samples(),
+                "counters": np.array([self._t, self._n_samples], dtype=float)}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        theta = np.asarray(state["theta"], dtype=float)
+        samples = np.asarray(state["samples"], dtype=float)
+        counters = np.asarray(state["counters"], dtype=float)
+        if theta.shape != (self.dim,) or samples.ndim != 2 or samples.shape[1] != self.dim \
+                or not 1 <= samples.shape[0] <= self.keep or counters.shape != (2,):
+            raise ValueError(f"state shapes must be theta ({self.dim},), samples (<= {self.keep}, {self.dim}), "
+                             f"counters (2,); got {theta.shape}, {samples.shape}, {counters.shape}")
+        self.theta = theta.copy()
+        self._t, self._n_samples = int(counters[0]), int(counters[1])
+        self._samples = np.zeros((self.keep, self.dim))
+        n = min(self._n_samples, self.keep)
+        self._samples[:n] = samples[:n] if n else 0.0
+        self._n_samples = n
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"dim": self.dim, "dataset_size": self.dataset_size, "batch_size": self.batch_size,
+                "step_size": self.step_size, "epsilon": self.epsilon, "delta": self.delta,
+                "passes": self.passes, "lipschitz": self.lipschitz, "prior_precision": self.prior_precision,
+                "burn_in": self.burn_in, "keep": self.keep}
+
+    # ------------------------------------------------------------------ prediction
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Posterior predictive: mean of sigmoid(theta_s^T x) over the kept samples."""
+        X = clip_rows(np.atleast_2d(np.asarray(X, dtype=float)), 1.0)
+        return expit(X @ self.samples().T).mean(axis=1)
