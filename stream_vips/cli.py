@@ -48,16 +48,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stats = app.run()
     rejected = sum(stats.rejected.values())
-    logging.getLogger("stream_vips").info(
-        "stopped: %d records (%d rejected), %d updates, epsilon %.6g, halted %s%s", stats.records, rejected,
-        stats.updates, app.engine.epsilon_spent(), stats.halted, " (signal)" if stats.stopped_by_signal else "")
+    print(f"stream-vips: stopped: {stats.records} records ({rejected} rejected), {stats.updates} updates, "
+          f"epsilon {app.engine.epsilon_spent():.6g}, halted {stats.halted}"
+          f"{' (signal)' if stats.stopped_by_signal else ''}", file=sys.stderr)
     return 0
 
 
 def _unavailable(name: str, subparsers: argparse._SubParsersAction, exc: Exception) -> None:
     p = subparsers.add_parser(name, help=f"(unavailable: {exc})", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(_run=lambda args: _fail(name, exc))
+    p.set_defaults(_run=lambda args: _fail(name, exc), _unavailable=True)
 
 
 def _fail(name: str, exc: Exception) -> int:
@@ -82,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "_unavailable", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args._run(args))
 
 
