@@ -385,10 +385,22 @@ def test_entrypoint_reads_the_mounted_config_and_state_is_persistent(overlay: st
 
     assert cfg["privacy"]["ledger"]["type"] == "file"
     assert volume_of(cfg["privacy"]["ledger"]["path"]) in pvcs
-    for section in ("sink", "dead_letter"):
-        if "path" in cfg[section]:
-            assert volume_of(cfg[section]["path"]) is not None, section
+    assert ("privacy.ledger.path", cfg["privacy"]["ledger"]["path"]) in written_paths(cfg)
+    for key, path in written_paths(cfg):
+        assert path.startswith("/"), f"{key}: relative to the working directory"
+        assert volume_of(path) in pvcs, f"{key}: {path} is not on the PersistentVolume"
     assert w["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+
+
+def written_paths(cfg: Any, key: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every file the configuration makes the pipeline write: keys named
+    ``path`` or containing ``checkpoint`` (CA and key files are read, not written)."""
+    if isinstance(cfg, dict):
+        return [hit for k, v in cfg.items() for hit in written_paths(v, f"{key}.{k}".lstrip("."))]
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(cfg, str) and (leaf == "path" or "checkpoint" in leaf):
+        return [(key, cfg)]
+    return []
 
 
 def test_image_build_context_holds_the_whole_package() -> None:
