@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -243,6 +244,10 @@ def test_halted_service_stays_up_serving_metrics_and_health_until_stopped(tmp_pa
         assert _get(base + "/readyz")[0] == 200
         status, body = _get(base + "/metrics")
         assert status == 200 and "stream_vips_halted 1.0" in body
+        promtool = shutil.which("promtool")
+        if promtool is not None:  # the live exposition of a real run passes Prometheus' own checker
+            check = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True)
+            assert check.returncode == 0, check.stdout + check.stderr
         consumed = source.committed_offset
         time.sleep(0.3)
         assert source.committed_offset == consumed  # no more consumption while halted
@@ -251,6 +256,25 @@ def test_halted_service_stays_up_serving_metrics_and_health_until_stopped(tmp_pa
         thread.join(10)
     assert not thread.is_alive()
     assert read_messages(tmp_path / "models.jsonl")[-1]["privacy"]["halted"] is True
+
+
+def test_time_trigger_updates_without_new_records(tmp_path):
+    cfg = config_from_dict(cfg_dict(tmp_path, privacy={"epsilon": 50.0},
+                                    schedule={"every_records": None, "every_seconds": 0.05}), env={})
+    source = MemorySource(synthetic_lines(200), finite=False)  # fills the reservoir, then silence
+    sink = MemorySink()
+    app = Application.from_config(cfg, source=source, sink=sink)
+    thread = threading.Thread(target=app.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(sink.messages) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        app.stop()
+        thread.join(10)
+    assert app.stats.records == 200 and len(sink.messages) >= 3
+    assert [m["version"] for _, m in sink.messages] == list(range(len(sink.messages)))
 
 
 def test_error_shrinks_as_epsilon_grows(tmp_path):
