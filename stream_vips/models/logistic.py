@@ -78,7 +78,7 @@ from scipy.special import expit
 from scipy.stats import rankdata
 
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.privacy.mechanisms import clip_rows, project_pd
+from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.records import OUT_OF_RANGE, FieldBatch
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
@@ -204,14 +204,17 @@ class BayesianLogisticRegression(Model):
         Rows are re-clipped to norm 1 (idempotent for parsed rows) so the bounds hold whatever
         the reservoir holds; S2 is one symmetric rank-n product.
         """
-        X = clip_rows(batch["x"], 1.0)
+        X = np.asarray(batch["x"], dtype=float)
         y = np.asarray(batch["y"], dtype=float)
-        if X.shape[1] != self.dim or y.shape != (X.shape[0],):
+        if X.ndim != 2 or X.shape[1] != self.dim or y.shape != (X.shape[0],):
             raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
                              f"got {X.shape} and {y.shape}")
-        omega = pg_mean(np.sqrt(self._c2(X)))
-        Xw = X * np.sqrt(omega)[:, None]
-        return {"s1": (y - 0.5) @ X, "s2": Xw.T @ Xw}
+        # clip factors f_n folded into the products: the record's input is f_n x_n, c^2 is
+        # quadratic in it, and S2 = sum omega_n (f_n x_n)(f_n x_n)^T
+        f = clip_factors(np.sqrt(np.einsum("ij,ij->i", X, X)), 1.0)
+        omega = pg_mean(f * np.sqrt(self._c2(X)))
+        Xw = X * (f * np.sqrt(omega))[:, None]
+        return {"s1": ((y - 0.5) * f) @ X, "s2": Xw.T @ Xw}
 
     def _c2(self, X: np.ndarray) -> np.ndarray:
         """x^T Sigma x + (mu^T x)^2 for every row: Sigma = U^T U with U = R^-1 triangular, so

@@ -1,0 +1,151 @@
+"""Throughput of the private VIPS logistic-regression update against river, d = 100.
+
+Both learners see the same records: unit-norm x in R^100 (a bias feature included) with labels
+drawn from a logistic model. river's ``LogisticRegression.learn_one`` takes one SGD step per
+record (its native input is a dict). Ours is one private step of the engine on a Poisson batch
+from a full reservoir: sampling, the E-step sums (clipping, Pólya-Gamma means, S1, S2), the
+budget check and durable (in-memory) ledger append, Analyze-Gauss noise, and the M-step
+(projection, Cholesky, q(alpha)). Records/s = records in the batches / wall time of the steps.
+The model-only figure (``clipped_sum`` + ``update`` on the same batches) is reported beside it.
+Timings alternate between the learners in rounds and take the median round, so machine load
+hits both alike. Target: engine records/s >= 20x river's.
+
+Run: ``python benchmarks/bench_logistic_speed.py``; writes benchmarks/results/bench_logistic_speed.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from river import linear_model  # noqa: E402
+
+from stream_vips.engine import PrivateEngine  # noqa: E402
+from stream_vips.models.logistic import BayesianLogisticRegression  # noqa: E402
+from stream_vips.privacy.accountant import PldAccountant  # noqa: E402
+from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
+from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
+from stream_vips.reservoir import Reservoir  # noqa: E402
+from stream_vips.sampling import PoissonSampler  # noqa: E402
+
+D = 100
+RESERVOIR = 40_000
+Q = 0.25  # expected batch 10,000 records
+STEPS_PER_ROUND = 5
+RIVER_RECORDS_PER_ROUND = 5_000
+ROUNDS = 7
+Z = 1.0
+TARGET_RATIO = 20.0
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def make_records(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    X = rng.normal(size=(n, D)) / np.sqrt(D)
+    X[:, -1] = 0.3
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    w = rng.normal(size=D) * 3
+    y = (rng.random(n) < 1 / (1 + np.exp(-X @ w))).astype(float)
+    return X, y
+
+
+class CountingModel(BayesianLogisticRegression):
+    """Counts the records whose statistics the engine asked for (the Poisson batch sizes)."""
+
+    records = 0
+
+    def clipped_sum(self, batch):
+        self.records += len(batch["y"])
+        return super().clipped_sum(batch)
+
+
+def build_engine(X: np.ndarray, y: np.ndarray) -> PrivateEngine:
+    model = CountingModel(D, RESERVOIR)
+    reservoir = Reservoir(model.row_layout(), RESERVOIR, np.random.default_rng(1))
+    reservoir.add_batch(model.parse_batch([{"x": x.tolist(), "y": int(t)} for x, t in zip(X, y)]).rows)
+    monitor = BudgetMonitor(100.0, 1e-5, PldAccountant(), MemoryLedger())
+    engine = PrivateEngine(model, reservoir, PoissonSampler(Q), monitor, Z, np.random.default_rng(2),
+                           tau0=100.0, kappa=0.7, accountant_name="pld", seeded=True)
+    model.set_noise_scale({k: s / engine.normaliser for k, s in engine.block_stds.items()})
+    return engine
+
+
+def time_engine(engine: PrivateEngine) -> tuple[float, float]:
+    """(records/s of engine steps, records/s of the model's E- and M-step on the same batches)."""
+    res, sampler, model = engine.reservoir, engine.sampler, engine.model
+    batches = [res.take(sampler.sample(res.size, engine.rng, capacity=res.capacity)) for _ in range(STEPS_PER_ROUND)]
+    t0 = time.perf_counter()
+    for batch in batches:
+        sums = model.clipped_sum(batch)
+        model.update({k: v / engine.normaliser for k, v in sums.items()}, 0.05)
+    model_rate = sum(len(b["y"]) for b in batches) / (time.perf_counter() - t0)
+    model.records = 0
+    t0 = time.perf_counter()
+    for _ in range(STEPS_PER_ROUND):
+        if engine.step() is None:
+            raise RuntimeError("budget exhausted during the benchmark")
+    return model.records / (time.perf_counter() - t0), model_rate
+
+
+def time_river(model: linear_model.LogisticRegression, dicts: list[dict], labels: list[bool], start: int) -> float:
+    chunk = range(start, start + RIVER_RECORDS_PER_ROUND)
+    t0 = time.perf_counter()
+    for i in chunk:
+        model.learn_one(dicts[i], labels[i])
+    return RIVER_RECORDS_PER_ROUND / (time.perf_counter() - t0)
+
+
+def main() -> dict:
+    X, y = make_records(np.random.default_rng(0), RESERVOIR)
+    engine = build_engine(X, y)
+    dicts = [dict(enumerate(row.tolist())) for row in X]
+    labels = [bool(t) for t in y]
+    river_model = linear_model.LogisticRegression()
+    time_river(river_model, dicts, labels, 0)  # warm-up
+    time_engine(engine)
+    engine_rates, model_rates, river_rates = [], [], []
+    for r in range(ROUNDS):
+        river_rates.append(time_river(river_model, dicts, labels, (r * RIVER_RECORDS_PER_ROUND) % (RESERVOIR - RIVER_RECORDS_PER_ROUND)))
+        e, m = time_engine(engine)
+        engine_rates.append(e)
+        model_rates.append(m)
+    ours, model_only, peer = map(float, map(np.median, (engine_rates, model_rates, river_rates)))
+    ratio = ours / peer
+    result = {
+        "benchmark": "bench_logistic_speed",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
+        "config": {"d": D, "reservoir": RESERVOIR, "q": Q, "expected_batch": Q * RESERVOIR,
+                   "noise_multiplier": Z, "steps_per_round": STEPS_PER_ROUND, "rounds": ROUNDS,
+                   "river_records_per_round": RIVER_RECORDS_PER_ROUND},
+        "records_per_s": {
+            "engine_step": ours,
+            "model_update_only": model_only,
+            "river_learn_one": peer,
+        },
+        "rounds": {"engine_step": engine_rates, "model_update_only": model_rates, "river_learn_one": river_rates},
+        "targets": {
+            "engine_vs_river": {
+                "peer": "river.linear_model.LogisticRegression.learn_one",
+                "ratio": ratio,
+                "target": f">= {TARGET_RATIO}x",
+                "met": bool(ratio >= TARGET_RATIO),
+            }
+        },
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_logistic_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
