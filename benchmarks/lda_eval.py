@@ -17,10 +17,15 @@ Each run streams the documents as records through the model's ``parse_batch`` in
 :class:`~stream_vips.reservoir.Reservoir` whose capacity M is the corpus size D, then runs T
 private steps of :class:`~stream_vips.engine.PrivateEngine` with Poisson sampling at rate q,
 noise multiplier z calibrated with the PLD accountant (replace-one, the model's diameter) so that
-T steps spend exactly the target epsilon at delta = 1e-5, a real :class:`BudgetMonitor` and a
+T steps spend at most the target epsilon at delta = 1e-5, a real :class:`BudgetMonitor` and a
 :class:`MemoryLedger`. ``epsilon = inf`` is the non-private engine mode (z = 0). Reported: the
 held-out per-word perplexity bound (paper eq. 32) and, for the synthetic corpus, topic recovery,
-as mean and sd over seeds, next to the untrained model and (synthetic) the true topics.
+as mean and sd over seeds (each seed fixes the initial lambda and the noise draws, shared across
+epsilons), next to the untrained model, a non-private unigram (word frequency) baseline as in
+the paper, and (synthetic) the true topics. ``lambda_noise_std_per_step`` (= z a N / q, the std
+one step's noise adds to each lambda entry before blending) next to ``mean_lambda_signal``
+(D N / (K V)) shows why a small corpus cannot carry private topics: the signal grows with D, the
+noise does not.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/lda_eval.py`` (writes benchmarks/results/lda_eval.json
 and lda_eval.png).
@@ -218,6 +223,14 @@ def run(setting: Setting, res: Reservoir, epsilon: float, z: float, seed: int) -
     return model
 
 
+def unigram_perplexity(res: Reservoir, held_out: list[dict], model: LDA) -> float:
+    """Non-private baseline: held-out perplexity of the stream's word frequencies (add-eta smoothed)."""
+    V = len(model.vocabulary)
+    freq = np.bincount(res.take(np.arange(res.capacity))["words"].ravel(), minlength=V) + model.eta
+    bags = model.bags_of(held_out)
+    return float(np.exp(-(bags.counts * np.log(freq / freq.sum())[bags.ids]).sum() / bags.counts.sum()))
+
+
 def summary(values: list[float]) -> dict:
     return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
             "values": [float(v) for v in values]}
@@ -235,6 +248,9 @@ def evaluate(setting: Setting, res: Reservoir, held_out: list[dict], seeds: list
                  "runs": []}
     untrained = [make_model(setting, res.capacity, s) for s in seeds]
     out["untrained_perplexity"] = summary([m.perplexity(held_out) for m in untrained])
+    out["unigram_perplexity"] = unigram_perplexity(res, held_out, untrained[0])
+    # scale of one step's noise in lambda (D z C / (q M) = z C / q) next to the mean signal D N / (K V)
+    out["mean_lambda_signal"] = res.capacity * setting.doc_length / (setting.n_topics * len(setting.vocabulary))
     if true_topics is not None:
         oracle = make_model(setting, res.capacity, 0)
         oracle.load_state({"lambda": setting.eta + 1e6 * true_topics})
@@ -253,7 +269,9 @@ def evaluate(setting: Setting, res: Reservoir, held_out: list[dict], seeds: list
                 rec.append(topic_recovery(true_topics, model.topics()))
             top = top or [words[:8] for words in model.top_words(8)[:5]]
         entry = {"epsilon": eps if math.isfinite(eps) else "inf", "noise_multiplier_z": z,
-                 "paper_sigma": z / diameter, "perplexity": summary(perp),
+                 "paper_sigma": z / diameter,
+                 "lambda_noise_std_per_step": z * setting.clip_fraction * setting.doc_length / q,
+                 "perplexity": summary(perp),
                  "calibration_s": calibrated - started, "runs_s": time.perf_counter() - calibrated,
                  "top_words_first_seed": top}
         if true_topics is not None:
@@ -285,9 +303,16 @@ def plot(results: dict, path: Path) -> None:
         ax.axhline(nonpriv[key]["mean"], color="k", ls="--", label="non-private VIPS (z = 0)")
         base = res["untrained_perplexity" if key == "perplexity" else "untrained_recovery"]["mean"]
         ax.axhline(base, color="grey", ls=":", label="untrained model")
+        if key == "perplexity":
+            ax.axhline(res["unigram_perplexity"], color="tab:orange", ls=(0, (1, 3)),
+                       label="non-private unigram frequencies")
         if key == "perplexity" and "true_topics_perplexity" in res:
             ax.axhline(res["true_topics_perplexity"], color="g", ls="-.", label="true topics")
         ax.set_xscale("log")
+        ax.set_xticks(eps, [f"{e:g}" for e in eps])
+        ax.minorticks_off()
+        if key == "perplexity":
+            ax.set_yscale("log")
         ax.set_xlabel("epsilon (delta = 1e-5)")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)

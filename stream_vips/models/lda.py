@@ -125,7 +125,7 @@ def e_step(
     alpha: float,
     max_iter: int,
     tol: float,
-    block_size: int = 32,
+    block_size: int = 128,
     cache_bytes: int = 1 << 20,
 ) -> Iterator[EStepBlock]:
     """Hoffman-style fixed-point iterations for gamma and phi, one block of documents at a time.
@@ -266,7 +266,7 @@ class LDA(Model):
         clip_fraction: float = 0.1,
         max_iter: int = 50,
         tol: float = 1e-3,
-        block_size: int = 32,
+        block_size: int = 128,
         seed: int | None = None,
     ) -> None:
         self.vocabulary = load_vocabulary(vocabulary)
