@@ -43,7 +43,7 @@ class SyntheticRegressionSource:
 
     def __init__(
         self,
-        count: int | None = 10_000,
+        count: int | None = None,
         dimension: int = 5,
         weights: Sequence[float] | None = None,
         noise_std: float = 0.1,

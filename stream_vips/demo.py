@@ -66,8 +66,9 @@ def _source(records: int, seed: int) -> SyntheticRegressionSource:
 class ProgressBar:
     """A one-line progress bar on ``stream`` (redrawn at most every 0.1 s)."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.total, self.stream, self.width = total, stream, width
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total, self.width = total, width
+        self.stream = stream if stream is not None else sys.stderr
         self._last = 0.0
 
     def __call__(self, app: Application) -> None:
