@@ -89,14 +89,13 @@ class Bags:
 class EStepBlock:
     """Converged variational parameters for one block of documents (padded to L distinct words).
 
-    ``phi`` for word slot l of document b is ``exp_elog_theta[b] * beta[b, :, l] / phinorm[b, l]``;
-    padded slots have ``counts == 0``.
+    ``phi`` for word slot l of document b is ``exp_elog_theta[b] * exp(E[log beta])[:, ids[b, l]]
+    / phinorm[b, l]``; padded slots have ``counts == 0``.
     """
 
     docs: np.ndarray  # (nb,) indices into the Bags
     ids: np.ndarray  # (nb, L) word ids
     counts: np.ndarray  # (nb, L)
-    beta: np.ndarray  # (nb, K, L) exp(E[log beta]) gathered at ids
     gamma: np.ndarray  # (nb, K)
     exp_elog_theta: np.ndarray  # (nb, K)
     phinorm: np.ndarray  # (nb, L)
@@ -185,7 +184,7 @@ def e_step(
         else:
             idx = ws[live]
             gamma[idx], theta[idx], phinorm[idx] = g_w[live], t_w[live], p_w[live]
-        yield EStepBlock(docs, ids, counts, beta, gamma, theta, phinorm, iterations)
+        yield EStepBlock(docs, ids, counts, gamma, theta, phinorm, iterations)
 
 
 def hellinger(p: np.ndarray, q: np.ndarray) -> np.ndarray:
