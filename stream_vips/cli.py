@@ -34,9 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    """``stream-vips run``: exit 0 on a clean end (exhausted, halted or signalled), 2 on bad config."""
+    """``stream-vips run``: exit 0 on a clean end (exhausted, halted or signalled), 1 when a model
+    could not be published, 2 on bad configuration."""
     from stream_vips.config import ConfigError, load_config
-    from stream_vips.pipeline import Application
+    from stream_vips.pipeline import Application, PublishError
 
     try:
         config = load_config(args.config)
@@ -46,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
         return 2
-    stats = app.run()
+    try:
+        stats = app.run()
+    except PublishError as exc:
+        print(f"stream-vips: {exc}; stopped (the ledger still holds every released step)", file=sys.stderr)
+        return 1
     rejected = sum(stats.rejected.values())
     print(f"stream-vips: stopped: {stats.records} records ({rejected} rejected), {stats.updates} updates, "
           f"epsilon {app.engine.epsilon_spent():.6g}, halted {stats.halted}"

@@ -65,6 +65,15 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "ledger.jsonl").exists()  # nothing started
 
 
+def test_unwritable_sink_exits_1_after_closing_everything(tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path)
+    monkeypatch.setenv("STREAM_VIPS__SINK__PATH", "/dev/full")  # every write fails with ENOSPC
+    assert cli.main(["run", "--config", str(config)]) == 1
+    assert "publishing model version 0 failed" in capsys.readouterr().err
+    with FileLedger(tmp_path / "ledger.jsonl") as ledger:  # released, charged, closed cleanly
+        assert len(ledger.events()) == 1
+
+
 def test_missing_config_file_exits_2(tmp_path, capsys):
     assert cli.main(["run", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
