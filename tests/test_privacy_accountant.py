@@ -8,6 +8,8 @@ import warnings
 import dp_accounting as dpa
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant as DpaRdp
 from scipy.optimize import brentq
@@ -249,3 +251,16 @@ def test_default_pld_grid_is_tight_at_large_noise_and_many_steps():
     event = [E(7.5, 0.01, "poisson", count=10000)]
     fine = PldAccountant(value_discretization_interval=3e-5).epsilon(event, DELTA)
     assert fine <= PLD.epsilon(event, DELTA) <= fine * (1 + 5e-4)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(target=st.floats(0.05, 30.0), steps=st.integers(1, 2000), diameter=st.sampled_from([2.0, math.sqrt(2)]),
+       rtol=st.sampled_from([1e-3, 1e-2]))
+def test_calibration_bracket_property(target, steps, diameter, rtol):
+    """Over many targets (q = 1, where the fixed-size accountant is cheap and exact)."""
+    z = calibrate_noise_multiplier(target, DELTA, 1.0, steps, "fixed", accountant=RDP, diameter=diameter, rtol=rtol)
+
+    def eps(zz):
+        return RDP.epsilon([E(zz, 1.0, "fixed", diameter=diameter, count=steps)], DELTA)
+
+    assert eps(z) <= target < eps(z / (1 + rtol))

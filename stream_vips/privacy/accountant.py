@@ -333,9 +333,12 @@ def calibrate_noise_multiplier(
 ) -> float:
     """Smallest noise multiplier z (to relative ``rtol``) with epsilon(z) <= ``epsilon``.
 
-    Bisection on log z over the accountant's own epsilon, returning the upper end of the final
-    bracket: epsilon(z) <= target is guaranteed (never the small overshoot of autodp's
-    calibrators), and epsilon(z * (1 - rtol)) > target.
+    Keeps a bracket lo < hi with epsilon(lo) > target >= epsilon(hi) on the accountant's own
+    epsilon and returns hi once hi / lo <= 1 + rtol: epsilon(z) <= target is guaranteed (never
+    the small overshoot of autodp's calibrators) and epsilon(z / (1 + rtol)) > target. The
+    bracket is found by doubling/halving from z = 1 and narrowed by probing just below and
+    above the log-log interpolated root (epsilon is close to a power law in z), falling back to
+    bisection, so a calibration costs about half the evaluations of plain bisection.
     """
     if not epsilon > 0 or not math.isfinite(epsilon):
         raise ValueError(f"target epsilon must be finite and > 0, got {epsilon!r}")
@@ -347,23 +350,62 @@ def calibrate_noise_multiplier(
     acct = accountant if accountant is not None else make_accountant("auto", sampling)
     if adjacency == "add_remove":
         diameter = 1.0
+    acct.check(SubsampledGaussianEvent(1.0, q, sampling, adjacency, diameter, count=steps))
 
     def eps(z: float) -> float:
-        event = SubsampledGaussianEvent(z, q, sampling, adjacency, diameter, count=steps)
-        return acct.epsilon([event], delta)
+        return acct.epsilon([SubsampledGaussianEvent(z, q, sampling, adjacency, diameter, count=steps)], delta)
 
-    acct.check(SubsampledGaussianEvent(1.0, q, sampling, adjacency, diameter, count=steps))
-    lo, hi = 0.5, 1.0
-    while eps(hi) > epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise ValueError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above 1e6")
-    while eps(lo) <= epsilon:
-        lo, hi = lo / 2, lo
-        if lo < 1e-4:
-            raise ValueError(f"epsilon {epsilon} at delta {delta} is met even with noise multiplier 1e-4; "
-                             "the target is too loose to calibrate")
+    z, e = 1.0, eps(1.0)
+    if e > epsilon:
+        lo, e_lo = z, e
+        while True:
+            z *= 2
+            if z > 1e6:
+                raise ValueError(f"epsilon {epsilon} at delta {delta} needs a noise multiplier above 1e6")
+            e = eps(z)
+            if e <= epsilon:
+                hi, e_hi = z, e
+                break
+            lo, e_lo = z, e
+    else:
+        hi, e_hi = z, e
+        while True:
+            z /= 2
+            if z < 1e-4:
+                raise ValueError(f"epsilon {epsilon} at delta {delta} is met even with noise multiplier "
+                                 "1e-4; the target is too loose to calibrate")
+            e = eps(z)
+            if e > epsilon:
+                lo, e_lo = z, e
+                break
+            hi, e_hi = z, e
+
+    step = 1 + rtol / 3  # two probes g/step, g*step bracket the root within (1 + rtol)
+    interpolate = True
     while hi / lo > 1 + rtol:  # invariant: eps(lo) > target >= eps(hi)
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if eps(mid) <= epsilon else (mid, hi)
+        g = math.sqrt(lo * hi)
+        if interpolate and e_hi > 0:
+            t = math.log(e_lo / epsilon) / math.log(e_lo / e_hi)
+            g = lo * (hi / lo) ** t
+        if not (interpolate and lo < g / step and g * step < hi):
+            g = math.sqrt(lo * hi)  # bisection step
+            e = eps(g)
+            if e > epsilon:
+                lo, e_lo = g, e
+            else:
+                hi, e_hi = g, e
+            interpolate = True
+            continue
+        a, b = g / step, g * step
+        e = eps(a)
+        if e <= epsilon:
+            hi, e_hi = a, e
+        else:
+            lo, e_lo = a, e
+            e = eps(b)
+            if e <= epsilon:
+                hi, e_hi = b, e
+            else:
+                lo, e_lo = b, e
+        interpolate = False  # if the probes missed the root, bisect once before interpolating again
     return hi
