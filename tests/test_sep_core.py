@@ -273,3 +273,21 @@ def test_parse_batch_rejects_with_reasons_and_clips_x():
     assert parsed.accepted.tolist() == [0]
     np.testing.assert_allclose(parsed.rows["x"], [[0.6, 0.8]])
     assert [r[1] for r in parsed.rejected] == ["wrong_shape", "non_finite", "missing_field", "not_object"]
+
+
+def test_eigen_floor_follows_the_public_noise_of_the_averaged_site():
+    N, d, std = 100, 3, 0.2
+    model = GaussianMeanSEP(dim=d, dataset_size=N, clip=None, floor_factor=1.5, prior_var=1.0)
+    assert model.eigen_floor == 1.0  # before any noise: the prior precision
+    model.set_noise_scale({SITE: std})
+    rhos = [1.0, 0.5, 0.25, 0.2]
+    x = gaussian_data(N, d, 7)
+    for r in rhos:
+        model.update({SITE: model.clipped_sum({"x": x})[SITE] / N}, r)
+    # blending weights of the steps in the final site: w_t = s_t prod_{u > t} (1 - s_u)
+    w = [r * np.prod([1 - u for u in rhos[i + 1 :]]) for i, r in enumerate(rhos)]
+    expected = 1.5 * N * math.sqrt(d * np.sum(np.square(w)) * std**2)
+    assert model.eigen_floor == pytest.approx(max(1.0, expected), rel=1e-12)
+    assert np.all(np.linalg.eigvalsh(model.state()["prec"]) >= model.eigen_floor * (1 - 1e-9))
+    with pytest.raises(ValueError, match="noise std"):
+        model.set_noise_scale({SITE: -1.0})

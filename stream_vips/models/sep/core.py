@@ -155,7 +155,10 @@ class SEPModel(Model):
     - ``damping``: gamma, the SEP step is s = min(1, gamma * rho_t);
     - ``prior_mean`` / ``prior_var``: the isotropic Gaussian prior of every factor;
     - ``precision_floor``: eigenvalue floor of the projected posterior precisions (default: the
-      prior precision 1 / prior_var, a public constant).
+      prior precision 1 / prior_var, a public constant);
+    - ``floor_factor``: with the public noise level known (:meth:`set_noise_scale`) the floor is
+      raised to floor_factor * sqrt(d) * (std of the noise on one diagonal entry of the posterior
+      precision), about half the expected spectral norm of that noise matrix.
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class SEPModel(Model):
         prior_mean: float | Sequence[float] = 0.0,
         prior_var: float = 1.0,
         precision_floor: float | None = None,
+        floor_factor: float = 1.0,
     ) -> None:
         self.n_factors = _positive_int("n_factors", n_factors)
         self.dim = _positive_int("dim", dim)
@@ -179,6 +183,9 @@ class SEPModel(Model):
         self.prior_mean = _vector("prior_mean", prior_mean, self.dim)
         floor = 1.0 / self.prior_var if precision_floor is None else precision_floor
         self.precision_floor = _positive("precision_floor", floor)
+        self.floor_factor = _positive("floor_factor", floor_factor)
+        self.site_noise_std = 0.0  # public std of the noise on one coordinate of the released mean
+        self._noise_var = 0.0  # variance of the noise carried by one packed coordinate of theta_f
         K, d = self.n_factors, self.dim
         prior_prec = np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d))
         prior_eta = np.broadcast_to(self.prior_mean / self.prior_var, (K, d))
@@ -230,10 +237,31 @@ class SEPModel(Model):
         s = self.step_fraction(rho)
         return self._prior + self.dataset_size * ((1.0 - s) * self._site + s * m)
 
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """Tell the model the public noise std on each coordinate of the released mean (z C / Z)."""
+        std = float(mean_stds[SITE])
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"site noise std must be finite and >= 0, got {std!r}")
+        self.site_noise_std = std
+
+    @property
+    def eigen_floor(self) -> float:
+        """Eigenvalue floor of the posterior precision: public constants and the noise level only.
+
+        The averaged site carries noise of variance v = sum_t w_t^2 std^2 per coordinate (w_t the
+        blending weights of past steps), so each diagonal entry of N theta_f has noise std N sqrt(v).
+        """
+        noise = self.dataset_size * math.sqrt(self.dim * self._noise_var)
+        return max(self.precision_floor, self.floor_factor * noise)
+
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
         """Damped site update, PD projection of the released precision, refreshed clipped site."""
-        eta, prec = unpack(self.release(noisy_mean, rho), self.n_factors, self.dim)
-        prec = np.stack([project_pd(p, self.precision_floor) for p in prec])
+        released = self.release(noisy_mean, rho)
+        s = self.step_fraction(rho)
+        self._noise_var = (1.0 - s) ** 2 * self._noise_var + s**2 * self.site_noise_std**2
+        eta, prec = unpack(released, self.n_factors, self.dim)
+        floor = self.eigen_floor
+        prec = np.stack([project_pd(p, floor) for p in prec])
         self._set_posterior(eta, prec)
 
     def _set_posterior(self, eta: np.ndarray, prec: np.ndarray) -> None:
@@ -297,6 +325,7 @@ class SEPModel(Model):
             "prior_mean": self.prior_mean.tolist(),
             "prior_var": self.prior_var,
             "precision_floor": self.precision_floor,
+            "floor_factor": self.floor_factor,
         }
 
     @abstractmethod

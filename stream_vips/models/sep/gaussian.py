@@ -39,12 +39,14 @@ class GaussianMeanSEP(SEPModel):
         prior_mean: float | Sequence[float] = 0.0,
         prior_var: float = 1.0,
         precision_floor: float | None = None,
+        floor_factor: float = 1.0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
     ) -> None:
         super().__init__(
             n_factors=1, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
+            floor_factor=floor_factor,
         )
         self.noise_var = _positive("noise_var", noise_var)
         self.x_clip = _optional_positive("x_clip", x_clip)

@@ -60,6 +60,7 @@ class MixtureSEP(SEPModel):
         prior_mean: float | Sequence[float] = 0.0,
         prior_var: float = 1.0,
         precision_floor: float | None = None,
+        floor_factor: float = 1.0,
         init_seed: int = 0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
@@ -67,6 +68,7 @@ class MixtureSEP(SEPModel):
         super().__init__(
             n_factors=n_components, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
+            floor_factor=floor_factor,
         )
         self.noise_sd = _positive("noise_sd", noise_sd)
         self.x_clip = _optional_positive("x_clip", x_clip)

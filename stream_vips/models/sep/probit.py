@@ -87,6 +87,7 @@ class ProbitSEP(SEPModel):
         damping: float = 1.0,
         prior_var: float = 1.0,
         precision_floor: float | None = None,
+        floor_factor: float = 1.0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
     ) -> None:
@@ -97,6 +98,7 @@ class ProbitSEP(SEPModel):
         super().__init__(
             n_factors=1, dim=int(dim) + int(intercept), dataset_size=dataset_size, clip=clip,
             damping=damping, prior_mean=0.0, prior_var=prior_var, precision_floor=precision_floor,
+            floor_factor=floor_factor,
         )
         self.x_clip = _optional_positive("x_clip", x_clip)
         self.max_abs = _positive("max_abs", max_abs)
