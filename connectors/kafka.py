@@ -150,6 +150,14 @@ def _config_values(response: Any, topic: str) -> dict[str, str]:
     return {name: entry.get("value") for name, entry in entries.items()}
 
 
+def _retriable(exc: BaseException) -> bool:
+    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout)."""
+    from kafka.errors import KafkaTimeoutError
+
+    cause = exc.__cause__ or exc
+    return isinstance(cause, KafkaTimeoutError) or bool(getattr(cause, "retriable", False))
+
+
 def _check_future(future: Any, timeout_s: float, what: str) -> Any:
     try:
         return future.get(timeout=timeout_s)
@@ -257,16 +265,25 @@ class KafkaSource:
         refused because the group rebalanced is logged, not raised: the partition's new owner
         resumes from the last committed offset (at-least-once).
         """
-        from kafka.errors import CommitFailedError
+        from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata
 
         with self._lock:
             if self._next:
                 offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._next.items()}
-                try:
-                    self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
-                except CommitFailedError as exc:
-                    log.warning("offset commit refused after a rebalance: %s", exc)
+                deadline = time.monotonic() + self.commit_timeout_ms / 1000
+                while True:
+                    try:
+                        self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
+                        break
+                    except CommitFailedError as exc:
+                        log.warning("offset commit refused after a rebalance: %s", exc)
+                        break
+                    except KafkaError as exc:
+                        if not _retriable(exc) or time.monotonic() >= deadline:
+                            raise
+                        log.warning("offset commit failed (%s); retrying", exc)
+                        time.sleep(0.5)
             self._last_poll = time.monotonic()
 
     def pause(self) -> None:
@@ -393,6 +410,8 @@ class KafkaModelSink:
     ``stream-vips-message-id`` and ``stream-vips-sha256``. Earlier chunks are keyed
     ``<model id>#chunk-<i>`` and the last one carries the model id key, so compaction keeps the
     latest complete message per model id and a plain reader of the key sees where it ends.
+    A transient failure (a broker restarting) is retried, as a new transaction, for
+    ``publish_timeout_s``; after that, or on a permanent error, :class:`KafkaPublishError`.
     """
 
     def __init__(
@@ -406,6 +425,7 @@ class KafkaModelSink:
         compression: str = "zstd",
         transactional_id: str | None = None,
         send_timeout_s: float = 30.0,
+        publish_timeout_s: float = 120.0,
         client_id: str = "stream-vips-model-sink",
         reconnect_backoff_max_ms: int = 1000,
         security_protocol: str | None = None,
@@ -427,16 +447,18 @@ class KafkaModelSink:
         self.max_message_bytes = int(max_message_bytes)
         self.chunk_bytes = self.max_message_bytes - RECORD_OVERHEAD
         self.send_timeout_s = float(send_timeout_s)
+        self.publish_timeout_s = float(publish_timeout_s)
         ensure_topic(bootstrap_servers, topic, partitions=partitions, replication_factor=replication_factor,
                      configs={"cleanup.policy": "compact", "max.message.bytes": str(self.max_message_bytes)},
                      create=create_topic, security=security)
-        self._producer = KafkaProducer(
+        self._producer_options = dict(
             bootstrap_servers=_servers(bootstrap_servers), client_id=client_id, acks="all",
             enable_idempotence=True, transactional_id=transactional_id or f"stream-vips-models-{uuid.uuid4().hex}",
             compression_type=None if compression == "none" else compression,
             max_request_size=self.max_message_bytes, linger_ms=0,
             reconnect_backoff_max_ms=reconnect_backoff_max_ms, **security,
         )
+        self._producer = KafkaProducer(**self._producer_options)
         self._producer.init_transactions()
         self._partitions = len(self._producer.partitions_for(topic) or []) or partitions
         self.chunked_messages = 0
@@ -451,27 +473,47 @@ class KafkaModelSink:
             self.chunked_messages += 1
             headers = [(MESSAGE_ID_HEADER, uuid.uuid4().hex.encode()),
                        (SHA256_HEADER, hashlib.sha256(payload).hexdigest().encode())]
-        version = message.get("version")
-        self._producer.begin_transaction()
+        records = []
+        for i, piece in enumerate(pieces):
+            h = headers + [(CHUNK_HEADER, f"{i}/{len(pieces)}".encode())] if headers else []
+            k = key_b if i == len(pieces) - 1 else key_b + f"#chunk-{i}".encode()
+            records.append((k, piece, h))
+        what = f"model {key!r} version {message.get('version')}"
+        deadline = time.monotonic() + self.publish_timeout_s
+        while True:
+            try:
+                self._send_transaction(records, partition, what)
+                return
+            except KafkaPublishError as exc:
+                if not _retriable(exc) or time.monotonic() >= deadline:
+                    raise
+                log.warning("%s: %s; retrying", what, exc)
+                time.sleep(0.5)
+
+    def _send_transaction(self, records: list[tuple[bytes, bytes, list]], partition: int, what: str) -> None:
+        """All records of one message in one transaction; aborted (or the producer replaced,
+        which fences and aborts) on failure."""
+        from kafka import KafkaProducer
+
         try:
-            futures = []
-            for i, piece in enumerate(pieces):
-                last = i == len(pieces) - 1
-                h = headers + [(CHUNK_HEADER, f"{i}/{len(pieces)}".encode())] if headers else []
-                k = key_b if last else key_b + f"#chunk-{i}".encode()
-                futures.append(self._producer.send(self.topic, value=piece, key=k, headers=h, partition=partition))
+            self._producer.begin_transaction()
+            futures = [self._producer.send(self.topic, value=v, key=k, headers=h, partition=partition)
+                       for k, v, h in records]
             self._producer.flush(timeout=self.send_timeout_s)
             for i, f in enumerate(futures):
-                _check_future(f, self.send_timeout_s, f"model {key!r} version {version} part {i + 1}/{len(futures)}")
+                _check_future(f, self.send_timeout_s, f"{what} part {i + 1}/{len(futures)}")
             self._producer.commit_transaction()
         except Exception as exc:
             try:
                 self._producer.abort_transaction()
-            except Exception as abort_exc:  # keep the original failure; the abort is best effort
-                log.warning("aborting the model transaction failed: %s", abort_exc)
+            except Exception as abort_exc:
+                log.warning("aborting the model transaction failed (%s): starting a new producer", abort_exc)
+                self._producer.close(timeout=0)
+                self._producer = KafkaProducer(**self._producer_options)
+                self._producer.init_transactions()
             if isinstance(exc, KafkaPublishError):
                 raise
-            raise KafkaPublishError(f"model {key!r} version {version} was not published: {exc}") from exc
+            raise KafkaPublishError(f"{what} was not published: {type(exc).__name__}: {exc}") from exc
 
     def flush(self) -> None:
         self._producer.flush(timeout=self.send_timeout_s)
@@ -647,6 +689,7 @@ class KafkaLedger:
         create_topic: bool = True,
         replication_factor: int = 1,
         send_timeout_s: float = 30.0,
+        append_timeout_s: float = 120.0,
         reconnect_backoff_max_ms: int = 1000,
         security_protocol: str | None = None,
         sasl_mechanism: str | None = None,
@@ -659,6 +702,7 @@ class KafkaLedger:
         from kafka import KafkaProducer
 
         security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        self.append_timeout_s = float(append_timeout_s)
         if "/" in ledger_id:
             raise KafkaConnectorError(f"ledger_id must not contain '/', got {ledger_id!r}")
         self.topic = topic
@@ -693,6 +737,13 @@ class KafkaLedger:
         return events
 
     def append(self, event: Any) -> int:
+        """Commit ``event`` as the next step; transient failures are retried for ``append_timeout_s``.
+
+        A retry reuses the step number only after the failed transaction was aborted (then
+        ``read_committed`` readers never see it). When the outcome is unknown (the abort fails,
+        e.g. the commit itself was interrupted) the ledger refuses further appends: a restart
+        replays what was committed, so a step number is never used twice.
+        """
         from stream_vips.privacy.ledger import encode_line
 
         if self._failed is not None:
@@ -701,22 +752,30 @@ class KafkaLedger:
                 "restart to replay what was committed")
         step = len(self._events)
         key = f"{self.ledger_id}/{step:012d}".encode()
-        self._producer.begin_transaction()
-        try:
-            future = self._producer.send(self.topic, value=encode_line(step, event).rstrip(b"\n"), key=key, partition=0)
-            self._producer.flush(timeout=self.send_timeout_s)
-            _check_future(future, self.send_timeout_s, f"ledger event for step {step}")
-            self._producer.commit_transaction()
-        except Exception as exc:
-            # Whether the broker committed is unknown: never reuse this step number in-process.
-            self._failed = exc
+        value = encode_line(step, event).rstrip(b"\n")
+        deadline = time.monotonic() + self.append_timeout_s
+        while True:
             try:
-                self._producer.abort_transaction()
-            except Exception as abort_exc:
-                log.warning("aborting the ledger transaction failed: %s", abort_exc)
-            if isinstance(exc, KafkaPublishError):
-                raise
-            raise KafkaPublishError(f"ledger event for step {step} was not committed: {exc}") from exc
+                self._producer.begin_transaction()
+                future = self._producer.send(self.topic, value=value, key=key, partition=0)
+                self._producer.flush(timeout=self.send_timeout_s)
+                _check_future(future, self.send_timeout_s, f"ledger event for step {step}")
+                self._producer.commit_transaction()
+                break
+            except Exception as exc:
+                error = exc if isinstance(exc, KafkaPublishError) else KafkaPublishError(
+                    f"ledger event for step {step} was not committed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc.__cause__ if isinstance(exc, KafkaPublishError) else exc
+                try:
+                    self._producer.abort_transaction()
+                except Exception as abort_exc:
+                    log.error("aborting the ledger transaction failed (%s): outcome of step %d unknown", abort_exc, step)
+                    self._failed = error
+                    raise error from exc
+                if not _retriable(error) or time.monotonic() >= deadline:
+                    raise error from exc
+                log.warning("%s; retrying", error)
+                time.sleep(0.5)
         self._events.append(event)
         return step
 

@@ -80,11 +80,16 @@ def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_
                     group_id: str, model_id: str = "m", reservoir: int = 5000, batch_size: int = 500,
                     every_records: int = 5000, epsilon: float = 2.0, planned_steps: int = 20,
                     source_options: dict | None = None, sink_options: dict | None = None,
-                    seed: int | None = None) -> dict:
-    """The YAML layout of a Kafka-to-Kafka linreg pipeline used by the end-to-end tests."""
+                    seed: int | None = None, noise_multiplier: float | None = None) -> dict:
+    """The YAML layout of a Kafka-to-Kafka linreg pipeline used by the end-to-end tests.
+
+    ``noise_multiplier=None`` calibrates z to ``epsilon`` over ``planned_steps`` (seconds of
+    PLD work); tests that do not exercise halting pass a fixed z and a large budget.
+    """
     return {
         "model": {"family": "linreg", "id": model_id, "params": {"dim": 4}},
         "privacy": {"epsilon": epsilon, "delta": 1e-5, "planned_steps": planned_steps, "seed": seed,
+                    "noise_multiplier": noise_multiplier,
                     "ledger": {"type": "memory"}},
         "sampling": {"method": "poisson", "reservoir": reservoir, "batch_size": batch_size},
         "schedule": {"every_records": every_records},

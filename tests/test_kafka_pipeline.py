@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,8 @@ def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka
     placed = produce(kafka_bootstrap, names["in"], values, partitions=2)
     spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                                       dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000,
-                                      batch_size=100, every_records=1000, source_options={"until_end": True}),
+                                      batch_size=100, every_records=1000, source_options={"until_end": True},
+                                      noise_multiplier=1.0, epsilon=100.0),
             "ledger_topic": names["ledger"], "ledger_id": "dl"}
     stats = build_app(spec).run()
     assert stats.records == 3005 and stats.accepted == 3000 and stats.updates == 3
@@ -163,7 +165,8 @@ def test_a_model_over_the_1_mib_limit_is_delivered_and_read_back(kafka_bootstrap
             [json.dumps({"x": (rng.normal(size=dim) / 40).round(5).tolist(), "y": 0.1}).encode() for _ in range(60)])
     cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                           dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=50, batch_size=25,
-                          every_records=50, planned_steps=5, source_options={"until_end": True})
+                          every_records=50, source_options={"until_end": True}, noise_multiplier=1.0,
+                          epsilon=100.0)
     cfg["model"]["params"] = {"dim": dim}
     app = build_app({"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "big"})
     stats = app.run()
@@ -179,22 +182,22 @@ def test_broker_outage_of_10_seconds_is_survived(tmp_path):
         bs = broker.bootstrap
         names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
         create_topic(bs, names["in"], partitions=3)
-        produce(bs, names["in"], linreg_records(60_000, seed=7), partitions=3)
+        produce(bs, names["in"], linreg_records(20_000, seed=7), partitions=3)
         spec = {"config": pipeline_config(bs, input_topic=names["in"], model_topic=names["models"],
                                           dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=2000,
-                                          batch_size=200, every_records=2000, planned_steps=100,
+                                          batch_size=200, every_records=2000, noise_multiplier=1.0, epsilon=100.0,
                                           source_options={"until_end": True, "max_partition_fetch_bytes": 65536},
                                           sink_options={"send_timeout_s": 60.0}),
                 "ledger_topic": names["ledger"], "ledger_id": "outage"}
         spec["config"]["runtime"]["poll_max_records"] = 500
         app = build_app(spec)
-        errors: list[BaseException] = []
+        errors: list[str] = []
 
         def run() -> None:
             try:
                 app.run()
-            except BaseException as exc:  # reported by the assertion below
-                errors.append(exc)
+            except BaseException:  # reported by the assertion below
+                errors.append(traceback.format_exc())
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -207,8 +210,8 @@ def test_broker_outage_of_10_seconds_is_survived(tmp_path):
         time.sleep(10)
         broker.start()
         thread.join(timeout=180)
-        assert not thread.is_alive() and not errors, errors
-        assert down_at < 60_000 and app.stats.records == 60_000
+        assert not thread.is_alive() and not errors, "\n".join(errors)
+        assert down_at < 20_000 and app.stats.records == 20_000
         spent, n_events = _ledger_epsilon(bs, names["ledger"], "outage")
         msgs = [messages.loads(r.value) for r in read_topic(bs, names["models"])]
         assert _versions(msgs) == list(range(n_events)) == list(range(app.stats.updates))
@@ -223,7 +226,8 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     placed = produce(bs, names["in"], linreg_records(n, seed=11), partitions=3)
     cfg = pipeline_config(bs, input_topic=names["in"], model_topic=names["models"], dead_letter_topic=names["dlq"],
                           group_id=names["g"], reservoir=2000, batch_size=200, every_records=1000,
-                          planned_steps=200, source_options={"until_end": True, "group_instance_id": "kill-0",
+                          noise_multiplier=1.0, epsilon=100.0,
+                          source_options={"until_end": True, "group_instance_id": "kill-0",
                                                              "session_timeout_ms": 10000})
     cfg["runtime"]["poll_max_records"] = 250
     consumed_log = tmp_path / "consumed.txt"
