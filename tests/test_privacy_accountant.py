@@ -264,3 +264,21 @@ def test_calibration_bracket_property(target, steps, diameter, rtol):
         return RDP.epsilon([E(zz, 1.0, "fixed", diameter=diameter, count=steps)], DELTA)
 
     assert eps(z) <= target < eps(z / (1 + rtol))
+
+
+def test_calibration_is_memoized_per_accountant_settings():
+    class Counting(RdpAccountant):
+        calls = 0
+
+        def epsilon(self, events, delta):
+            Counting.calls += 1
+            return super().epsilon(events, delta)
+
+    acct = Counting()
+    z = calibrate_noise_multiplier(0.7, DELTA, 1.0, 3, "fixed", accountant=acct)
+    first = Counting.calls
+    assert first > 3
+    assert calibrate_noise_multiplier(0.7, DELTA, 1.0, 3, "fixed", accountant=Counting()) == z
+    assert Counting.calls == first
+    calibrate_noise_multiplier(0.7, DELTA, 1.0, 4, "fixed", accountant=acct)  # other arguments: computed
+    assert Counting.calls > first

@@ -51,6 +51,10 @@ class Accountant(ABC):
     def supports(self, event: object) -> bool:
         return self.why_unsupported(event) is None
 
+    def cache_key(self) -> tuple | None:
+        """Identifies this accountant's answers (type and settings); None disables memoizing."""
+        return None
+
     def check(self, event: object) -> None:
         why = self.why_unsupported(event)
         if why is not None:
@@ -142,6 +146,9 @@ class RdpAccountant(Accountant):
     def __init__(self, orders: np.ndarray = RDP_ORDERS) -> None:
         self.orders = np.asarray(orders, dtype=float)
         self._curves: dict[SubsampledGaussianEvent, np.ndarray] = {}
+
+    def cache_key(self) -> tuple:
+        return ("autodp", self.orders.tobytes())
 
     def why_unsupported(self, event: object) -> str | None:
         if isinstance(event, PureDpEvent):
@@ -239,6 +246,9 @@ class PldAccountant(Accountant):
         self.value_discretization_interval = value_discretization_interval
         self._plds: dict = {}
         self._composed: OrderedDict = OrderedDict()
+
+    def cache_key(self) -> tuple:
+        return ("pld", self.value_discretization_interval)
 
     def why_unsupported(self, event: object) -> str | None:
         if isinstance(event, PureDpEvent):
@@ -338,7 +348,8 @@ def calibrate_noise_multiplier(
     the small overshoot of autodp's calibrators) and epsilon(z / (1 + rtol)) > target. The
     bracket is found by doubling/halving from z = 1 and narrowed by probing just below and
     above the log-log interpolated root (epsilon is close to a power law in z), falling back to
-    bisection, so a calibration costs about half the evaluations of plain bisection.
+    bisection, so a calibration costs about half the evaluations of plain bisection. Results
+    are memoized per process (keyed by the accountant's ``cache_key`` and every argument).
     """
     if not epsilon > 0 or not math.isfinite(epsilon):
         raise ValueError(f"target epsilon must be finite and > 0, got {epsilon!r}")
@@ -351,6 +362,11 @@ def calibrate_noise_multiplier(
     if adjacency == "add_remove":
         diameter = 1.0
     acct.check(SubsampledGaussianEvent(1.0, q, sampling, adjacency, diameter, count=steps))
+    key = acct.cache_key()
+    if key is not None:
+        key = (key, float(epsilon), float(delta), float(q), steps, sampling, adjacency, float(diameter), float(rtol))
+        if key in _CALIBRATED:
+            return _CALIBRATED[key]
 
     def eps(z: float) -> float:
         return acct.epsilon([SubsampledGaussianEvent(z, q, sampling, adjacency, diameter, count=steps)], delta)
@@ -408,4 +424,9 @@ def calibrate_noise_multiplier(
             else:
                 lo, e_lo = b, e
         interpolate = False  # if the probes missed the root, bisect once before interpolating again
+    if key is not None:
+        _CALIBRATED[key] = hi
     return hi
+
+
+_CALIBRATED: dict[tuple, float] = {}
