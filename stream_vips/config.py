@@ -132,13 +132,18 @@ class MetricsConfig:
 @dataclass
 class RuntimeConfig:
     """``on_halt``: ``stay`` keeps serving metrics and health after the budget is spent (a
-    deployment); ``exit`` returns from the run loop (a batch job, the demo)."""
+    deployment); ``exit`` returns from the run loop (a batch job, the demo).
+    ``checkpoint_path``: reservoir + offsets checkpoint written before each source commit (at
+    most every ``checkpoint_interval_s``) and restored at start (:mod:`stream_vips.checkpoint`;
+    needs a seekable source such as Kafka)."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000
     poll_timeout_s: float = 0.2
     on_halt: Literal["stay", "exit"] = "stay"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    checkpoint_path: str | None = None
+    checkpoint_interval_s: float = 0.0
 
 
 def _default_source() -> ConnectorConfig:
@@ -390,6 +395,7 @@ def _validate(cfg: Config) -> None:
         ("runtime.blas_threads", rt.blas_threads is None or rt.blas_threads >= 1, "must be >= 1 or null"),
         ("runtime.poll_max_records", rt.poll_max_records >= 1, "must be >= 1"),
         ("runtime.poll_timeout_s", rt.poll_timeout_s >= 0, "must be >= 0"),
+        ("runtime.checkpoint_interval_s", rt.checkpoint_interval_s >= 0, "must be >= 0"),
     ]
     if p.mode == "private":
         checks.append(("privacy.noise_multiplier", p.noise_multiplier is None or p.noise_multiplier > 0,

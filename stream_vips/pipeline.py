@@ -139,6 +139,7 @@ class Application:
             sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
         except ValueError as exc:
             raise ConfigError(f"sampling: {exc}") from exc
+        parts_given = set(parts)
         ledger = parts.pop("ledger", None)
         if cfg.privacy.mode == "non_private":
             monitor, z, accountant_name = None, 0.0, "none"
@@ -168,32 +169,45 @@ class Application:
                 ledger = FileLedger(path)
             monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger)
         try:
-            engine = PrivateEngine(
-                model, reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
-                accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
-                non_private=cfg.privacy.mode == "non_private", delta=cfg.privacy.delta,
-            )
-        except ValueError as exc:
-            raise ConfigError(f"privacy: {exc}") from exc
-        connectors = {}
-        for kind in ("source", "sink", "dead_letter"):
-            if kind in parts:
-                connectors[kind] = parts.pop(kind)
-                continue
-            conn = getattr(cfg, kind)
             try:
-                connectors[kind] = build_connector(kind, conn.type, conn.options)
-            except (TypeError, ValueError, OSError) as exc:
-                raise ConfigError(f"{kind}: {exc}") from exc
-        metrics_address = parts.pop(
-            "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None
-        )
-        return cls(
-            model=model, engine=engine, trigger=Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds),
-            model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
-            poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
-            on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads, **connectors, **parts,
-        )
+                engine = PrivateEngine(
+                    model, reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
+                    accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
+                    non_private=cfg.privacy.mode == "non_private", delta=cfg.privacy.delta,
+                )
+            except ValueError as exc:
+                raise ConfigError(f"privacy: {exc}") from exc
+            connectors = {}
+            for kind in ("source", "sink", "dead_letter"):
+                if kind in parts:
+                    connectors[kind] = parts.pop(kind)
+                    continue
+                conn = getattr(cfg, kind)
+                try:
+                    connectors[kind] = build_connector(kind, conn.type, conn.options)
+                except (TypeError, ValueError, OSError) as exc:
+                    raise ConfigError(f"{kind}: {exc}") from exc
+            metrics_address = parts.pop(
+                "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None
+            )
+            app = cls(
+                model=model, engine=engine, trigger=Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds),
+                model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
+                poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
+                on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads, **connectors, **parts,
+            )
+            if cfg.runtime.checkpoint_path is not None:
+                from stream_vips.checkpoint import CheckpointError, attach
+
+                try:
+                    attach(app, cfg.runtime.checkpoint_path, cfg.runtime.checkpoint_interval_s)
+                except CheckpointError as exc:
+                    raise ConfigError(f"runtime.checkpoint_path: {exc}") from exc
+            return app
+        except BaseException:
+            if ledger is not None and "ledger" not in parts_given:
+                ledger.close()  # release the ledger's lock when start-up fails
+            raise
 
     # ------------------------------------------------------------------------------------------
 

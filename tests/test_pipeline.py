@@ -22,7 +22,7 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
-from stream_vips.config import config_from_dict
+from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.pipeline import Application, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
@@ -275,6 +275,38 @@ def test_time_trigger_updates_without_new_records(tmp_path):
         thread.join(10)
     assert app.stats.records == 200 and len(sink.messages) >= 3
     assert [m["version"] for _, m in sink.messages] == list(range(len(sink.messages)))
+
+
+class SeekableSource(MemorySource):
+    """A memory source with Kafka-like positions()/seek(), for the checkpoint wiring."""
+
+    def __init__(self, values, start: int = 0) -> None:
+        super().__init__(list(values)[start:])
+        self.start = start
+        self.seeks: list[dict] = []
+
+    def positions(self):
+        return {("records", 0): self.start + self._delivered}  # next offset to fetch, like Kafka
+
+    def seek(self, offsets):
+        self.seeks.append(dict(offsets))
+
+
+def test_checkpoint_path_restores_the_reservoir_and_seeks_the_source(tmp_path):
+    lines = synthetic_lines(900)
+    d = cfg_dict(tmp_path, privacy={"epsilon": 50.0},
+                 runtime={"checkpoint_path": str(tmp_path / "ckpt" / "state.npz")})
+    first = Application.from_config(config_from_dict(d, env={}), source=SeekableSource(lines[:700]))
+    first.run()
+    assert (tmp_path / "ckpt" / "state.npz").exists()
+    source = SeekableSource(lines, start=700)
+    second = Application.from_config(config_from_dict(d, env={}), source=source)
+    assert source.seeks == [{("records", 0): 700}]
+    assert second.reservoir.seen == 700
+    np.testing.assert_array_equal(second.reservoir.columns["x"], first.reservoir.columns["x"])
+    second.ledger.close()
+    with pytest.raises(ConfigError, match=r"^runtime\.checkpoint_path:"):  # a source that cannot seek
+        Application.from_config(config_from_dict(d, env={}), source=MemorySource([]))
 
 
 def test_error_shrinks_as_epsilon_grows(tmp_path):
