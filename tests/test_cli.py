@@ -4,11 +4,16 @@ the wiring of demo/plan/inspect subcommands."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import stream_vips.cli as cli
 from connectors.synthetic import SyntheticRegressionSource
+from stream_vips import messages
 from stream_vips.privacy.ledger import FileLedger
 
 
@@ -103,3 +108,28 @@ def test_version(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
     assert "stream-vips 0.1.0" in capsys.readouterr().out
+
+
+def test_run_as_a_shell_filter_stdin_to_stdout(tmp_path):
+    """source stdin, sink stdout, dead letters on stderr: `stream-vips run` in a pipeline."""
+    config = tmp_path / "filter.yaml"
+    config.write_text(f"""
+model: {{family: linreg, params: {{dim: 3}}}}
+privacy: {{epsilon: 100.0, noise_multiplier: 2.0, seed: 1, ledger: {{type: file, path: {tmp_path / 'ledger.jsonl'}}}}}
+sampling: {{method: fixed, reservoir: 500, batch_size: 100}}
+schedule: {{every_records: 500}}
+source: {{type: stdin}}
+sink: {{type: stdout}}
+dead_letter: {{type: stderr}}
+metrics: {{enabled: false}}
+runtime: {{on_halt: exit, poll_timeout_s: 0.05}}
+""")
+    lines = SyntheticRegressionSource(count=2_000, dimension=3, seed=4).generate(2_000) + [b"not json"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "stream_vips.cli", "run", "--config", str(config)],
+                          input=b"\n".join(lines) + b"\n", capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    msgs = [messages.loads(line) for line in proc.stdout.splitlines()]  # stdout carries only messages
+    assert [m["version"] for m in msgs] == [0, 1, 2, 3]
+    dead = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith(b'{"reason"')]
+    assert [(d["reason"], d["value"]) for d in dead] == [("invalid_json", "not json")]
