@@ -159,6 +159,7 @@ class BayesianLogisticRegression(Model):
             raise ValueError(f"dtype must be one of {sorted(_BLAS_TRMM)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
         self._trmm = _BLAS_TRMM[dtype]
+        self._norm_inflation = 1.0 + int(dim) * float(np.finfo(self.dtype).eps)
         self.dim = int(dim)
         self.dataset_size = int(dataset_size)
         self.a0 = float(a0)
@@ -223,8 +224,11 @@ class BayesianLogisticRegression(Model):
             raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
                              f"got {X.shape} and {y.shape}")
         # clip factors f_n folded into the products: the record's input is f_n x_n, c^2 is
-        # quadratic in it, and S2 = sum omega_n (f_n x_n)(f_n x_n)^T
-        f = clip_factors(np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64)), 1.0)
+        # quadratic in it, and S2 = sum omega_n (f_n x_n)(f_n x_n)^T. Norms are summed in the
+        # working precision and inflated by its worst-case relative error d * eps, so the
+        # clipped norm is <= 1 even in float32.
+        norms = np.sqrt(np.einsum("ij,ij->i", X, X).astype(np.float64)) * self._norm_inflation
+        f = clip_factors(norms, 1.0)
         omega = pg_mean(f * np.sqrt(self._c2(X)))
         Xw = X * (f * np.sqrt(omega)).astype(self.dtype)[:, None]
         s1 = ((y - 0.5) * f).astype(self.dtype) @ X
@@ -236,8 +240,8 @@ class BayesianLogisticRegression(Model):
         if X.shape[0] == 0:
             return np.zeros(0)
         UXt = self._trmm(1.0, self._sigma_factor, X.T, side=0, lower=1)
-        quad = np.einsum("ij,ij->j", UXt, UXt, dtype=np.float64)
-        return quad + np.square(X @ self.mu.astype(self.dtype), dtype=np.float64)
+        quad = np.einsum("ij,ij->j", UXt, UXt) + np.square(X @ self.mu.astype(self.dtype))
+        return quad.astype(np.float64)
 
     # ------------------------------------------------------------------ protocol: M-step
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
