@@ -291,3 +291,16 @@ def test_eigen_floor_follows_the_public_noise_of_the_averaged_site():
     assert np.all(np.linalg.eigvalsh(model.state()["prec"]) >= model.eigen_floor * (1 - 1e-9))
     with pytest.raises(ValueError, match="noise std"):
         model.set_noise_scale({SITE: -1.0})
+
+
+@pytest.mark.parametrize("idx", [0, 1, 2])
+def test_hyperparameters_rebuild_the_model_for_a_reader(idx):
+    import inspect
+
+    model, _ = _families(2.0)[idx]
+    hp = json.loads(json.dumps(model.hyperparameters()))
+    params = inspect.signature(type(model)).parameters
+    rebuilt = type(model)(**{k: v for k, v in hp.items() if k in params})
+    assert rebuilt.hyperparameters() == model.hyperparameters()
+    rebuilt.load_state(model.state())
+    np.testing.assert_allclose(rebuilt.site, model.site, atol=1e-12)

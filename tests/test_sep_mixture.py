@@ -16,7 +16,7 @@ def test_local_site_gives_the_moments_of_the_tilted_distribution():
     # Gauss-Hermite grid of the cavity; the projected marginals must match cavity + site.
     sd = 0.7
     model = MixtureSEP(n_components=2, dim=1, dataset_size=5, clip=None, noise_sd=sd, prior_var=2.0)
-    model._set_posterior(np.array([[-1.0], [1.5]]), np.array([[[3.0]], [[2.0]]]))
+    model.load_state({"eta": np.array([[-1.0], [1.5]]), "prec": np.array([[[3.0]], [[2.0]]])})
     x = np.array([[0.4]])
     eta_c, prec_c = model.cavity()
     eta_s, prec_s = model.local_sites({"x": x})

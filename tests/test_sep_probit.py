@@ -52,7 +52,7 @@ def test_multivariate_site_matches_two_dimensional_integration():
     # Tensor Gauss-Hermite quadrature over the whitened cavity N(m, V): exact up to ~1e-12 for
     # the smooth integrand Phi(t x^T w) times polynomials of degree <= 2.
     model = ProbitSEP(dim=2, dataset_size=10, clip=None, intercept=False)
-    model._set_posterior(np.array([[0.7, -0.4]]), np.array([[[2.0, 0.6], [0.6, 1.5]]]))
+    model.load_state({"eta": np.array([[0.7, -0.4]]), "prec": np.array([[[2.0, 0.6], [0.6, 1.5]]])})
     x, y = np.array([1.2, -0.8]), 0
     eta_c, prec_c = model.cavity()
     eta_s, prec_s = model.local_sites({"x": x[None], "y": np.array([y])})

@@ -71,7 +71,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.base import Block, Model
 from stream_vips.privacy.mechanisms import clip_factors, project_pd
 from stream_vips.records import FieldBatch
 
@@ -199,9 +199,9 @@ class SEPModel(Model):
         bound = math.inf if self.clip is None else self.clip
         return (Block(SITE, (packed_size(self.n_factors, self.dim),), bound),)
 
+    @abstractmethod
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Per-record local sites (eta (B, K, d), prec (B, K, d, d)) against the current cavity."""
-        raise NotImplementedError(f"{type(self).__name__} computes its sites in clipped_sum")
 
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sum over the batch of the packed local sites, each clipped to norm C (behind the wall)."""
@@ -327,10 +327,6 @@ class SEPModel(Model):
             "precision_floor": self.precision_floor,
             "floor_factor": self.floor_factor,
         }
-
-    @abstractmethod
-    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
-        """Validate and preprocess decoded records."""
 
 
 def parse_vectors(objs: Sequence[Any], dim: int, x_clip: float | None, max_abs: float) -> tuple[FieldBatch, np.ndarray]:

@@ -119,15 +119,16 @@ class ProbitSEP(SEPModel):
         """``{"x": [dim numbers], "y": 0 | 1}``; other labels are rejected as out of range."""
         fields, x = parse_vectors(objs, self.n_features, None, self.max_abs)
         y = fields.scalar("y")
-        live = np.zeros(len(y), dtype=bool)
-        live[fields.accepted()] = True
-        for i in np.flatnonzero(live & (y != 0) & (y != 1)):
-            fields._reject(int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}")
         ok = fields.accepted()
+        binary = (y[ok] == 0) | (y[ok] == 1)
+        rejected = fields.rejected() + [
+            (int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}") for i in ok[~binary]
+        ]
+        ok = ok[binary]
         return ParsedBatch(
             rows={"x": self.features(x[ok]), "y": y[ok].astype(np.int8)},
             accepted=ok,
-            rejected=fields.rejected(),
+            rejected=sorted(rejected),
         )
 
     def _coefficients(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
