@@ -44,8 +44,9 @@ inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 
   omega and omega' range independently over (0, 1/4]: E[m m^T] is any PD matrix (it comes from
   earlier releases), and for non-parallel x, x' one can make c(x) and c(x') independently small
   or large. Expanding, D^2 = |g|^2 + |g'|^2 + max_t (-2 a t - 2 b t^2) with a = w1^2 r r' / 4,
-  b = w2^2 p p'; the max is phi(a, b) = 2a - 2b if a >= 2b, else a^2 / (2b); phi grows with a, so
-  for fixed p, p' the sup is at r = r' = 1. There, if a >= 2b the value is
+  b = w2^2 p p'; the max is phi(a, b) = 2a - 2b if a >= 2b, else a^2 / (2b). For fixed p, p',
+  |g|^2 + |g'|^2 and phi (increasing in a) both grow with r and r', and the constraint
+  p <= r^2 / 4 only loosens, so the sup is at r = r' = 1. There, if a >= 2b the value is
   w1^2 + w2^2 (p - p')^2 <= w1^2 + w2^2 / 16 (p = 1/4, p' -> 0, x' -> -+x); if a < 2b it is
   w1^2 / 2 + w2^2 (p^2 + p'^2) + w1^4 / (32 w2^2 p p'), convex in (p, p') on the convex region
   pp' > w1^2 / (8 w2^2), so its max is on the region's boundary (where it equals the first case)
@@ -54,7 +55,8 @@ inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 
       D^2 = max(4 a1^2 + a2^2,  2 + a1^4 / (2 a2^2)  [only if a1^2 < 2 a2^2]) <= 4.
 
   For the default weights a_k = C_k / sqrt(C1^2 + C2^2) (a1^2 = 0.8) D = sqrt(3.4) ~ 1.844 < 2.
-  :meth:`diameter` computes D; tests check it against random and optimized worst cases.
+  :meth:`diameter` computes D for the engine's weights (without them: 2, which holds for any
+  allocation); tests check D against random and optimized worst cases.
 
 >>> import numpy as np
 >>> model = BayesianLogisticRegression(dim=2, dataset_size=100)
@@ -127,12 +129,14 @@ class BayesianLogisticRegression(Model):
     ``dim`` is d (including any bias feature the producer adds); ``dataset_size`` is the N of the
     M-step, the configured reservoir capacity (public). ``a0``, ``b0`` are the Gamma hyperprior
     on the prior precision alpha. ``floor_factor`` scales the public eigenvalue floor of the
-    noisy s2: floor = floor_factor * sqrt(d) * (noise std of one s2 entry of the released mean),
-    about the expected spectral norm of that noise (2 sqrt(d) for a Wigner matrix).
+    averaged noisy s2: floor = floor_factor * sqrt(d) * (noise std of one diagonal entry). The
+    noise's spectral norm is about sqrt(2 d) times that std (Wigner, off-diagonal std / sqrt(2));
+    the default 1.0 sits a little below it and did best on Adult (benchmarks/adult_logistic.py).
 
     ``dtype`` is the precision of the stored inputs and of the E-step products. ``"float32"``
-    halves memory and roughly doubles E-step throughput; clip factors, Pólya-Gamma means and the
-    M-step stay in float64. Its sums carry single-precision rounding (relative ~1e-7 per term),
+    halves memory and roughly doubles E-step throughput; norms are inflated by their worst-case
+    rounding (d * eps) before clipping, and Pólya-Gamma means and the M-step stay in float64. Its
+    sums carry single-precision rounding (relative ~1e-7 per term),
     far below any useful noise, but like all floating-point arithmetic outside the exact-
     arithmetic sensitivity proof; ``"float64"`` (the default) makes that gap ~1e-16.
     """
