@@ -304,3 +304,14 @@ def test_hyperparameters_rebuild_the_model_for_a_reader(idx):
     assert rebuilt.hyperparameters() == model.hyperparameters()
     rebuilt.load_state(model.state())
     np.testing.assert_allclose(rebuilt.site, model.site, atol=1e-12)
+
+
+@pytest.mark.parametrize("idx", [0, 1, 2])
+def test_an_empty_poisson_batch_still_releases(idx):
+    model, draw = _families(1.0)[idx]
+    empty = {k: v[:0] for k, v in draw(np.random.default_rng(0), 3).items()}
+    total = model.clipped_sum(empty)[SITE]
+    assert total.shape == model.blocks()[0].shape and not total.any()
+    before = model.site
+    model.update({SITE: total + 0.01}, 0.5)  # the noise alone still moves the release
+    assert not np.allclose(model.site, before)

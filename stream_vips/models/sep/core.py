@@ -96,7 +96,7 @@ def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
     diag = np.diagonal(prec, axis1=-2, axis2=-1)
     off = np.sqrt(2.0) * prec[..., iu[0], iu[1]]
     per_factor = np.concatenate([eta, diag, off], axis=-1)
-    return per_factor.reshape(*per_factor.shape[:-2], -1)
+    return per_factor.reshape(*per_factor.shape[:-2], per_factor.shape[-2] * per_factor.shape[-1])
 
 
 def unpack(v: np.ndarray, n_factors: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,6 +207,8 @@ class SEPModel(Model):
         """Sum over the batch of the packed local sites, each clipped to norm C (behind the wall)."""
         eta, prec = self.local_sites(batch)
         sites = pack(eta, prec)
+        # A record whose site overflowed (extreme input) contributes nothing, never NaN.
+        sites = np.where(np.isfinite(sites).all(axis=1, keepdims=True), sites, 0.0)
         if self.clip is not None and len(sites):
             sites = sites * clip_factors(np.linalg.norm(sites, axis=1), self.clip)[:, None]
         return {SITE: sites.sum(axis=0) if len(sites) else np.zeros_like(self._site)}
