@@ -132,3 +132,14 @@ def test_failed_append_admits_nothing():
 def test_bad_budget_or_delta(budget, delta, word):
     with pytest.raises(ValueError, match=word):
         BudgetMonitor(budget, delta, RDP, MemoryLedger())
+
+
+@pytest.mark.parametrize("prior", [[], [E(3.0, 0.2, "fixed", count=3)], [E(2.0, 1.0, "fixed", count=2)]])
+@pytest.mark.parametrize("event", [E(1.5, 0.05, "fixed"), E(4.0, 0.01, "fixed"), E(6.0, 1.0, "fixed")])
+@pytest.mark.parametrize("budget", [0.5, 2.0, 4.0])
+def test_headroom_equals_a_linear_scan(prior, event, budget):
+    counts = RDP.group(prior)
+    n = 0
+    while RDP.epsilon(prior + [event.with_count(n + 1)], DELTA) <= budget:
+        n += 1
+    assert RDP.headroom(counts, event, DELTA, budget) == n
