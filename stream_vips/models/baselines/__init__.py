@@ -35,6 +35,7 @@ class LogisticRecords(Model):
             raise ValueError(f"dataset_size must be a positive integer, got {dataset_size!r}")
         self.dim = int(dim)
         self.dataset_size = int(dataset_size)
+        self.dtype = np.dtype(np.float64)  # stored input precision, read by the shared record handling
 
     def _batch_xy(self, batch) -> tuple[np.ndarray, np.ndarray]:
         """Rows re-clipped to norm 1 (idempotent for parsed rows) and labels as +-1 floats."""
