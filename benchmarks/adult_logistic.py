@@ -178,7 +178,8 @@ def plot(result: dict, path: Path) -> None:
                 label="private VIPS (mean +- sd, 5 seeds)")
     npv = result["non_private_vips"]
     ax.axhline(npv["auc_mean"], color="k", ls="--", label=f"non-private VIPS ({npv['auc_mean']:.3f})")
-    ax.axhline(result["sklearn"]["auc"], color="g", ls=":", label=f"sklearn LogisticRegression ({result['sklearn']['auc']:.3f})")
+    sk_auc = result["sklearn"]["auc"]
+    ax.axhline(sk_auc, color="g", ls=":", label=f"sklearn LogisticRegression ({sk_auc:.3f})")
     ax.axhline(npv["auc_mean"] - TARGET_GAP, color="r", lw=0.8, label="target: non-private - 0.03")
     ax.set_xscale("log", base=2)
     ax.set_xticks(eps, [str(e) for e in eps])
