@@ -135,7 +135,9 @@ class RuntimeConfig:
     deployment); ``exit`` returns from the run loop (a batch job, the demo).
     ``checkpoint_path``: reservoir + offsets checkpoint written before each source commit (at
     most every ``checkpoint_interval_s``) and restored at start (:mod:`stream_vips.checkpoint`;
-    needs a seekable source such as Kafka)."""
+    needs a seekable source such as Kafka).
+    ``publish_interval_s``: 0 publishes every step; > 0 publishes the newest step at most that
+    often (plus on halt and shutdown), bounding the cost of epsilon reports (PLD)."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000
@@ -144,6 +146,7 @@ class RuntimeConfig:
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     checkpoint_path: str | None = None
     checkpoint_interval_s: float = 0.0
+    publish_interval_s: float = 0.0
 
 
 def _default_source() -> ConnectorConfig:
@@ -396,6 +399,7 @@ def _validate(cfg: Config) -> None:
         ("runtime.poll_max_records", rt.poll_max_records >= 1, "must be >= 1"),
         ("runtime.poll_timeout_s", rt.poll_timeout_s >= 0, "must be >= 0"),
         ("runtime.checkpoint_interval_s", rt.checkpoint_interval_s >= 0, "must be >= 0"),
+        ("runtime.publish_interval_s", rt.publish_interval_s >= 0, "must be >= 0"),
     ]
     if p.mode == "private":
         checks.append(("privacy.noise_multiplier", p.noise_multiplier is None or p.noise_multiplier > 0,

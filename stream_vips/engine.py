@@ -42,12 +42,11 @@ ADJACENCY = "replace_one"
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one released step produced: its index (= ledger step = message version), the
-    epsilon spent after it, the privacy report for its message, the step size and duration."""
+    """What one released step produced: its index (= ledger step = message version), the step
+    size and the duration. The privacy report is built on demand (:meth:`PrivateEngine.privacy_report`)
+    because evaluating epsilon can cost far more than the step itself (PLD accounting)."""
 
     step: int
-    epsilon_spent: float
-    privacy: dict[str, Any]
     rho: float
     duration_s: float
 
@@ -147,7 +146,8 @@ class PrivateEngine:
         )
 
     def privacy_report(self, steps: int, halted: bool) -> dict[str, Any]:
-        """The ``privacy`` object of a model message after ``steps`` releases.
+        """The ``privacy`` object of a model message after ``steps`` releases, with the epsilon
+        of the whole ledger (so call it for the latest step).
 
         A non-private run reports infinite epsilon and budget, accountant ``"none"`` and z = 0:
         it never claims a guarantee (and strict JSON sinks refuse to carry it).
@@ -210,10 +210,4 @@ class PrivateEngine:
         rho = step_size(step, self.tau0, self.kappa)
         self.model.update(self._noisy_mean(sums), rho)
         self.last_step = step
-        return StepResult(
-            step=step,
-            epsilon_spent=self.epsilon_spent(),
-            privacy=self.privacy_report(steps=step + 1, halted=False),
-            rho=rho,
-            duration_s=time.perf_counter() - started,
-        )
+        return StepResult(step=step, rho=rho, duration_s=time.perf_counter() - started)

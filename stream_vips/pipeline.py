@@ -5,7 +5,10 @@ batches, decodes and validates the whole batch at once, sends rejects to the dea
 with their reason codes, offers the accepted rows to the reservoir and runs a private step each
 time the trigger fires (every ``every_records`` arrivals, valid or not, counted exactly across poll
 boundaries, and/or every ``every_seconds``). Each released step is published as a versioned
-model message (version = ledger step) before the source is committed.
+model message (version = ledger step) before the source is committed; with
+``publish_interval_s > 0`` only the newest step is published, at most that often (and always
+before halting or shutting down), because each message's epsilon costs one accountant
+evaluation, which for PLD is slower than a step.
 
 Budget exhaustion halts updates for good: the last model is re-published with
 ``privacy.halted: true``, the source is paused, and (``on_halt: stay``) metrics and health keep
@@ -22,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
@@ -89,6 +92,7 @@ class Application:
         on_halt: str = "stay",
         blas_threads: int | None = 1,
         progress: Callable[["Application"], None] | None = None,
+        publish_interval_s: float = 0.0,
     ) -> None:
         if on_halt not in ("stay", "exit"):
             raise ValueError(f"on_halt must be 'stay' or 'exit', got {on_halt!r}")
@@ -108,6 +112,9 @@ class Application:
         self.on_halt = on_halt
         self.blas_threads = blas_threads
         self.progress = progress
+        self.publish_interval_s = float(publish_interval_s)
+        self._last_publish = float("-inf")
+        self._unpublished = False
         self.stats = RunStats()
         self._stop = threading.Event()
         self._server: MetricsServer | None = None
@@ -194,7 +201,8 @@ class Application:
                 model=model, engine=engine, trigger=Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds),
                 model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
                 poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
-                on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads, **connectors, **parts,
+                on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads,
+                publish_interval_s=cfg.runtime.publish_interval_s, **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
                 from stream_vips.checkpoint import CheckpointError, attach
@@ -254,10 +262,14 @@ class Application:
                 self.source.commit()
             elif self._time_due():
                 self._step()
+            if self._unpublished and time.monotonic() - self._last_publish >= self.publish_interval_s:
+                self._publish_latest()
             if self.progress is not None:
                 self.progress(self)
             if not raws and self.source.exhausted:
-                return
+                break
+        if self._unpublished:  # exhausted or signalled: the newest model goes out before closing
+            self._publish_latest()
 
     def _time_due(self) -> bool:
         return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()
@@ -317,19 +329,29 @@ class Application:
         if result is None:
             self._halt()
             return
-        self._publish(self._message(result.step, result.privacy))
         m = self.metrics
         m.updates.inc()
         m.update_duration.observe(result.duration_s)
-        m.epsilon_spent.set(result.epsilon_spent)
-        m.model_version.set(result.step)
         m.last_update_timestamp.set(time.time())
         self.stats.updates += 1
+        self._unpublished = True
+        if time.monotonic() - self._last_publish >= self.publish_interval_s:
+            self._publish_latest()
 
-    def _message(self, version: int, privacy: Mapping[str, Any]) -> dict[str, Any]:
-        return messages.build_message(
-            self.model_id, self.model.family, self.model.hyperparameters(), version, self.model.state(), privacy
+    def _publish_latest(self, halted: bool = False) -> None:
+        """Publish the current model as version ``last_step`` with the ledger's epsilon."""
+        last = self.engine.last_step
+        if last is None:
+            return
+        privacy = self.engine.privacy_report(steps=last + 1, halted=halted)
+        message = messages.build_message(
+            self.model_id, self.model.family, self.model.hyperparameters(), last, self.model.state(), privacy
         )
+        self._publish(message)
+        self._unpublished = False
+        self._last_publish = time.monotonic()
+        self.metrics.epsilon_spent.set(privacy["epsilon_spent"])
+        self.metrics.model_version.set(last)
 
     def _publish(self, message: dict[str, Any]) -> None:
         try:
@@ -349,9 +371,8 @@ class Application:
         reason = getattr(self.engine.monitor, "halt_reason", None)
         log.warning("privacy budget exhausted, updates halted: %s", reason)
         self.source.pause()
-        last = self.engine.last_step
-        if last is not None:
-            self._publish(self._message(last, self.engine.privacy_report(steps=last + 1, halted=True)))
+        if self.engine.last_step is not None:
+            self._publish_latest(halted=True)
             self.sink.flush()
 
     # ------------------------------------------------------------------------------------------

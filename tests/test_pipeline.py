@@ -152,6 +152,22 @@ def test_malformed_records_go_to_dead_letters_with_reasons_and_the_run_continues
     assert app.metrics.registry.get_sample_value("stream_vips_records_consumed_total") == len(stream)
 
 
+@pytest.mark.parametrize("budget", [3.0, 50.0])
+def test_publish_interval_sends_only_the_newest_model_and_always_the_last(tmp_path, budget):
+    """With a long interval the first step publishes, later ones wait; the newest one always
+    goes out before halting or closing, with the epsilon of the whole ledger."""
+    cfg = config_from_dict(cfg_dict(tmp_path, privacy={"epsilon": budget},
+                                    runtime={"publish_interval_s": 3600.0}), env={})
+    sink = MemorySink()
+    stats = Application.from_config(cfg, source=MemorySource(synthetic_lines(3_000)), sink=sink).run()
+    events = ledger_events(tmp_path / "ledger.jsonl")
+    msgs = [m for _, m in sink.messages]
+    assert stats.updates == len(events) > 2
+    assert [m["version"] for m in msgs] == [0, len(events) - 1]
+    assert msgs[-1]["privacy"]["halted"] == stats.halted == (budget == 3.0)
+    assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(RdpAccountant().epsilon(events, DELTA), rel=1e-9)
+
+
 def test_a_rejected_record_changes_neither_update_times_nor_other_reservoir_slots(tmp_path):
     """Rule 1 with malformed input: validity depends on the value, so neighbouring streams (one
     record valid in one, malformed in the other) must see the same positions and update times."""
