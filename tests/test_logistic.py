@@ -542,3 +542,31 @@ def test_float32_mode_matches_float64_to_single_precision():
     assert np.linalg.norm(s["s1"]) <= C1 * (1 + 1e-6) and np.linalg.norm(s["s2"]) <= C2 * (1 + 1e-6)
     with pytest.raises(ValueError, match="dtype"):
         BayesianLogisticRegression(6, 500, dtype="float16")
+
+
+def test_adult_encoding_uses_only_public_constants():
+    """Each row's features depend on that row alone (public category lists and bounds, no
+    statistic of the data), every row has norm 1 with the bias inside, '?' encodes as zeros,
+    and a category outside the public list is refused."""
+    datasets = pytest.importorskip("benchmarks.datasets")
+    header = ["", "age", "workclass", "education", "education-num", "marital-status", "occupation",
+              "relationship", "race", "gender", "capital-gain", "capital-loss", "hours-per-week",
+              "native-country", "income"]
+    rows = [
+        ["0", "39", "State-gov", "Bachelors", "13", "Never-married", "Adm-clerical", "Not-in-family",
+         "White", "Male", "2174", "0", "40", "United-States", "<=50K"],
+        ["1", "90", "?", "Doctorate", "16", "Widowed", "?", "Unmarried", "Other", "Female", "99999",
+         "4356", "99", "?", ">50K"],
+        ["2", "17", "Private", "Preschool", "1", "Married-AF-spouse", "Armed-Forces", "Wife",
+         "Amer-Indian-Eskimo", "Female", "0", "0", "1", "Holand-Netherlands", "<=50K"],
+    ]
+    X, y, names = datasets.encode_adult(header, rows)
+    assert y.tolist() == [0.0, 1.0, 0.0] and names[-1] == "bias" and X.shape == (3, len(names))
+    np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0)
+    for i, row in enumerate(rows):
+        alone, _, _ = datasets.encode_adult(header, [row])
+        np.testing.assert_array_equal(alone[0], X[i])
+    unknown = [j for j, n in enumerate(names) if n.startswith(("workclass=", "occupation=", "native-country="))]
+    assert np.all(X[1, unknown] == 0)
+    with pytest.raises(ValueError, match="public category list"):
+        datasets.encode_adult(header, [rows[0][:2] + ["Space-force"] + rows[0][3:]])
