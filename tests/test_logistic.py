@@ -410,8 +410,9 @@ def test_published_epsilon_equals_ledger_epsilon():
     engine, ledger = private_engine(model, n, X, y, 2.0, PoissonSampler(0.2), PldAccountant(), budget=3.0)
     for _ in range(5):
         result = engine.step()
+    privacy = engine.privacy_report(steps=result.step + 1, halted=False)
     msg = messages.build_message("m", model.family, model.hyperparameters(), result.step,
-                                 model.state(), result.privacy)
+                                 model.state(), privacy)
     msg = messages.loads(messages.dumps(msg))
     assert len(ledger.events()) == 5 and msg["version"] == 4
     assert msg["privacy"]["epsilon_spent"] == pytest.approx(PldAccountant().epsilon(ledger.events(), 1e-5), rel=1e-12)
