@@ -231,6 +231,24 @@ def test_eigen_floor_follows_the_public_noise_of_the_average():
         model.set_noise_scale({"s1": 0.0, "s2": -1.0})
 
 
+def test_precision_equals_projection_of_the_average_on_both_paths():
+    """P = N project_pd(S / N, floor) + A I whether or not S / N is already above the floor
+    (the model skips the eigendecomposition when a Cholesky test shows it is)."""
+    from stream_vips.privacy.mechanisms import project_pd
+
+    rng = np.random.default_rng(17)
+    d, N = 6, 200
+    for above in (True, False):  # all eigenvalues above the floor (~0.025) / some negative
+        model = BayesianLogisticRegression(d, N)
+        model.set_noise_scale({"s1": 0.01, "s2": 0.01})
+        G = rng.normal(size=(d, d)) / 10
+        s2 = G @ G.T + 0.5 * np.eye(d) if above else G + G.T
+        model.update({"s1": np.zeros(d), "s2": s2}, 1.0)
+        st = model.state()
+        expected = N * project_pd(st["s2_blend"] / N, model.eigen_floor) + st["alpha"][2] * np.eye(d)
+        np.testing.assert_allclose(st["precision"], expected, rtol=1e-10, atol=1e-10 * N)
+
+
 def test_m_step_blends_natural_parameters_and_updates_alpha():
     rng = np.random.default_rng(5)
     d, N = 3, 50

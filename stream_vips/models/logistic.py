@@ -286,7 +286,12 @@ class BayesianLogisticRegression(Model):
     def _refresh_posterior(self) -> None:
         """P = N proj(S / N) + A I, then Sigma = U^T U with U = R^-1 for P = R R^T, mu = Sigma h."""
         N = float(self.dataset_size)
-        self._P = N * project_pd(self._S / N, self.eigen_floor)
+        S, floor = self._S / N, self.eigen_floor
+        try:  # cheap test: all eigenvalues already >= floor, so the projection is the identity
+            np.linalg.cholesky(S - floor * np.eye(self.dim))
+        except np.linalg.LinAlgError:
+            S = project_pd(S, floor)
+        self._P = N * S
         self._P[np.diag_indices(self.dim)] += self._A
         R = np.linalg.cholesky(self._P)
         U = solve_triangular(R, np.eye(self.dim), lower=True)
