@@ -449,6 +449,7 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     assert cfg.privacy.seed is None, "production noise is OS-seeded (DESIGN rule 9)"
     assert cfg.privacy.mode == "private"
     assert cfg.source.options["group_instance_id"] == "stream-vips-0"  # static membership, per pod
+    assert cfg.runtime.checkpoint_path, "a restart restores the reservoir and offsets"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -118,7 +118,8 @@ def pipeline_config(tmp: Path, metrics_port: int) -> dict[str, Any]:
     cfg["sink"] = {"type": "jsonl", "path": str(tmp / "models.jsonl")}
     cfg["dead_letter"] = {"type": "jsonl", "path": str(tmp / "dead-letters.jsonl")}
     cfg["metrics"] = {**deployed["metrics"], "host": "127.0.0.1", "port": metrics_port}
-    cfg["runtime"] = {**deployed["runtime"], "poll_max_records": 200}
+    # the synthetic source cannot seek, so no reservoir checkpoint
+    cfg["runtime"] = {**deployed["runtime"], "poll_max_records": 200, "checkpoint_path": None}
     assert cfg["runtime"]["on_halt"] == "stay"
     return cfg
 
