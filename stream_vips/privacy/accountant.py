@@ -394,7 +394,7 @@ def calibrate_noise_multiplier(
     Keeps a bracket lo < hi with epsilon(lo) > target >= epsilon(hi) on the accountant's own
     epsilon and returns hi once hi / lo <= 1 + rtol: epsilon(z) <= target is guaranteed (never
     the small overshoot of autodp's calibrators) and epsilon(z / (1 + rtol)) > target. The
-    bracket is found by doubling/halving from z = 1 and narrowed by probing just below and
+    bracket is found by doubling/halving from a rule-of-thumb start and narrowed by probing below and
     above the log-log interpolated root (epsilon is close to a power law in z), falling back to
     bisection, so a calibration costs about half the evaluations of plain bisection. Results
     are memoized per process (keyed by the accountant's ``cache_key`` and every argument).
@@ -419,7 +419,10 @@ def calibrate_noise_multiplier(
     def eps(z: float) -> float:
         return acct.epsilon([SubsampledGaussianEvent(z, q, sampling, adjacency, diameter, count=steps)], delta)
 
-    z, e = 1.0, eps(1.0)
+    # Start near the moments-accountant scale z ~ 2 q sqrt(T log(1/delta)) / epsilon (sigma = z/2):
+    # small z are the expensive evaluations (wide privacy loss distributions).
+    z = min(max(2 * q * math.sqrt(steps * math.log(1 / delta)) / epsilon, 0.5), 1e5)
+    e = eps(z)
     if e > epsilon:
         lo, e_lo = z, e
         while True:
