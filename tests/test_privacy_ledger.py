@@ -146,3 +146,27 @@ def test_sigkill_never_loses_an_acknowledged_event(tmp_path):
             assert acknowledged <= n <= attempted
             assert led.events() == [SubsampledGaussianEvent(1.0 + i / 1000, 0.1, "poisson") for i in range(n)]
     assert acknowledged > 12  # the writers did make progress
+
+
+def test_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
+    """A write that fails half way (e.g. disk full) is cut back, so the next append starts a
+    clean line and the ledger stays readable."""
+    import stream_vips.privacy.ledger as ledger_mod
+
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        led.append(ev(0))
+        real_write = os.write
+
+        def half_then_fail(fd, data):
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(ledger_mod.os, "write", half_then_fail)
+        with pytest.raises(OSError, match="No space"):
+            led.append(ev(1))
+        monkeypatch.setattr(ledger_mod.os, "write", real_write)
+        assert led.events() == [ev(0)]
+        assert led.append(ev(1)) == 1
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0), ev(1)]
