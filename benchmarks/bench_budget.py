@@ -93,7 +93,8 @@ def bench_checks(name: str, accountant, event: SubsampledGaussianEvent) -> dict:
         "epsilon_spent": monitor.spent(), "warmup_s": warmup,
         "per_step_check_ms": {"mean": mean_ms, "p99": float(np.percentile(per, 99) * 1e3),
                               "target": f"< {CHECK_TARGET_MS} ms", "met": mean_ms < CHECK_TARGET_MS},
-        "peer": f"uncached recompute per step ({'dp_accounting PLDAccountant' if name == 'pld' else 'autodp Composition'})",
+        "peer": "uncached recompute per step ("
+        + ("dp_accounting PLDAccountant" if name == "pld" else "autodp Composition") + ")",
         "peer_check_ms": peer_ms,
         "speedup_vs_peer": peer_ms / mean_ms,
     }

@@ -157,7 +157,9 @@ def event_from_dict(data: Mapping[str, Any]):
     if cls is None:
         raise UnknownEvent(f"unknown event type {kind!r}; known: {sorted(EVENT_TYPES)}")
     if data.get("version") != cls.VERSION:
-        raise UnknownEvent(f"event type {kind!r} version {data.get('version')!r} is not supported (knows {cls.VERSION})")
+        raise UnknownEvent(
+            f"event type {kind!r} version {data.get('version')!r} is not supported (knows {cls.VERSION})"
+        )
     fields = {k: v for k, v in data.items() if k not in ("type", "version")}
     names = {f.name for f in dataclasses.fields(cls)}
     extra = set(fields) - names
