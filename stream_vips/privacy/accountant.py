@@ -9,6 +9,7 @@ Two accountants, each sound only for the combinations it knows (DESIGN rules 3 a
   replace-one, and Poisson sampling under add/remove. Poisson under replace-one is refused:
   autodp's Poisson amplification is for add/remove only.
 
+Both also account ``PureDpEvent`` (a pure epsilon-DP release, no amplification claimed).
 Both group a sequence by distinct event (``event.unit()``) in order of first appearance and
 compose the groups, so a ledger of 10^5 identical steps costs the same as one event with
 ``count = 10^5``; per-event curves and distributions are cached. An event an accountant cannot
