@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, Ledger, LedgerCorrupt, LedgerLocked, MemoryLedger, encode_line
@@ -170,3 +172,19 @@ def test_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
         assert led.append(ev(1)) == 1
     with FileLedger(path) as led:
         assert led.events() == [ev(0), ev(1)]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 6), cut=st.floats(0.0, 1.0))
+def test_any_truncation_keeps_exactly_the_complete_lines(tmp_path, n, cut):
+    """A crash can cut the file anywhere after the last fsynced byte: reopening keeps exactly
+    the events whose line (with its newline) survived."""
+    path = tmp_path / f"ledger-{n}-{cut}.jsonl"
+    whole = b"".join(encode_line(i, ev(i)) for i in range(n))
+    k = int(cut * len(whole))
+    path.write_bytes(whole[:k])
+    with FileLedger(path) as led:
+        kept = whole[:k].count(b"\n")
+        assert led.events() == [ev(i) for i in range(kept)]
+    assert path.read_bytes() == whole[: len(b"".join(encode_line(i, ev(i)) for i in range(kept)))]
