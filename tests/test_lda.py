@@ -139,7 +139,8 @@ def test_z0_through_the_engine_in_non_private_mode():
     result = eng.step()
     expected = ref_step(lam0, rows, model.alpha, model.eta, model.clip_fraction, N, M, result.rho, 30, 1e-4, M)
     np.testing.assert_allclose(model.state()["lambda"], np.array(expected), rtol=0, atol=1e-8)
-    assert result.privacy["epsilon_spent"] == math.inf and result.privacy["noise_multiplier"] == 0.0
+    report = eng.privacy_report(steps=result.step + 1, halted=False)
+    assert report["epsilon_spent"] == math.inf and report["noise_multiplier"] == 0.0
 
 
 def test_perplexity_matches_loop_implementation_of_eq32():
@@ -244,7 +245,7 @@ def test_engine_noise_std_is_z_a_N_and_message_epsilon_is_the_ledgers():
     assert all(e.diameter == pytest.approx(math.sqrt(2)) for e in ledger.events())
     eps = PldAccountant().epsilon(ledger.events(), 1e-5)
     msg = messages.build_message("m", LDA.family, model.hyperparameters(), results[-1].step, model.state(),
-                                 results[-1].privacy)
+                                 eng.privacy_report(steps=results[-1].step + 1, halted=False))
     assert msg["privacy"]["epsilon_spent"] == pytest.approx(eps, rel=1e-9)
     assert msg["privacy"]["epsilon_spent"] == monitor.spent()
     assert msg["privacy"]["paper_sigma"] == pytest.approx(z / math.sqrt(2))
