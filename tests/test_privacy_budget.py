@@ -143,3 +143,21 @@ def test_headroom_equals_a_linear_scan(prior, event, budget):
     while RDP.epsilon(prior + [event.with_count(n + 1)], DELTA) <= budget:
         n += 1
     assert RDP.headroom(counts, event, DELTA, budget) == n
+
+
+def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
+    """A budget that fits more copies than one headroom window keeps admitting past the window."""
+    from stream_vips.privacy import budget as budget_module
+    from stream_vips.privacy.accountant import RdpAccountant
+    from stream_vips.privacy.events import SubsampledGaussianEvent
+    from stream_vips.privacy.ledger import MemoryLedger
+
+    monkeypatch.setattr(budget_module, "HEADROOM_WINDOW", 3)
+    event = SubsampledGaussianEvent(noise_multiplier=10.0, sampling_rate=1.0, sampling="fixed")
+    monitor = budget_module.BudgetMonitor(1.5, 1e-5, RdpAccountant(), MemoryLedger())
+    admitted = [monitor.admit(event) for _ in range(4)]
+    # three copies fit in budget 1.5 (see the module doctest); the window of 3 is refilled once
+    assert admitted == [0, 1, 2, None]
+    monitor = budget_module.BudgetMonitor(10.0, 1e-5, RdpAccountant(), MemoryLedger())
+    steps = [monitor.admit(event) for _ in range(7)]
+    assert steps == list(range(7)) and not monitor.halted

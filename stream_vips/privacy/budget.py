@@ -19,6 +19,9 @@ from collections import OrderedDict
 from .accountant import Accountant
 
 
+HEADROOM_WINDOW = 2**20
+
+
 class BudgetMonitor:
     """Admits an event only if the composition with it stays within (epsilon_budget, delta).
 
@@ -28,8 +31,9 @@ class BudgetMonitor:
     monitor halts for good with ``halt_reason`` set.
 
     The per-step check is O(1): for the current event the monitor asks the accountant once how
-    many more copies fit (``Accountant.headroom``) and then counts down, recomputing only when a
-    different event arrives. Because headroom uses the accountant's own ``epsilon`` and epsilon
+    many more copies fit (``Accountant.headroom``, searched up to ``HEADROOM_WINDOW`` copies so
+    a huge budget never composes absurd counts) and then counts down, recomputing when a
+    different event arrives or a full window is used up. Because headroom uses the accountant's own ``epsilon`` and epsilon
     is non-decreasing in the composition, this admits exactly the events that keep
     ``accountant.epsilon(ledger.events(), delta) <= epsilon_budget``.
     """
@@ -48,6 +52,7 @@ class BudgetMonitor:
         self._steps = len(events)
         self._fit_unit = None
         self._fit_left = 0
+        self._fit_window_full = False
         self._spent_cache: tuple[int, float] | None = None
         self.halted = False
         self.halt_reason: str | None = None
@@ -85,8 +90,10 @@ class BudgetMonitor:
             return None
         self.accountant.check(event)
         unit = event.unit()
-        if unit != self._fit_unit:
-            self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget)
+        if unit != self._fit_unit or (self._fit_left < event.count and self._fit_window_full):
+            self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget,
+                                                      limit=HEADROOM_WINDOW)
+            self._fit_window_full = self._fit_left == HEADROOM_WINDOW
             self._fit_unit = unit
         if event.count > self._fit_left:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
