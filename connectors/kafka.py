@@ -248,11 +248,12 @@ class KafkaSource:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
             out: list[RawRecord] = []
             for tp, recs in batches.items():
-                for r in recs:
-                    out.append(RawRecord(r.value, {"topic": r.topic, "partition": r.partition,
-                                                   "offset": r.offset, "timestamp": r.timestamp}))
-                if recs:
-                    self._next[tp] = recs[-1].offset + 1
+                if not recs:
+                    continue
+                topic, partition = tp.topic, tp.partition
+                out.extend([RawRecord(r.value, {"topic": topic, "partition": partition, "offset": r.offset,
+                                                "timestamp": r.timestamp}) for r in recs])
+                self._next[tp] = recs[-1].offset + 1
             if self.until_end and not out:
                 self._caught_up = self._at_end()
             self._last_poll = time.monotonic()

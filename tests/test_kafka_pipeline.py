@@ -139,7 +139,7 @@ def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka
     spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                                       dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000,
                                       batch_size=100, every_records=1000, source_options={"until_end": True},
-                                      noise_multiplier=1.0, epsilon=100.0),
+                                      noise_multiplier=2.0, epsilon=5.0),
             "ledger_topic": names["ledger"], "ledger_id": "dl"}
     stats = build_app(spec).run()
     assert stats.records == 3005 and stats.accepted == 3000 and stats.updates == 3
@@ -165,8 +165,8 @@ def test_a_model_over_the_1_mib_limit_is_delivered_and_read_back(kafka_bootstrap
             [json.dumps({"x": (rng.normal(size=dim) / 40).round(5).tolist(), "y": 0.1}).encode() for _ in range(60)])
     cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                           dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=50, batch_size=25,
-                          every_records=50, source_options={"until_end": True}, noise_multiplier=1.0,
-                          epsilon=100.0)
+                          every_records=50, source_options={"until_end": True}, noise_multiplier=2.0,
+                          epsilon=5.0)
     cfg["model"]["params"] = {"dim": dim}
     app = build_app({"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "big"})
     stats = app.run()
@@ -185,7 +185,7 @@ def test_broker_outage_of_10_seconds_is_survived(tmp_path):
         produce(bs, names["in"], linreg_records(20_000, seed=7), partitions=3)
         spec = {"config": pipeline_config(bs, input_topic=names["in"], model_topic=names["models"],
                                           dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=2000,
-                                          batch_size=200, every_records=2000, noise_multiplier=1.0, epsilon=100.0,
+                                          batch_size=200, every_records=2000, noise_multiplier=2.0, epsilon=5.0,
                                           source_options={"until_end": True, "max_partition_fetch_bytes": 65536},
                                           sink_options={"send_timeout_s": 60.0}),
                 "ledger_topic": names["ledger"], "ledger_id": "outage"}
@@ -226,7 +226,7 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     placed = produce(bs, names["in"], linreg_records(n, seed=11), partitions=3)
     cfg = pipeline_config(bs, input_topic=names["in"], model_topic=names["models"], dead_letter_topic=names["dlq"],
                           group_id=names["g"], reservoir=2000, batch_size=200, every_records=1000,
-                          noise_multiplier=1.0, epsilon=100.0,
+                          noise_multiplier=2.0, epsilon=5.0,
                           source_options={"until_end": True, "group_instance_id": "kill-0",
                                                              "session_timeout_ms": 10000})
     cfg["runtime"]["poll_max_records"] = 250
