@@ -20,7 +20,8 @@ PRIVACY_FIELDS = ("epsilon_spent", "epsilon_budget", "delta", "accountant", "sam
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("inspect", help="print the latest model per id on a model topic",
-                              description=__doc__.splitlines()[0])
+                              description="Print the latest published model per id on a model topic, with "
+                                          "its privacy report (human-readable or --json).")
     p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port[,host:port]")
     p.add_argument("--topic", default="stream-vips-models", help="model topic (default: %(default)s)")
     p.add_argument("--model-id", help="only this model id")
