@@ -105,6 +105,7 @@ class PrivateEngine:
         capacity = reservoir.capacity
         self.q = float(sampler.rate(capacity))
         self.normaliser = float(sampler.normaliser(capacity))
+        model.set_noise_scale({name: std / self.normaliser for name, std in self._stds.items()})
 
     def _block_stds(self, block_weights: Mapping[str, float] | None) -> dict[str, float]:
         names = [b.name for b in self.blocks]

@@ -248,3 +248,19 @@ def test_clipped_sum_must_return_the_declared_blocks():
     with pytest.raises(ValueError, match="declares"):
         eng.step()
     assert monitor.events == []  # a broken model never costs budget
+
+
+@pytest.mark.parametrize("sampler", [FixedSizeSampler(10), PoissonSampler(0.25)])
+def test_engine_tells_the_model_its_public_noise_scale(sampler):
+    """The model learns std_k / normaliser per block once, from configuration only."""
+    seen: list[dict[str, float]] = []
+
+    class Listening(FakeModel):
+        def set_noise_scale(self, mean_stds):
+            seen.append(dict(mean_stds))
+
+    M, z = 40, 2.5
+    eng = make_engine(Listening(BLOCKS), full_reservoir(M), sampler, AdmitAll(), z=z)
+    normaliser = sampler.normaliser(M)
+    assert seen == [{name: pytest.approx(std / normaliser, rel=1e-12) for name, std in eng.block_stds.items()}]
+    assert all(v > 0 for v in seen[0].values())

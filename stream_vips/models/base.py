@@ -90,6 +90,14 @@ class Model(ABC):
     def hyperparameters(self) -> dict[str, Any]:
         """Public configuration that shapes the model (JSON-serializable)."""
 
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """Learn the public noise std on each entry of every released block mean.
+
+        The engine calls this once, from configuration only (z, the bounds, the allocation and
+        the normaliser), so a model can set post-processing such as an eigenvalue floor from
+        the noise level. The default ignores it.
+        """
+
     def joint_bound(self) -> float:
         """L2 bound on one record's contribution to all blocks together."""
         return float(np.sqrt(sum(b.bound**2 for b in self.blocks())))
