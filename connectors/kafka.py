@@ -326,6 +326,18 @@ class KafkaSource:
                 if tp in self._seek:
                     self._consumer.seek(tp, self._seek[tp])
 
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records behind the end of each assigned partition, from the high watermarks of the last
+        fetch responses (no extra request; partitions not fetched yet are left out). For the
+        ``consumer_lag_records`` gauge."""
+        with self._lock:
+            out = {}
+            for tp in self._consumer.assignment():
+                high = self._consumer.highwater(tp)
+                if high is not None:
+                    out[(tp.topic, tp.partition)] = max(0, high - self._next.get(tp, 0))
+            return out
+
     def paused_partitions(self) -> set[tuple[str, int]]:
         with self._lock:
             return {(tp.topic, tp.partition) for tp in self._consumer.paused()}

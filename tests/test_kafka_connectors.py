@@ -57,6 +57,9 @@ def test_source_bounded_polls_manual_commits_and_resume_from_commit(kafka_bootst
         key = (r.origin["topic"], r.origin["partition"])
         expected[key] = max(expected.get(key, 0), r.origin["offset"] + 1)
     assert src.positions() == expected
+    lag = src.lag()
+    assert sum(lag.values()) == 60 - len(got)
+    assert all(lag[k] == 20 - expected.get(k, 0) for k in lag)
     src.close()
     assert _committed(kafka_bootstrap, group) == expected
 
