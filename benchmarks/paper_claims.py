@@ -279,6 +279,13 @@ def claim_lda() -> dict:
 
 # -- claim 3 ------------------------------------------------------------------------------------
 
+def classic_rdp_epsilon(rdp: RdpAccountant, event: SubsampledGaussianEvent, delta: float) -> float:
+    """The same RDP curve converted with the classic bound min_alpha r(alpha) + log(1/delta)/(alpha-1)
+    (Mironov 2017), which the analytical moments accountant of the VIPS paper's era used."""
+    total = event.count * rdp.curve(event)
+    return float(np.min(total + math.log(1.0 / delta) / (rdp.orders - 1.0)))
+
+
 def claim_accounting() -> dict:
     """Printed epsilons next to ours, under the two readings of the papers' sigma."""
     rdp, pld = RdpAccountant(), PldAccountant()
@@ -296,6 +303,7 @@ def claim_accounting() -> dict:
             "printed_epsilon": printed,
             "ours_rdp_fixed_sigma_is_std_over_2C": rdp.epsilon([ev_a], delta),
             "ours_rdp_fixed_sigma_is_std_over_C": rdp.epsilon([ev_b], delta),
+            "ours_rdp_fixed_classic_conversion_sigma_is_std_over_2C": classic_rdp_epsilon(rdp, ev_a, delta),
             "ours_pld_poisson_sigma_is_std_over_2C": pld.epsilon([ev_a.__class__(2 * sigma, q, "poisson", count=T)], delta),
             "ours_strong_composition_sigma_is_std_over_2C": strong_fixed.epsilon([ev_a], delta),
         }
@@ -327,14 +335,19 @@ def claim_accounting() -> dict:
                      "ours_pld": pld.epsilon([PureDpEvent(eps)], DELTA),
                      "ours_rdp": rdp.epsilon([PureDpEvent(eps)], DELTA)})
     explanations = {
-        "VIPS": "The paper's sigma is noise std over 'sensitivity'. Its LDA and SBN sensitivities are one "
-                "record's bound (e.g. N/S, eq. 28) while its adjacency is replace-one, whose L2 sensitivity is "
-                "up to twice that; read literally (std = sigma * C) the release is accounted at our z = sigma "
-                "(column std_over_C), read as std = sigma * (replace-one sensitivity) at z = 2 sigma. The paper "
-                "used the analytical moments accountant of Wang et al. (2019) for sampling without replacement, "
-                "the same bound as our autodp RDP route; residual differences come from RDP-to-DP conversion "
-                "(we use Balle et al. 2020's, tighter than the classic log(1/delta)/(alpha-1)), the order grid, "
-                "and rounded iteration counts (one epoch = N/S steps).",
+        "VIPS": "The paper's sigma is noise std over the replace-one sensitivity, i.e. our z = 2 sigma at "
+                "diameter 2 (if it were std over one record's bound C, z = sigma, our epsilons would be 4-9x "
+                "the printed ones: column std_over_C). Sampling is without replacement, accounted with the "
+                "subsampled RDP bound of Wang et al. (2019), the same bound as our autodp route. With the "
+                "classic RDP-to-DP conversion (column classic_conversion) we reproduce the printed SBN and LDA "
+                "numbers to within 1% (LDA at delta 1e-4, which the paper does not print) and Adult sigma=1 "
+                "within 2%; our default conversion (Balle et al. 2020) is 19-44% lower on the same curve. "
+                "Poisson sampling accounted with PLD (the pipeline default) is several-fold lower again. "
+                "Adult sigma = 6 and 12 (printed 0.05, 0.025) match neither: the classic conversion gives "
+                "0.086 and 0.079 (on our order grid, alpha <= 1024, where it bottoms out), our default "
+                "conversion 0.024 and 0.018, below the printed values; we cannot tell from the text which "
+                "accounting produced them. Strong composition over exact one-step "
+                "bounds is one to two orders of magnitude above the moments accountant at these settings.",
         "DP-SGLD": "Theorem 4 is proved with the Gaussian mechanism's classic bound, Beimel et al.'s 2 gamma eps "
                    "amplification and advanced composition; the same noise accounted by RDP/PLD gives a far "
                    "smaller epsilon, i.e. Algorithm 2 over-noises for its stated guarantee.",
