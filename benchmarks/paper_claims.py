@@ -183,7 +183,7 @@ def claim_logistic() -> dict:
             model = DPSGLD(**probe, passes=passes, burn_in=0)
             model.burn_in = int(c["burn_in_fraction"] * model.iterations)
             z = model.paper_noise_multiplier()
-            model.check_noise(z)
+            model.check_noise_multiplier(z)
             engine = run_engine(model, res_xy, FixedSizeSampler(tau), z, model.iterations, eps, rdp, s, 1.0, 0.7)
             accounted = engine.epsilon_spent()
             vals.append(auc(model))

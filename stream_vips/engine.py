@@ -86,6 +86,8 @@ class PrivateEngine:
             )
         elif monitor is None:
             raise ValueError("a private engine needs a budget monitor")
+        else:
+            model.check_noise_multiplier(z)
         self.model = model
         self.reservoir = reservoir
         self.sampler = sampler

@@ -46,10 +46,10 @@ def test_refuses_passes_below_theorem_4():
 def test_refuses_engine_noise_below_the_paper_variance():
     m = DPSGLD(**PARAMS)
     z = m.paper_noise_multiplier()
-    m.check_noise(z)
-    m.check_noise(2 * z)
+    m.check_noise_multiplier(z)
+    m.check_noise_multiplier(2 * z)
     with pytest.raises(SgldConditionError, match="Algorithm 2"):
-        m.check_noise(0.99 * z)
+        m.check_noise_multiplier(0.99 * z)
 
 
 def test_runs_through_the_engine_clipped_and_accounted():
@@ -63,7 +63,7 @@ def test_runs_through_the_engine_clipped_and_accounted():
     g = m.clipped_sum({"x": X, "y": y})["grad"]
     assert np.linalg.norm(g) <= 2000 * 0.5  # each clipped per-record gradient has norm <= L
     z = m.paper_noise_multiplier()
-    m.check_noise(z)
+    m.check_noise_multiplier(z)
     monitor = BudgetMonitor(1e6, 1e-5, RdpAccountant(), MemoryLedger())
     engine = PrivateEngine(m, res, FixedSizeSampler(100), monitor, z, np.random.default_rng(2),
                            tau0=1.0, kappa=0.7, accountant_name="autodp", seeded=True)
@@ -73,3 +73,17 @@ def test_runs_through_the_engine_clipped_and_accounted():
     assert len(monitor.ledger.events()) == m.iterations == 400
     p = m.predict_proba(X)
     assert np.mean((p > 0.5) == (y == 1)) > 0.8  # the samples carry the signal
+
+
+
+def test_engine_refuses_a_noise_multiplier_below_algorithm_2():
+    """The engine asks the model before any step, so a pipeline cannot under-noise DP-SGLD."""
+    m = DPSGLD(**PARAMS)
+    z = m.paper_noise_multiplier()
+    res = Reservoir(m.row_layout(), 2000, np.random.default_rng(0))
+    monitor = BudgetMonitor(1.0, 1e-5, RdpAccountant(), MemoryLedger())
+    make = lambda zz: PrivateEngine(m, res, FixedSizeSampler(100), monitor, zz, np.random.default_rng(0),
+                                    tau0=10.0, kappa=0.7, accountant_name="autodp")
+    with pytest.raises(SgldConditionError, match="Algorithm 2"):
+        make(0.5 * z)
+    assert make(z).noise_multiplier == z

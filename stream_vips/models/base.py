@@ -90,6 +90,12 @@ class Model(ABC):
     def hyperparameters(self) -> dict[str, Any]:
         """Public configuration that shapes the model (JSON-serializable)."""
 
+    def check_noise_multiplier(self, noise_multiplier: float) -> None:
+        """Refuse a noise multiplier that the model's own privacy analysis does not allow.
+
+        The engine calls this once before any step; the default accepts every z > 0.
+        """
+
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
         """Learn the public noise std on each entry of every released block mean.
 

@@ -27,7 +27,7 @@ q M = tau in expectation, the usual Poisson form of the minibatch estimate.)
 
 **The paper's own condition** (Theorem 4): T >= eps^2 N / (32 tau log(2 / delta)). The model
 refuses to be built when the configured (eps, delta, tau, T, N) violate it, and
-:meth:`DPSGLD.check_noise` refuses an engine noise multiplier below the z above: then the
+:meth:`DPSGLD.check_noise_multiplier` (the engine calls it) refuses an engine noise multiplier below the z above: then the
 injected variance is below the paper's formula and its guarantee does not apply. Use
 :meth:`DPSGLD.paper_noise_multiplier` as the engine's z.
 
@@ -132,7 +132,7 @@ class DPSGLD(LogisticRecords):
         """z = sqrt(v) tau / (eta N L): Algorithm 2's Langevin noise as gradient-sum noise over L."""
         return math.sqrt(self.paper_variance()) * self.batch_size / (self.step_size * self.dataset_size * self.lipschitz)
 
-    def check_noise(self, noise_multiplier: float) -> None:
+    def check_noise_multiplier(self, noise_multiplier: float) -> None:
         """Refuse an engine noise multiplier that injects less variance than Algorithm 2 needs."""
         need = self.paper_noise_multiplier()
         if not noise_multiplier >= need * (1.0 - 1e-12):
