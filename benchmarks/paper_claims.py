@@ -392,6 +392,11 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def claim_entry(target: str, claim: dict) -> dict:
+    """A claim as a benchmark target: what the paper claims (``target``) and whether it held here."""
+    return {"target": target, "compared": claim["compared"], "held": claim["held"], "met": claim["held"]}
+
+
 def main() -> dict:
     started = time.perf_counter()
     accounting = claim_accounting()
@@ -404,8 +409,9 @@ def main() -> dict:
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
         "seeds": SEEDS,
         "claims": {
-            "vips_beats_dpvi_on_adult": {"compared": logistic["claim"]["compared"], "held": logistic["claim"]["held"]},
-            "lda_figure2_ordering": {"compared": lda["claim"]["compared"], "held": lda["claim"]["held"],
+            "vips_beats_dpvi_on_adult": claim_entry("VIPS test AUC above DPVI's at every epsilon", logistic["claim"]),
+            "lda_figure2_ordering": {**claim_entry("moments accountant + clipping below strong composition, "
+                                                   "clipping below no clipping (perplexity)", lda["claim"]),
                                      "full_ordering_held": lda["claim"]["full_ordering_held"]},
         },
         "claim1_logistic_adult": logistic,
