@@ -179,6 +179,7 @@ def main() -> dict:
         },
         "targets": targets,
         "seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time(),
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
