@@ -123,6 +123,10 @@ class PrivateEngine:
             weights = w / np.linalg.norm(w)
         if self.non_private:
             return {n: 0.0 for n in names}
+        unbounded = [b.name for b in self.blocks if not (math.isfinite(b.bound) and b.bound > 0)]
+        if unbounded:
+            raise ValueError(f"blocks {unbounded} have no finite per-record bound (no clipping): "
+                             "a private run needs one; only privacy.mode: non_private runs unclipped")
         stds = block_noise_stds(self.noise_multiplier, bounds, weights)
         return dict(zip(names, map(float, stds)))
 

@@ -264,3 +264,9 @@ def test_engine_tells_the_model_its_public_noise_scale(sampler):
     normaliser = sampler.normaliser(M)
     assert seen == [{name: pytest.approx(std / normaliser, rel=1e-12) for name, std in eng.block_stds.items()}]
     assert all(v > 0 for v in seen[0].values())
+
+
+def test_private_engine_refuses_an_unbounded_block():
+    model = FakeModel((Block("vec", (3,), math.inf),))
+    with pytest.raises(ValueError, match="no finite per-record bound"):
+        make_engine(model, full_reservoir(10), FixedSizeSampler(5), AdmitAll())
