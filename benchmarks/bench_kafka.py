@@ -5,6 +5,7 @@ over 3 partitions (written with kcat). Two readers consume all of it, alternatel
 times each, and the best round of each counts:
 
 * peer: a bare ``KafkaConsumer`` loop (``poll(max_records=5000)``, touching every value);
+* (diagnosis only) ``KafkaSource`` alone, to separate the connector's cost from the core's;
 * pipeline: ``Application`` from a Kafka-to-Kafka configuration (KafkaSource with a consumer
   group and synchronous commits, JSON decoding and validation, reservoir, private updates every
   ``--every`` records with the Kafka ledger and the Kafka model sink).
@@ -69,6 +70,24 @@ def bare_consumer(bootstrap: str, topic: str, n: int) -> float:
     return seen / elapsed
 
 
+def source_only(bootstrap: str, topic: str, n: int, round_no: int) -> float:
+    """Records/s of KafkaSource alone (consumer group, RawRecords, a commit per poll): the
+    connector's share of the pipeline's cost, reported for diagnosis (not a target)."""
+    from connectors.kafka import KafkaSource
+
+    src = KafkaSource(bootstrap, topic, group_id=f"bench-src-{round_no}-{os.getpid()}", until_end=True)
+    seen = 0
+    start = time.perf_counter()
+    while not src.exhausted:
+        seen += len(src.poll(5000, 0.2))
+        src.commit()
+    elapsed = time.perf_counter() - start
+    src.close()
+    if seen != n:
+        raise RuntimeError(f"source consumed {seen} records, expected {n}")
+    return seen / elapsed
+
+
 def pipeline(bootstrap: str, topic: str, n: int, every: int, round_no: int) -> tuple[float, dict]:
     """Records/s of the full pipeline over the whole topic (a fresh consumer group each round)."""
     from kafka_broker import build_app, pipeline_config
@@ -105,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         produce_with_kcat(broker.bootstrap, topic, args.records, 3)
         produce_s = time.perf_counter() - t0
-        peer_rates, pipe_rates, pipe_info = [], [], {}
+        peer_rates, pipe_rates, src_rates, pipe_info = [], [], [], {}
         for r in range(args.rounds):
             peer_rates.append(bare_consumer(broker.bootstrap, topic, args.records))
+            src_rates.append(source_only(broker.bootstrap, topic, args.records, r))
             rate, pipe_info = pipeline(broker.bootstrap, topic, args.records, args.every, r)
             pipe_rates.append(rate)
     peer, pipe = max(peer_rates), max(pipe_rates)
@@ -122,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer_records_per_s": [round(x) for x in peer_rates],
         "pipeline_records_per_s": [round(x) for x in pipe_rates],
         "pipeline": {"every_records": args.every, **pipe_info},
+        "diagnosis": {"kafka_source_only_records_per_s": [round(x) for x in src_rates],
+                      "kafka_source_only_vs_bare": round(max(src_rates) / peer, 3)},
         "targets": {
             "pipeline_vs_bare_consumer": {"ratio": round(ratio, 3), "target": TARGET_RATIO,
                                           "met": bool(ratio >= TARGET_RATIO)},
