@@ -6,18 +6,17 @@ Each sink line is one complete JSON document, written and flushed per call so th
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from connectors._lines import PausableSource, dead_letter_line, line_value, message_line, write_lines
 from stream_vips.io import DeadLetter, RawRecord
 
 
-class JsonlSource:
+class JsonlSource(PausableSource):
     """Reads one record per line from ``path``; blank lines are skipped.
 
     With ``follow=True`` the source behaves like ``tail -f``: it is never exhausted and
@@ -30,10 +29,9 @@ class JsonlSource:
         self._file = open(self.path, "rb")
         self._line = 0
         self._eof = False
-        self._paused = False
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        if self._paused:
+        if self.paused:
             return []
         deadline = time.monotonic() + timeout_s
         while True:
@@ -41,8 +39,8 @@ class JsonlSource:
             out = []
             for raw in lines:
                 self._line += 1
-                value = raw.rstrip(b"\r\n")
-                if value.strip():
+                value = line_value(raw)
+                if value is not None:
                     out.append(RawRecord(value, {"path": self.path, "line": self._line}))
             if len(lines) < max_records:
                 self._eof = True
@@ -52,12 +50,6 @@ class JsonlSource:
 
     def commit(self) -> None:
         """Files have no consumer offsets; progress is the read position."""
-
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
 
     @property
     def exhausted(self) -> bool:
@@ -76,11 +68,8 @@ class _LineWriter:
         self._file = open(self.path, "a", encoding="utf-8")
 
     def _write(self, lines: Sequence[str]) -> None:
-        if not lines:
-            return
-        self._file.write("".join(line + "\n" for line in lines))
-        self._file.flush()
-        if self.fsync:
+        write_lines(self._file, lines)
+        if lines and self.fsync:
             os.fsync(self._file.fileno())
 
     def flush(self) -> None:
@@ -99,24 +88,7 @@ class JsonlSink(_LineWriter):
         super().__init__(path, fsync)
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
-        self._write([json.dumps(message, separators=(",", ":"), allow_nan=False)])
-
-
-def dead_letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
-    """JSON form of a dead letter: reason, detail, origin and the original value.
-
-    The value is kept as text when it is valid UTF-8, else base64 (``value_base64``).
-    """
-    out: dict[str, Any] = {
-        "reason": letter.reason,
-        "detail": letter.detail,
-        "origin": dict(letter.record.origin),
-    }
-    try:
-        out["value"] = letter.record.value.decode("utf-8")
-    except UnicodeDecodeError:
-        out["value_base64"] = base64.b64encode(letter.record.value).decode("ascii")
-    return out
+        self._write([message_line(message)])
 
 
 class JsonlDeadLetterSink(_LineWriter):
@@ -126,4 +98,4 @@ class JsonlDeadLetterSink(_LineWriter):
         super().__init__(path, fsync)
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
-        self._write([json.dumps(dead_letter_to_dict(letter), default=str) for letter in letters])
+        self._write([dead_letter_line(letter) for letter in letters])

@@ -7,6 +7,7 @@ import json
 import threading
 from typing import Any, Iterable, Mapping, Sequence
 
+from connectors._lines import PausableSource
 from stream_vips.io import DeadLetter, RawRecord
 
 
@@ -18,7 +19,7 @@ def _as_bytes(value: bytes | str | Any) -> bytes:
     return json.dumps(value).encode("utf-8")
 
 
-class MemorySource:
+class MemorySource(PausableSource):
     """A queue of records. ``values`` may be bytes, str or JSON-serializable objects.
 
     ``finite=True`` makes the source exhausted once the queue is drained; ``finite=False``
@@ -30,7 +31,6 @@ class MemorySource:
         self._lock = threading.Condition()
         self._finished = finite
         self._offset = 0
-        self.paused = False
         self.commits = 0
         self.committed_offset = 0
         self._delivered = 0
@@ -65,12 +65,6 @@ class MemorySource:
     def commit(self) -> None:
         self.commits += 1
         self.committed_offset = self._delivered
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
 
     @property
     def exhausted(self) -> bool:

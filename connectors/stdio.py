@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import sys
 import threading
-from typing import Any, BinaryIO, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence, TextIO
 
-from connectors.jsonl import dead_letter_to_dict
+from connectors._lines import PausableSource, dead_letter_line, line_value, message_line, write_lines
 from stream_vips.io import DeadLetter, RawRecord
 
 _EOF = object()
 
 
-class StdinSource:
+class StdinSource(PausableSource):
     """Reads one record per line from stdin (or ``stream``).
 
     A daemon thread does the blocking reads so that :meth:`poll` honours its timeout and the
@@ -25,7 +24,6 @@ class StdinSource:
         self._stream = stream if stream is not None else sys.stdin.buffer
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=100_000)
         self._eof = False
-        self._paused = False
         self._line = 0
         threading.Thread(target=self._reader, name="stdin-reader", daemon=True).start()
 
@@ -35,7 +33,7 @@ class StdinSource:
         self._queue.put(_EOF)
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        if self._paused or self._eof:
+        if self.paused or self._eof:
             return []
         out: list[RawRecord] = []
         try:
@@ -45,8 +43,8 @@ class StdinSource:
                     self._eof = True
                     break
                 self._line += 1
-                value = item.rstrip(b"\r\n")
-                if value.strip():
+                value = line_value(item)
+                if value is not None:
                     out.append(RawRecord(value, {"stdin_line": self._line}))
                 if len(out) >= max_records:
                     break
@@ -58,12 +56,6 @@ class StdinSource:
     def commit(self) -> None:
         """stdin cannot be rewound; nothing to commit."""
 
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
-
     @property
     def exhausted(self) -> bool:
         return self._eof
@@ -72,43 +64,35 @@ class StdinSource:
         """The reader thread is a daemon; it ends with the process."""
 
 
-class StdoutSink:
+class _StdStream:
+    """Writes lines to ``stream``, or to the process stream :attr:`default` looked up at each call."""
+
+    default: str = "stdout"
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    def _out(self) -> TextIO:
+        return self._stream if self._stream is not None else getattr(sys, self.default)
+
+    def flush(self) -> None:
+        self._out().flush()
+
+    def close(self) -> None:
+        self.flush()
+
+
+class StdoutSink(_StdStream):
     """Writes each model message as one JSON line to stdout (or ``stream``)."""
 
-    def __init__(self, stream: Any = None) -> None:
-        self._stream = stream
-
-    def _out(self) -> Any:
-        return self._stream if self._stream is not None else sys.stdout
-
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
-        out = self._out()
-        out.write(json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n")
-        out.flush()
-
-    def flush(self) -> None:
-        self._out().flush()
-
-    def close(self) -> None:
-        self.flush()
+        write_lines(self._out(), [message_line(message)])
 
 
-class StderrDeadLetterSink:
-    """Writes each rejected record with its reason as one JSON line to stderr."""
+class StderrDeadLetterSink(_StdStream):
+    """Writes each rejected record with its reason as one JSON line to stderr (or ``stream``)."""
 
-    def __init__(self, stream: Any = None) -> None:
-        self._stream = stream
-
-    def _out(self) -> Any:
-        return self._stream if self._stream is not None else sys.stderr
+    default = "stderr"
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
-        out = self._out()
-        out.write("".join(json.dumps(dead_letter_to_dict(x), default=str) + "\n" for x in letters))
-        out.flush()
-
-    def flush(self) -> None:
-        self._out().flush()
-
-    def close(self) -> None:
-        self.flush()
+        write_lines(self._out(), [dead_letter_line(letter) for letter in letters])

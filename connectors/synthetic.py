@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from connectors._lines import PausableSource
 from stream_vips.io import RawRecord
 
 #: Malformed record generators: kind -> template (``{d}`` is the dimension).
@@ -34,7 +35,7 @@ def _fill(template: str, dimension: int) -> str:
     return template % (", 0.1" * (dimension - 1)) if "%s" in template else template
 
 
-class SyntheticRegressionSource:
+class SyntheticRegressionSource(PausableSource):
     """Generates ``count`` records (``None``: unbounded) from a fixed linear model.
 
     ``weights`` default to ``N(0, I)`` draws from ``seed``; ``records_per_second`` throttles
@@ -78,7 +79,6 @@ class SyntheticRegressionSource:
         self._malformed = [_fill(t, self.dimension).encode() for t in MALFORMED_KINDS.values()]
         self._produced = 0
         self._started = time.monotonic()
-        self._paused = False
 
     def generate(self, n: int) -> list[bytes]:
         """The next ``n`` records as JSON lines (advances the generator)."""
@@ -96,7 +96,7 @@ class SyntheticRegressionSource:
         return lines
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        if self._paused or self.exhausted:
+        if self.paused or self.exhausted:
             return []
         n = max_records
         if self.count is not None:
@@ -112,12 +112,6 @@ class SyntheticRegressionSource:
 
     def commit(self) -> None:
         """A generator has nothing to commit."""
-
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
 
     @property
     def exhausted(self) -> bool:
