@@ -140,6 +140,15 @@ class FieldBatch:
     def _values(self, name: str) -> list[Any]:
         return [o.get(name, _MISSING) if type(o) is dict else _MISSING for o in self.objs]
 
+    def _present(self, i: int, name: str, v: Any) -> bool:
+        """Whether record ``i`` is still accepted and has field ``name`` (a missing one is rejected)."""
+        if self._bad[i]:
+            return False
+        if v is _MISSING:
+            self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
+            return False
+        return True
+
     def _check_numbers(self, name: str, arr: np.ndarray, max_abs: float | None) -> None:
         flat = arr.reshape(self.n, int(np.prod(arr.shape[1:], dtype=np.int64)))
         finite = np.isfinite(flat).all(axis=1)
@@ -169,11 +178,9 @@ class FieldBatch:
         if arr is None:
             arr = np.zeros(self.n)
             for i, v in enumerate(vals):
-                if self._bad[i]:
+                if not self._present(i, name, v):
                     continue
-                if v is _MISSING:
-                    self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
-                elif type(v) not in _NUMBER:
+                if type(v) not in _NUMBER:
                     self._reject(i, WRONG_TYPE, f"{name!r} must be a number, got {_json_type(v)}")
                 else:
                     arr[i] = self._float(i, name, v)
@@ -182,16 +189,27 @@ class FieldBatch:
         arr[self._bad] = 0.0
         return arr
 
+    def binary(self, name: str, *, max_abs: float | None = None) -> np.ndarray:
+        """Field ``name`` as an (n,) float64 array of labels 0 or 1; other numbers are out of range.
+
+        >>> batch = FieldBatch([{"y": 1}, {"y": 0.5}, {"y": False}])
+        >>> batch.binary("y").tolist(), [(i, reason) for i, reason, _ in batch.rejected()]
+        ([1.0, 0.0, 0.0], [(1, 'out_of_range')])
+        """
+        y = self.scalar(name, max_abs=max_abs)
+        for i in np.flatnonzero(~self._bad & (y != 0.0) & (y != 1.0)):
+            self._reject(int(i), OUT_OF_RANGE, f"{name!r} must be 0 or 1, got {y[i]:g}")
+        y[self._bad] = 0.0
+        return y
+
     def _slow_vector(self, name: str, vals: list[Any], dim: int) -> np.ndarray:
         """The batch has a malformed record: classify shapes per record, convert the rest at once."""
         arr = np.zeros((self.n, dim))
         shaped = []
         for i, v in enumerate(vals):
-            if self._bad[i]:
+            if not self._present(i, name, v):
                 continue
-            if v is _MISSING:
-                self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
-            elif type(v) is not list:
+            if type(v) is not list:
                 self._reject(i, WRONG_TYPE, f"{name!r} must be an array of {dim} numbers, got {_json_type(v)}")
             elif len(v) != dim:
                 self._reject(i, WRONG_SHAPE, f"{name!r} has {len(v)} entries, expected {dim}")

@@ -81,7 +81,7 @@ from scipy.stats import rankdata
 
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
-from stream_vips.records import OUT_OF_RANGE, FieldBatch
+from stream_vips.records import FieldBatch
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4
@@ -185,17 +185,12 @@ class BayesianLogisticRegression(Model):
         """Check ``x`` (d finite numbers) and ``y`` (0 or 1); clip x to L2 norm 1."""
         batch = FieldBatch(objs)
         x = batch.vector("x", self.dim, max_abs=_MAX_ABS_INPUT)
-        y = batch.scalar("y", max_abs=_MAX_ABS_INPUT)
+        y = batch.binary("y", max_abs=_MAX_ABS_INPUT)
         ok = batch.accepted()
-        binary = (y[ok] == 0.0) | (y[ok] == 1.0)
-        rejected = batch.rejected() + [
-            (int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}") for i in ok[~binary]
-        ]
-        ok = ok[binary]
         return ParsedBatch(
             rows={"x": clip_rows(x[ok], 1.0).astype(self.dtype), "y": y[ok]},
             accepted=ok,
-            rejected=sorted(rejected),
+            rejected=batch.rejected(),
         )
 
     # ------------------------------------------------------------------ protocol: release

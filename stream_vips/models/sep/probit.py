@@ -38,7 +38,6 @@ from scipy.special import log_ndtr, ndtr
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.sep.core import SITE, SEPModel, _optional_positive, _positive, pack, parse_vectors
 from stream_vips.privacy.mechanisms import clip_factors
-from stream_vips.records import OUT_OF_RANGE
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -118,17 +117,12 @@ class ProbitSEP(SEPModel):
     def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
         """``{"x": [dim numbers], "y": 0 | 1}``; other labels are rejected as out of range."""
         fields, x = parse_vectors(objs, self.n_features, None, self.max_abs)
-        y = fields.scalar("y")
+        y = fields.binary("y")
         ok = fields.accepted()
-        binary = (y[ok] == 0) | (y[ok] == 1)
-        rejected = fields.rejected() + [
-            (int(i), OUT_OF_RANGE, f"'y' must be 0 or 1, got {y[i]:g}") for i in ok[~binary]
-        ]
-        ok = ok[binary]
         return ParsedBatch(
             rows={"x": self.features(x[ok]), "y": y[ok].astype(np.int8)},
             accepted=ok,
-            rejected=sorted(rejected),
+            rejected=fields.rejected(),
         )
 
     def _coefficients(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
