@@ -49,6 +49,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy import linalg, stats
 
+from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.records import FieldBatch
@@ -86,14 +87,10 @@ class LinearRegression(Model):
         y_bound: float = 1.0,
         max_abs: float = 1e6,
     ) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"linreg dim must be a positive integer, got {dim!r}")
-        if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 1:
-            raise ValueError(f"linreg dataset_size must be a positive integer, got {dataset_size!r}")
+        self.dim = integer("linreg dim", dim)
+        self.dataset_size = integer("linreg dataset_size", dataset_size)
         if noise not in NOISE_OPTIONS:
             raise ValueError(f"linreg noise must be one of {NOISE_OPTIONS}, got {noise!r}")
-        self.dim = int(dim)
-        self.dataset_size = int(dataset_size)
         self.noise = noise
         self.noise_precision = _positive("noise_precision", noise_precision)
         self.prior_precision = _positive("prior_precision", prior_precision)

@@ -79,6 +79,7 @@ from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
+from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.records import FieldBatch
@@ -152,23 +153,16 @@ class BayesianLogisticRegression(Model):
         floor_factor: float = 1.0,
         dtype: str = "float64",
     ) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 1:
-            raise ValueError(f"dataset_size must be a positive integer, got {dataset_size!r}")
-        for name, value in (("a0", a0), ("b0", b0), ("floor_factor", floor_factor)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        self.dim = integer("dim", dim)
+        self.dataset_size = integer("dataset_size", dataset_size)
+        self.a0 = positive("a0", a0)
+        self.b0 = positive("b0", b0)
+        self.floor_factor = positive("floor_factor", floor_factor)
         if dtype not in _BLAS_TRMM:
             raise ValueError(f"dtype must be one of {sorted(_BLAS_TRMM)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
         self._trmm = _BLAS_TRMM[dtype]
-        self._norm_inflation = 1.0 + int(dim) * float(np.finfo(self.dtype).eps)
-        self.dim = int(dim)
-        self.dataset_size = int(dataset_size)
-        self.a0 = float(a0)
-        self.b0 = float(b0)
-        self.floor_factor = float(floor_factor)
+        self._norm_inflation = 1.0 + self.dim * float(np.finfo(self.dtype).eps)
         self.s2_noise_std = 0.0
         self._alpha_shape, self._alpha_rate = self.a0, self.b0  # q(alpha) = prior before any data
         self._h = np.zeros(self.dim)  # blend of N s1

@@ -13,11 +13,11 @@ exactly the record handling of :class:`~stream_vips.models.logistic.BayesianLogi
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
+from stream_vips.models._validate import integer
 from stream_vips.models.base import Model
 from stream_vips.models.logistic import BayesianLogisticRegression
 
@@ -29,12 +29,8 @@ class LogisticRecords(Model):
     parse_batch = BayesianLogisticRegression.parse_batch
 
     def _init_records(self, dim: Any, dataset_size: Any) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 1:
-            raise ValueError(f"dataset_size must be a positive integer, got {dataset_size!r}")
-        self.dim = int(dim)
-        self.dataset_size = int(dataset_size)
+        self.dim = integer("dim", dim)
+        self.dataset_size = integer("dataset_size", dataset_size)
         self.dtype = np.dtype(np.float64)  # stored input precision, read by the shared record handling
 
     def _batch_xy(self, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -47,11 +43,3 @@ class LogisticRecords(Model):
             raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
                              f"got {X.shape} and {y.shape}")
         return X, y
-
-
-def positive(name: str, value: Any) -> float:
-    """``value`` as a float, or a ValueError naming ``name`` unless finite and > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)

@@ -47,7 +47,8 @@ import numpy as np
 from scipy.special import expit
 
 from stream_vips.models.base import Block
-from stream_vips.models.baselines import LogisticRecords, positive
+from stream_vips.models._validate import integer, positive
+from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows
 
 #: Guards the AdaGrad division before any gradient arrived.
@@ -79,11 +80,9 @@ class DPVI(LogisticRecords):
         self.clip = positive("clip", clip)
         self.step_size = positive("step_size", step_size)
         self.prior_precision = positive("prior_precision", prior_precision)
-        if isinstance(mc_samples, bool) or not isinstance(mc_samples, (int, np.integer)) or mc_samples < 1:
-            raise ValueError(f"mc_samples must be a positive integer, got {mc_samples!r}")
+        self.mc_samples = integer("mc_samples", mc_samples)
         if not (isinstance(init_log_sigma, (int, float)) and math.isfinite(init_log_sigma)):
             raise ValueError(f"init_log_sigma must be a finite number, got {init_log_sigma!r}")
-        self.mc_samples = int(mc_samples)
         self.init_log_sigma = float(init_log_sigma)
         self.seed = seed
         self._mc_rng = np.random.default_rng(seed)

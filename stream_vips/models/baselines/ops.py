@@ -42,7 +42,8 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 from stream_vips.models.base import Block
-from stream_vips.models.baselines import LogisticRecords, positive
+from stream_vips.models._validate import integer, positive
+from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.mechanisms import clip_rows
 from stream_vips.reservoir import Reservoir
@@ -74,9 +75,7 @@ class OPS(LogisticRecords):
         self.epsilon = positive("epsilon", epsilon)
         self.radius = positive("radius", radius)
         self.prior_precision = positive("prior_precision", prior_precision)
-        if isinstance(mcmc_steps, bool) or not isinstance(mcmc_steps, (int, np.integer)) or mcmc_steps < 2:
-            raise ValueError(f"mcmc_steps must be an integer >= 2, got {mcmc_steps!r}")
-        self.mcmc_steps = int(mcmc_steps)
+        self.mcmc_steps = integer("mcmc_steps", mcmc_steps, minimum=2)
         self.theta = np.zeros(self.dim)
         self.acceptance = math.nan
 

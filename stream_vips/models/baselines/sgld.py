@@ -50,7 +50,8 @@ import numpy as np
 from scipy.special import expit
 
 from stream_vips.models.base import Block
-from stream_vips.models.baselines import LogisticRecords, positive
+from stream_vips.models._validate import integer, positive
+from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.mechanisms import clip_rows
 
 
@@ -96,10 +97,8 @@ class DPSGLD(LogisticRecords):
         self.passes = positive("passes", passes)
         self.lipschitz = positive("lipschitz", lipschitz)
         self.prior_precision = positive("prior_precision", prior_precision)
-        for name, value in (("burn_in", burn_in), ("keep", keep)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        self.burn_in, self.keep = int(burn_in), max(1, int(keep))
+        self.burn_in = integer("burn_in", burn_in, minimum=0)
+        self.keep = max(1, integer("keep", keep, minimum=0))
         need = self.min_passes()
         if self.passes < need:
             raise SgldConditionError(

@@ -71,7 +71,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stream_vips.models.base import Block, Model
+from stream_vips.models._validate import integer, optional_positive, positive
+from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors, project_pd
 from stream_vips.records import FieldBatch
 
@@ -115,22 +116,6 @@ def unpack(v: np.ndarray, n_factors: int, dim: int) -> tuple[np.ndarray, np.ndar
     return eta.copy(), prec
 
 
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _optional_positive(name: str, value: Any) -> float | None:
-    return None if value is None else _positive(name, value)
-
-
 def _vector(name: str, value: Any, dim: int) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=float)
@@ -146,9 +131,10 @@ def _vector(name: str, value: Any, dim: int) -> np.ndarray:
 class SEPModel(Model):
     """Shared DP-SEP machinery for families whose posterior is K independent d-dim Gaussians.
 
-    Subclasses define the records (``row_layout``, ``parse_batch``) and the local sites of a
-    batch (``local_sites``, or an override of ``clipped_sum`` for structured sites), plus their
-    read-side predictions. Constructor arguments (all public configuration):
+    Subclasses define the local sites of a batch (``local_sites``, or an override of
+    ``clipped_sum`` for structured sites) and their read-side predictions. Records default to
+    ``{"x": [dim numbers]}`` (:meth:`parse_batch`); families with more fields override
+    ``row_layout`` and ``parse_batch``. Constructor arguments (all public configuration):
 
     - ``dataset_size``: N in theta_q = theta_0 + N theta_f; set it to the reservoir capacity M;
     - ``clip``: C, the L2 bound on every local site and on the site f (``None``: plain SEP);
@@ -158,7 +144,9 @@ class SEPModel(Model):
       prior precision 1 / prior_var, a public constant);
     - ``floor_factor``: with the public noise level known (:meth:`set_noise_scale`) the floor is
       raised to floor_factor * sqrt(d) * (std of the noise on one diagonal entry of the posterior
-      precision), about half the expected spectral norm of that noise matrix.
+      precision), about half the expected spectral norm of that noise matrix;
+    - ``x_clip``: L2 bound the inputs x are clipped to (``None``: no clipping);
+    - ``max_abs``: records with a |coordinate| beyond it are rejected as out of range.
     """
 
     def __init__(
@@ -173,17 +161,21 @@ class SEPModel(Model):
         prior_var: float = 1.0,
         precision_floor: float | None = None,
         floor_factor: float = 1.0,
+        x_clip: float | None = None,
+        max_abs: float = 1e6,
     ) -> None:
-        self.n_factors = _positive_int("n_factors", n_factors)
-        self.dim = _positive_int("dim", dim)
-        self.dataset_size = _positive_int("dataset_size", dataset_size)
-        self.clip = _optional_positive("clip", clip)
-        self.damping = _positive("damping", damping)
-        self.prior_var = _positive("prior_var", prior_var)
+        self.n_factors = integer("n_factors", n_factors)
+        self.dim = integer("dim", dim)
+        self.dataset_size = integer("dataset_size", dataset_size)
+        self.clip = optional_positive("clip", clip)
+        self.damping = positive("damping", damping)
+        self.prior_var = positive("prior_var", prior_var)
         self.prior_mean = _vector("prior_mean", prior_mean, self.dim)
         floor = 1.0 / self.prior_var if precision_floor is None else precision_floor
-        self.precision_floor = _positive("precision_floor", floor)
-        self.floor_factor = _positive("floor_factor", floor_factor)
+        self.precision_floor = positive("precision_floor", floor)
+        self.floor_factor = positive("floor_factor", floor_factor)
+        self.x_clip = optional_positive("x_clip", x_clip)
+        self.max_abs = positive("max_abs", max_abs)
         self.site_noise_std = 0.0  # public std of the noise on one coordinate of the released mean
         self._noise_var = 0.0  # variance of the noise carried by one packed coordinate of theta_f
         K, d = self.n_factors, self.dim
@@ -193,6 +185,15 @@ class SEPModel(Model):
         self._site = np.zeros(packed_size(K, d))
 
     # -- protocol -----------------------------------------------------------------------------
+
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {"x": (np.dtype(np.float64), (self.dim,))}
+
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """``{"x": [d numbers]}``; x clipped to norm ``x_clip`` when configured."""
+        fields, x = parse_vectors(objs, self.dim, self.x_clip, self.max_abs)
+        ok = fields.accepted()
+        return ParsedBatch(rows={"x": x[ok]}, accepted=ok, rejected=fields.rejected())
 
     def blocks(self) -> tuple[Block, ...]:
         """One block: the packed sum of clipped local sites (bound C; infinite for plain SEP)."""
@@ -227,7 +228,7 @@ class SEPModel(Model):
         """
         if self.clip is None:
             return math.inf
-        return self.dataset_size * self.step_fraction(rho) * self.clip / _positive("normaliser", normaliser)
+        return self.dataset_size * self.step_fraction(rho) * self.clip / positive("normaliser", normaliser)
 
     def release(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> np.ndarray:
         """The released posterior natural parameters (R), packed, before the precision projection."""
@@ -328,6 +329,8 @@ class SEPModel(Model):
             "prior_var": self.prior_var,
             "precision_floor": self.precision_floor,
             "floor_factor": self.floor_factor,
+            "x_clip": self.x_clip,
+            "max_abs": self.max_abs,
         }
 
 

@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from stream_vips.models.base import ParsedBatch
-from stream_vips.models.sep.core import SEPModel, _optional_positive, _positive, parse_vectors
+from stream_vips.models._validate import positive
+from stream_vips.models.sep.core import SEPModel
 
 
 class GaussianMeanSEP(SEPModel):
@@ -46,20 +46,9 @@ class GaussianMeanSEP(SEPModel):
         super().__init__(
             n_factors=1, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
-            floor_factor=floor_factor,
+            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
         )
-        self.noise_var = _positive("noise_var", noise_var)
-        self.x_clip = _optional_positive("x_clip", x_clip)
-        self.max_abs = _positive("max_abs", max_abs)
-
-    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-        return {"x": (np.dtype(np.float64), (self.dim,))}
-
-    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
-        """``{"x": [d numbers]}``; x clipped to norm ``x_clip`` when configured."""
-        fields, x = parse_vectors(objs, self.dim, self.x_clip, self.max_abs)
-        ok = fields.accepted()
-        return ParsedBatch(rows={"x": x[ok]}, accepted=ok, rejected=fields.rejected())
+        self.noise_var = positive("noise_var", noise_var)
 
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The likelihood terms (x / noise_var, I / noise_var), shapes (B, 1, d), (B, 1, d, d)."""
@@ -79,6 +68,5 @@ class GaussianMeanSEP(SEPModel):
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
-            "dim": self.dim, "noise_var": self.noise_var, "x_clip": self.x_clip, "max_abs": self.max_abs,
-            **super().hyperparameters(),
+            "dim": self.dim, "noise_var": self.noise_var, **super().hyperparameters(),
         }

@@ -39,8 +39,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import softmax
 
-from stream_vips.models.base import ParsedBatch
-from stream_vips.models.sep.core import SEPModel, _optional_positive, _positive, parse_vectors
+from stream_vips.models._validate import integer, positive
+from stream_vips.models.sep.core import SEPModel
 
 
 class MixtureSEP(SEPModel):
@@ -68,26 +68,13 @@ class MixtureSEP(SEPModel):
         super().__init__(
             n_factors=n_components, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
-            floor_factor=floor_factor,
+            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
         )
-        self.noise_sd = _positive("noise_sd", noise_sd)
-        self.x_clip = _optional_positive("x_clip", x_clip)
-        self.max_abs = _positive("max_abs", max_abs)
-        if isinstance(init_seed, bool) or not isinstance(init_seed, (int, np.integer)) or init_seed < 0:
-            raise ValueError(f"init_seed must be a non-negative integer, got {init_seed!r}")
-        self.init_seed = int(init_seed)
+        self.noise_sd = positive("noise_sd", noise_sd)
+        self.init_seed = integer("init_seed", init_seed, minimum=0)
         K, d = self.n_factors, self.dim
         start = self.prior_mean + np.sqrt(self.prior_var) * np.random.default_rng(self.init_seed).standard_normal((K, d))
         self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
-
-    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-        return {"x": (np.dtype(np.float64), (self.dim,))}
-
-    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
-        """``{"x": [d numbers]}``; x clipped to norm ``x_clip`` when configured."""
-        fields, x = parse_vectors(objs, self.dim, self.x_clip, self.max_abs)
-        ok = fields.accepted()
-        return ParsedBatch(rows={"x": x[ok]}, accepted=ok, rejected=fields.rejected())
 
     def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log N(x; mean_j, cov_j + noise_sd^2 I) (B, J) and the differences x - mean_j (B, J, d)."""
@@ -126,6 +113,5 @@ class MixtureSEP(SEPModel):
     def hyperparameters(self) -> dict[str, Any]:
         return {
             "n_components": self.n_factors, "dim": self.dim, "noise_sd": self.noise_sd,
-            "init_seed": self.init_seed, "x_clip": self.x_clip, "max_abs": self.max_abs,
-            **super().hyperparameters(),
+            "init_seed": self.init_seed, **super().hyperparameters(),
         }

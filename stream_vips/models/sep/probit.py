@@ -36,7 +36,7 @@ import numpy as np
 from scipy.special import log_ndtr, ndtr
 
 from stream_vips.models.base import ParsedBatch
-from stream_vips.models.sep.core import SITE, SEPModel, _optional_positive, _positive, pack, parse_vectors
+from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors
 from stream_vips.privacy.mechanisms import clip_factors
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
@@ -97,10 +97,8 @@ class ProbitSEP(SEPModel):
         super().__init__(
             n_factors=1, dim=int(dim) + int(intercept), dataset_size=dataset_size, clip=clip,
             damping=damping, prior_mean=0.0, prior_var=prior_var, precision_floor=precision_floor,
-            floor_factor=floor_factor,
+            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
         )
-        self.x_clip = _optional_positive("x_clip", x_clip)
-        self.max_abs = _positive("max_abs", max_abs)
 
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         return {"x": (np.dtype(np.float64), (self.dim,)), "y": (np.dtype(np.int8), ())}
@@ -160,6 +158,5 @@ class ProbitSEP(SEPModel):
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
-            "dim": self.n_features, "intercept": self.intercept, "x_clip": self.x_clip,
-            "max_abs": self.max_abs, **super().hyperparameters(),
+            "dim": self.n_features, "intercept": self.intercept, **super().hyperparameters(),
         }
