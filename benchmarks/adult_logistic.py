@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.datasets import load_adult  # noqa: E402
+from benchmarks.datasets import load_adult, train_records  # noqa: E402
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
 from stream_vips import messages  # noqa: E402
 from stream_vips.config import config_from_dict  # noqa: E402
@@ -68,8 +68,8 @@ def config(n: int, d: int, epsilon: float | None, seed: int) -> dict:
     }
 
 
-def stream_once(encoded: list[bytes], n: int, d: int, epsilon: float | None, seed: int) -> dict:
-    """One pipeline run over the training stream; returns the last published message."""
+def run_pipeline(cfg: dict, encoded: list[bytes]) -> dict:
+    """One pipeline run of ``cfg`` over the training stream for ``STEPS`` updates; the last published message."""
     sink = MemorySink()
 
     def stop_after_planned_steps(app: Application) -> None:
@@ -77,16 +77,21 @@ def stream_once(encoded: list[bytes], n: int, d: int, epsilon: float | None, see
             app.stop()
 
     app = Application.from_config(
-        config_from_dict(config(n, d, epsilon, seed)),
+        config_from_dict(cfg),
         source=MemorySource(encoded, finite=False), sink=sink, dead_letter=MemoryDeadLetterSink(),
         ledger=MemoryLedger(), progress=stop_after_planned_steps,
     )
-    # the eigenvalue floor needs the public noise std of the released s2 mean
+    # the eigenvalue floor needs the public noise std of the released mean
     app.model.set_noise_scale({k: s / app.engine.normaliser for k, s in app.engine.block_stds.items()})
     stats = app.run()
     if stats.updates != STEPS or stats.rejected:
         raise RuntimeError(f"expected {STEPS} updates and no rejections, got {stats}")
     return sink.messages[-1][1]
+
+
+def stream_once(encoded: list[bytes], n: int, d: int, epsilon: float | None, seed: int) -> dict:
+    """One VIPS run over the training stream; returns the last published message."""
+    return run_pipeline(config(n, d, epsilon, seed), encoded)
 
 
 def score(message: dict, X: np.ndarray, y: np.ndarray) -> dict:
@@ -112,7 +117,7 @@ def main() -> dict:
     started = time.perf_counter()
     split = load_adult()
     n, d = split.X_train.shape
-    encoded = [json.dumps({"x": x.tolist(), "y": int(t)}).encode() for x, t in zip(split.X_train, split.y_train)]
+    encoded = train_records(split)
 
     from sklearn.linear_model import LogisticRegression
 

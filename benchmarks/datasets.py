@@ -26,6 +26,7 @@ import csv
 import gzip
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -150,6 +151,11 @@ def encode_adult(header: list[str], rows: list[list[str]]) -> tuple[np.ndarray, 
     label_name, positive = LABEL
     y = (table[:, col[label_name]].astype(str) == positive).astype(float)
     return X, y, tuple(names)
+
+
+def train_records(split: Split) -> list[bytes]:
+    """The stream part as JSON records ``{"x": [numbers], "y": 0 | 1}``, as a producer would send them."""
+    return [json.dumps({"x": x.tolist(), "y": int(t)}).encode() for x, t in zip(split.X_train, split.y_train)]
 
 
 def load_adult(cache: Path | None = None) -> Split:

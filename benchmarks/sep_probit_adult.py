@@ -35,13 +35,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from benchmarks import adult_logistic as vips  # noqa: E402
-from benchmarks.datasets import load_adult  # noqa: E402
-from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
+from benchmarks.datasets import load_adult, train_records  # noqa: E402
 from stream_vips.client import posterior_from_message  # noqa: E402
-from stream_vips.config import config_from_dict  # noqa: E402
 from stream_vips.models.logistic import log_loss, roc_auc  # noqa: E402
-from stream_vips.pipeline import Application  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 SEEDS = (0, 1, 2)
@@ -62,23 +58,8 @@ def sep_config(n: int, d: int, epsilon: float | None, seed: int) -> dict:
 
 
 def stream_sep(encoded: list[bytes], n: int, d: int, epsilon: float | None, seed: int) -> dict:
-    sink = MemorySink()
-
-    def stop(app: Application) -> None:
-        if app.stats.updates >= vips.STEPS:
-            app.stop()
-
-    app = Application.from_config(
-        config_from_dict(sep_config(n, d, epsilon, seed)),
-        source=MemorySource(encoded, finite=False), sink=sink, dead_letter=MemoryDeadLetterSink(),
-        ledger=MemoryLedger(), progress=stop,
-    )
-    # the eigenvalue floor needs the public noise std of the released mean (as for VIPS)
-    app.model.set_noise_scale({k: s / app.engine.normaliser for k, s in app.engine.block_stds.items()})
-    stats = app.run()
-    if stats.updates != vips.STEPS or stats.rejected:
-        raise RuntimeError(f"expected {vips.STEPS} updates and no rejections, got {stats}")
-    return sink.messages[-1][1]
+    """One DP-SEP run over the training stream (the VIPS benchmark's runner); the last message."""
+    return vips.run_pipeline(sep_config(n, d, epsilon, seed), encoded)
 
 
 def score_sep(message: dict, X: np.ndarray, y: np.ndarray) -> dict:
@@ -90,7 +71,7 @@ def main() -> dict:
     started = time.perf_counter()
     split = load_adult()
     n, d = split.X_train.shape
-    encoded = [json.dumps({"x": x.tolist(), "y": int(t)}).encode() for x, t in zip(split.X_train, split.y_train)]
+    encoded = train_records(split)
     rows = []
     for eps in (None, *EPSILONS):
         sep_runs, vips_runs, z = [], [], None
