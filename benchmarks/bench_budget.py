@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibra
 from dp_accounting.pld import PLDAccountant  # noqa: E402
 from dp_accounting.rdp import RdpAccountant as DpaRdp  # noqa: E402
 
+from benchmarks.common import machine, write_result  # noqa: E402
 from stream_vips.privacy.accountant import (  # noqa: E402
     PldAccountant, RdpAccountant, calibrate_noise_multiplier,
 )
@@ -163,16 +163,14 @@ def main() -> dict:
     ]
     result = {
         "benchmark": "bench_budget",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "budget_checks": checks,
         "calibration": calibration,
         "ledger_fsync_append": bench_fsync(),
         "targets_met": all(c["per_step_check_ms"]["met"] for c in checks)
         and all(c["meets_target"]["met"] for c in calibration),
     }
-    out = ROOT / "benchmarks" / "results" / "bench_budget.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("bench_budget", result)
     print(json.dumps(result, indent=2))
     return result
 

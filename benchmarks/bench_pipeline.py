@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import machine, write_result  # noqa: E402
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
 from connectors.synthetic import SyntheticRegressionSource  # noqa: E402
 from stream_vips.config import config_from_dict  # noqa: E402
@@ -120,13 +120,12 @@ def main() -> dict:
     lines = SyntheticRegressionSource(count=RECORDS, dimension=DIM, seed=1, malformed_fraction=0.01).generate(RECORDS)
     result = {
         "benchmark": "bench_pipeline",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "workload": {"records": RECORDS, "dim": DIM, "malformed_fraction": 0.01, "config": config("<method>")},
         "cases": [case(lines, "fixed", REPEATS), case(lines, "poisson", 1),
                   case(lines, "poisson", REPEATS, publish_interval_s=1.0)],
     }
-    out = ROOT / "benchmarks" / "results" / "bench_pipeline.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("bench_pipeline", result)
     print(json.dumps(result, indent=2))
     return result
 

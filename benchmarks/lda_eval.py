@@ -39,7 +39,6 @@ import io
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -57,6 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 
 from datasets import cache_dir  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.lda import LDA, topic_recovery  # noqa: E402
 from stream_vips.privacy.accountant import PldAccountant, calibrate_noise_multiplier  # noqa: E402
@@ -73,7 +73,6 @@ NEWS_ARTICLES = 3824
 SPLIT_SEED = 20200102
 DELTA = 1e-5
 EPSILONS = (0.5, 1.0, 2.0, 4.0, math.inf)
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,8 +348,7 @@ def main() -> dict:
     perp_np = at(synthetic, "inf")["perplexity"]["mean"]
     result = {
         "benchmark": "lda_eval",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "machine": machine(),
         "seeds": SEEDS,
         "synthetic": synthetic,
         "news": news_out,
@@ -371,8 +369,7 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = main()
-    (RESULTS / "lda_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("lda_eval", result)
     plot(result, RESULTS / "lda_eval.png")
     print(json.dumps(result["targets"], indent=2))

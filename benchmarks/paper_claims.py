@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ import numpy as np  # noqa: E402
 
 import lda_eval  # noqa: E402
 from datasets import load_adult  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.baselines.dpvi import DPVI  # noqa: E402
 from stream_vips.models.baselines.ops import OPS  # noqa: E402
@@ -62,7 +62,6 @@ from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 from stream_vips.reservoir import Reservoir  # noqa: E402
 from stream_vips.sampling import FixedSizeSampler, PoissonSampler  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 DELTA = 1e-5
 SEEDS = [0, 1, 2, 3, 4]
 EPSILONS = [0.5, 1.0, 2.0, 4.0]
@@ -405,8 +404,7 @@ def main() -> dict:
     lda = claim_lda()
     return {
         "benchmark": "paper_claims",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "machine": machine(),
         "seeds": SEEDS,
         "claims": {
             "vips_beats_dpvi_on_adult": claim_entry("VIPS test AUC above DPVI's at every epsilon", logistic["claim"]),
@@ -422,8 +420,7 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = main()
-    (RESULTS / "paper_claims.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("paper_claims", result)
     plot(result, RESULTS / "paper_claims.png")
     print(json.dumps(result["claims"], indent=2))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 import warnings
@@ -43,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from scipy.optimize import linear_sum_assignment  # noqa: E402
 
+from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.sep.mixture import MixtureSEP  # noqa: E402
 from stream_vips.privacy.accountant import PldAccountant, calibrate_noise_multiplier  # noqa: E402
@@ -59,7 +59,6 @@ CLIPS = (1.0, 10.0, 20.0)
 DP_CLIP = 10.0
 Q, T, TAU0, KAPPA = 0.1, 200, 10.0, 0.7
 GIBBS_ITERS, GIBBS_BURN = 4000, 500
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def make_data(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,10 +179,9 @@ def main() -> dict:
         "targets": targets,
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.process_time(),
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count()},
+        "machine": machine(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sep_mixture.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("sep_mixture", result)
     plot(table)
     return result
 

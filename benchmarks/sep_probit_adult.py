@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from benchmarks import adult_logistic as vips  # noqa: E402
 from benchmarks.datasets import load_adult, train_records  # noqa: E402
 from stream_vips.client import posterior_from_message  # noqa: E402
@@ -44,7 +44,6 @@ SEEDS = (0, 1, 2)
 SEP_CLIP = 1.0
 SEP_FLOOR_FACTOR = 0.5
 TARGET_EPSILON, TARGET_GAP = 1.0, 0.03
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def sep_config(n: int, d: int, epsilon: float | None, seed: int) -> dict:
@@ -103,10 +102,9 @@ def main() -> dict:
             },
         },
         "seconds": time.perf_counter() - started,
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count()},
+        "machine": machine(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sep_probit_adult.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result("sep_probit_adult", result)
     plot(rows)
     return result
 
