@@ -177,6 +177,11 @@ class CheckpointingSource:
         self.inner.commit()
         self._last = now
 
+    def lag(self) -> dict[tuple[str, int], int]:
+        """The wrapped source's lag per partition ({} when it does not know it)."""
+        lag = getattr(self.inner, "lag", None)
+        return {} if lag is None else lag()
+
     def pause(self) -> None:
         self.inner.pause()
 

@@ -70,8 +70,13 @@ class ModelConfig:
 
 @dataclass
 class LedgerConfig:
-    type: Literal["file", "memory"] = "file"
+    """Where admitted privacy events are made durable: a local file (``path``), a compacted
+    Kafka topic (``options``: :class:`connectors.kafka.KafkaLedger` arguments, e.g.
+    ``bootstrap_servers``, ``topic``), or memory (tests only: a restart forgets spent epsilon)."""
+
+    type: Literal["file", "memory", "kafka"] = "file"
     path: str = "ledger.jsonl"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -416,6 +421,20 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: {message}")
 
 
+def _check_ledger(ledger: LedgerConfig) -> None:
+    if ledger.type != "kafka":
+        if ledger.options:
+            raise ConfigError(f"privacy.ledger.options: only a kafka ledger takes options, not {ledger.type!r}")
+        return
+    try:
+        from connectors.kafka import KafkaLedger
+    except ImportError as exc:
+        raise ConfigError(f"privacy.ledger.type: the kafka ledger is not available: {exc}") from None
+    ledger.options = check_kwargs(KafkaLedger, ledger.options, "privacy.ledger.options")
+    if not ledger.options.get("bootstrap_servers"):
+        raise ConfigError("privacy.ledger.options.bootstrap_servers: required for a kafka ledger")
+
+
 def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Config:
     """Build and validate a :class:`Config` from the YAML layout, after env overrides."""
     data = {} if data is None else data
@@ -439,6 +458,7 @@ def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | No
     if "dataset_size" in inspect.signature(cls.__init__).parameters:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
     cfg.model.params = check_kwargs(cls, params, "model.params")
+    _check_ledger(cfg.privacy.ledger)
     _validate(cfg)
     return cfg
 

@@ -170,11 +170,18 @@ class Application:
                     raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
             if ledger is None and cfg.privacy.ledger.type == "memory":
                 ledger = MemoryLedger()
+            elif ledger is None and cfg.privacy.ledger.type == "kafka":
+                from connectors.kafka import KafkaLedger
+
+                ledger = KafkaLedger(**{"ledger_id": cfg.model.id, **cfg.privacy.ledger.options})
             elif ledger is None:
                 path = Path(cfg.privacy.ledger.path)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 ledger = FileLedger(path)
             monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger)
+            if seeded and monitor.steps:
+                # a seeded run restarted on a ledger draws fresh noise: never the noise of earlier steps
+                engine_rng = np.random.default_rng(np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, monitor.steps)))
         try:
             try:
                 engine = PrivateEngine(
@@ -260,6 +267,7 @@ class Application:
             if raws:
                 self.ingest(raws)
                 self.source.commit()
+                self._export_lag()
             elif self._time_due():
                 self._step()
             if self._unpublished and time.monotonic() - self._last_publish >= self.publish_interval_s:
@@ -270,6 +278,14 @@ class Application:
                 break
         if self._unpublished:  # exhausted or signalled: the newest model goes out before closing
             self._publish_latest()
+
+    def _export_lag(self) -> None:
+        """Set ``consumer_lag_records`` for sources that know their lag (Kafka); a count only."""
+        lag = getattr(self.source, "lag", None)
+        if lag is None:
+            return
+        for (topic, partition), behind in lag().items():
+            self.metrics.consumer_lag.labels(topic=topic, partition=str(partition)).set(behind)
 
     def _time_due(self) -> bool:
         return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()

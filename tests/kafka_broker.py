@@ -105,16 +105,17 @@ def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_
 
 def build_app(spec: dict):
     """An Application from ``spec`` = {"config": ..., "ledger_topic", "ledger_id", ["checkpoint"]}
-    with the Kafka ledger, and (when ``checkpoint`` is given) the reservoir checkpoint attached."""
-    from connectors.kafka import KafkaLedger
+    with the Kafka ledger configured as ``privacy.ledger`` (type kafka), and (when ``checkpoint``
+    is given) the reservoir checkpoint attached."""
     from stream_vips.checkpoint import attach
     from stream_vips.config import config_from_dict
     from stream_vips.pipeline import Application
 
-    cfg = config_from_dict(spec["config"], env={})
-    ledger = KafkaLedger(spec["config"]["source"]["bootstrap_servers"], spec["ledger_topic"],
-                         ledger_id=spec["ledger_id"])
-    app = Application.from_config(cfg, ledger=ledger)
+    config = {**spec["config"]}
+    config["privacy"] = {**config["privacy"], "ledger": {"type": "kafka", "options": {
+        "bootstrap_servers": config["source"]["bootstrap_servers"], "topic": spec["ledger_topic"],
+        "ledger_id": spec["ledger_id"]}}}
+    app = Application.from_config(config_from_dict(config, env={}))
     if spec.get("checkpoint"):
         attach(app, spec["checkpoint"])
     return app

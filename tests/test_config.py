@@ -129,3 +129,18 @@ def test_values_checked_only_when_parts_are_built_still_name_their_section(tmp_p
 def test_dataclass_defaults_construct_without_validation_errors():
     # Config() is the in-code default; validating its YAML form changes nothing but N = M.
     assert config_from_dict(Config().to_dict(), env={}).sampling == Config().sampling
+
+
+def test_kafka_ledger_options_are_checked_and_name_the_key():
+    from stream_vips.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="privacy.ledger.options.bootstrap_servers"):
+        config_from_dict({"privacy": {"ledger": {"type": "kafka"}}}, env={})
+    with pytest.raises(ConfigError, match="privacy.ledger.options"):
+        config_from_dict({"privacy": {"ledger": {"type": "kafka", "options": {
+            "bootstrap_servers": "127.0.0.1:1", "topick": "x"}}}}, env={})
+    with pytest.raises(ConfigError, match="privacy.ledger.options: only a kafka ledger"):
+        config_from_dict({"privacy": {"ledger": {"type": "file", "options": {"topic": "x"}}}}, env={})
+    cfg = config_from_dict({"privacy": {"ledger": {"type": "kafka", "options": {
+        "bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}}}}, env={})
+    assert cfg.privacy.ledger.options == {"bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}

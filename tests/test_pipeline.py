@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+from prometheus_client import generate_latest
 import pytest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
@@ -387,3 +388,29 @@ def test_sigterm_mid_run_exits_cleanly_with_ledger_and_sink_consistent(tmp_path)
         messages.validate_message(msg)
         v = msg["version"]
         assert msg["privacy"]["epsilon_spent"] == pytest.approx(acct.epsilon(events[: v + 1], DELTA), rel=1e-9)
+
+
+def test_a_seeded_restart_on_a_ledger_never_redraws_earlier_noise(tmp_path):
+    """Rule 9 with a fixed seed: the noise stream after a restart differs from the first run's."""
+    cfg = config_from_dict(cfg_dict(tmp_path), env={})
+    first = Application.from_config(cfg, source=MemorySource([]))
+    fresh_draws = first.engine.rng.random(4)
+    first.ledger.close()
+    Application.from_config(cfg, source=MemorySource(synthetic_lines(1_000))).run()
+    assert len(ledger_events(tmp_path / "ledger.jsonl")) > 0
+    restarted = Application.from_config(cfg, source=MemorySource([]))
+    assert not np.allclose(restarted.engine.rng.random(4), fresh_draws)
+    restarted.ledger.close()
+
+
+def test_sources_that_know_their_lag_export_it_as_a_metric(tmp_path):
+    class LaggingSource(MemorySource):
+        def lag(self):
+            return {("records", 0): 7, ("records", 2): 0}
+
+    cfg = config_from_dict(cfg_dict(tmp_path, privacy={"epsilon": 50.0}), env={})
+    app = Application.from_config(cfg, source=LaggingSource(synthetic_lines(300)), sink=MemorySink())
+    app.run()
+    text = generate_latest(app.metrics.registry).decode()
+    assert 'stream_vips_consumer_lag_records{partition="0",topic="records"} 7.0' in text
+    assert 'stream_vips_consumer_lag_records{partition="2",topic="records"} 0.0' in text
