@@ -122,6 +122,39 @@ def test_stdout_and_stderr_sinks_write_json_lines():
     assert json.loads(err.getvalue())["reason"] == "invalid_json"
 
 
+def test_default_std_streams_are_looked_up_at_each_write(capsys):
+    out, err = StdoutSink(), StderrDeadLetterSink()
+    out.publish("m", {"version": 4})
+    err.send([DeadLetter(RawRecord(b"\xff"), "invalid_json", "d")])
+    err.send([])  # no letters, no output
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"version": 4}
+    assert json.loads(captured.err)["value_base64"] == "/w=="
+    with pytest.raises(ValueError):  # the message format forbids NaN: never a half-valid line
+        out.publish("m", {"v": float("nan")})
+    assert capsys.readouterr().out == ""
+
+
+def test_every_line_source_returns_nothing_while_paused(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    r, w = os.pipe()
+    os.write(w, b'{"a": 1}\n')
+    os.close(w)
+    sources = [JsonlSource(str(path)), StdinSource(os.fdopen(r, "rb")), SyntheticRegressionSource(count=1),
+               MemorySource([b"{}"])]
+    for src in sources:
+        src.pause()
+        assert src.paused and src.poll(10, 0.01) == []
+        src.resume()
+        got: list[RawRecord] = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            got = src.poll(10, 0.05)
+        assert len(got) == 1, type(src).__name__
+        src.close()
+
+
 def test_memory_sinks_keep_what_they_receive():
     sink, dead = MemorySink(), MemoryDeadLetterSink()
     sink.publish("k", {"v": 1})

@@ -112,3 +112,18 @@ def test_round_trip_through_json_text():
     dec = decode_json([json.dumps(o).encode() for o in objs])
     batch = FieldBatch(dec.values)
     np.testing.assert_array_equal(batch.vector("x", 2), [[0.1, 0.2]])
+
+
+def test_binary_labels_reject_other_numbers_after_earlier_field_checks():
+    objs = [{"x": [1.0], "y": 1}, {"x": [1.0], "y": 0.5}, {"x": [1.0], "y": True},
+            {"x": ["a"], "y": 2}, {"x": [1.0], "y": 2}, {"x": [1.0], "y": -1e9}]
+    batch = FieldBatch(objs)
+    batch.vector("x", 1)
+    y = batch.binary("y", max_abs=1e6)
+    assert batch.accepted().tolist() == [0, 2]
+    assert y.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]  # rejected rows hold zeros
+    rejected = {i: (reason, detail) for i, reason, detail in batch.rejected()}
+    assert rejected[1] == ("out_of_range", "'y' must be 0 or 1, got 0.5")
+    assert rejected[3][0] == "wrong_type"  # the first failed check wins
+    assert rejected[4] == ("out_of_range", "'y' must be 0 or 1, got 2")
+    assert rejected[5][0] == "out_of_range" and "beyond" in rejected[5][1]  # max_abs checked first
