@@ -7,8 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer
-from kafka.structs import TopicPartition
+from kafka import KafkaAdminClient
 
 from connectors.kafka import (
     KafkaConnectorError, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaPublishError, KafkaSource,
