@@ -15,6 +15,8 @@ SOURCES: dict[str, str] = {
     "jsonl": "connectors.jsonl:JsonlSource",
     "stdin": "connectors.stdio:StdinSource",
     "synthetic": "connectors.synthetic:SyntheticRegressionSource",
+    "synthetic_logistic": "connectors.synthetic:SyntheticLogisticSource",
+    "synthetic_lda": "connectors.synthetic:SyntheticLdaSource",
     "kafka": "connectors.kafka:KafkaSource",
 }
 SINKS: dict[str, str] = {

@@ -1,9 +1,16 @@
 """``stream-vips demo``: the whole pipeline on a synthetic stream, with nothing but the package.
 
-Synthetic linear-regression records (1% malformed, to show the dead-letter path) flow through
-validation, the reservoir and private updates with a small budget; model messages go to a JSONL
-file, metrics are served over HTTP, updates halt when the budget is spent, and a summary compares
-the private model's error against the true weights with a non-private run on the same records.
+Synthetic records (1% malformed, to show the dead-letter path) flow through validation, the
+reservoir and private updates with a small budget; model messages go to a JSONL file, metrics are
+served over HTTP, updates halt when the budget is spent, and a summary scores the private model
+against the known truth next to a non-private run (privacy.mode non_private, z = 0) on the same
+records. ``--family`` picks the model:
+
+  linreg    linear regression (d = 5): |E[w] - w_true| against the true weights
+  logistic  Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC,
+            next to the AUC of the true weights
+  lda       LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40
+            words): held-out perplexity bound and topic recovery (mean Hellinger distance)
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
 a directory that already holds a ledger: spent budget is never reset (DESIGN rule 7).
@@ -17,34 +24,122 @@ import logging
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import SyntheticRegressionSource
+from connectors.synthetic import SyntheticLdaSource, SyntheticLogisticSource, SyntheticRegressionSource
 from stream_vips.config import Config, config_from_dict
+from stream_vips.models.lda import topic_recovery
+from stream_vips.models.logistic import roc_auc
 from stream_vips.pipeline import Application
 
 DIMENSION = 5
 NOISE_STD = 0.2
 X_SCALE = 0.8
-RESERVOIR = 10_000
-BATCH_SIZE = 2_000
-EVERY_RECORDS = 1_000
 PLANNED_STEPS = 20
+MALFORMED_FRACTION = 0.01
+#: Held-out records drawn after the run from the same generator (logistic, lda).
+HELD_OUT = {"logistic": 20_000, "lda": 500}
 
 
-def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private: bool = True) -> Config:
-    """The demo's configuration: linreg on d=5 synthetic records, Poisson q=0.2 over M=10000."""
+@dataclass(frozen=True)
+class Family:
+    """One model family of the demo: its stream, its configuration and how it is scored.
+
+    ``score(model, source, held_out)`` returns the family's metrics for one run (keys without
+    prefix; the comparison run's are reported with ``non_private_``); ``reference(source,
+    held_out)`` the metrics of the truth; ``lines(summary)`` the summary's family lines.
+    """
+
+    name: str
+    records: int
+    reservoir: int
+    batch_size: int
+    every_records: int
+    source: Callable[[int, int], Any]
+    params: Callable[[Any, int], dict[str, Any]]
+    held_out: Callable[[Any], Any]
+    score: Callable[[Any, Any, Any], dict[str, float]]
+    reference: Callable[[Any, Any], dict[str, Any]]
+    lines: Callable[[dict[str, Any]], list[str]]
+    kappa: float = 0.7
+
+
+def _linreg_lines(s: dict[str, Any]) -> list[str]:
+    return [f"model error          |E[w] - w_true| = {s['model_error']:.4f} (private)",
+            f"                     |E[w] - w_true| = {s['non_private_model_error']:.4f} "
+            f"(non-private, same records, {s['non_private_updates']} updates)"]
+
+
+def _logistic_lines(s: dict[str, Any]) -> list[str]:
+    return [f"held-out ROC AUC     {s['auc']:.4f} (private)",
+            f"                     {s['non_private_auc']:.4f} (non-private, same records, "
+            f"{s['non_private_updates']} updates)",
+            f"                     {s['true_weights_auc']:.4f} (true weights; 0.5 is chance)"]
+
+
+def _lda_lines(s: dict[str, Any]) -> list[str]:
+    return [f"held-out perplexity  {s['perplexity']:.2f} (private), {s['non_private_perplexity']:.2f} "
+            f"(non-private, same records, {s['non_private_updates']} updates); "
+            f"uniform words: {s['vocabulary_size']}",
+            f"topic recovery       mean Hellinger {s['topic_recovery']:.4f} (private), "
+            f"{s['non_private_topic_recovery']:.4f} (non-private); 0 is exact, 1 disjoint"]
+
+
+FAMILIES: dict[str, Family] = {
+    "linreg": Family(
+        "linreg", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
+        source=lambda records, seed: SyntheticRegressionSource(
+            count=records, dimension=DIMENSION, noise_std=NOISE_STD, x_scale=X_SCALE, seed=seed,
+            malformed_fraction=MALFORMED_FRACTION),
+        params=lambda src, seed: {"dim": DIMENSION, "noise_precision": 1.0 / NOISE_STD**2, "x_bound": 1.0,
+                                  "y_bound": 2.0},
+        held_out=lambda src: None,
+        score=lambda model, src, _: {"model_error": float(np.linalg.norm(model.posterior_mean() - src.weights))},
+        reference=lambda src, _: {"true_weights": src.weights.tolist()},
+        lines=_linreg_lines),
+    "logistic": Family(
+        "logistic", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
+        source=lambda records, seed: SyntheticLogisticSource(
+            count=records, dimension=DIMENSION, seed=seed, malformed_fraction=MALFORMED_FRACTION),
+        params=lambda src, seed: {"dim": DIMENSION},
+        held_out=lambda src: src.sample(HELD_OUT["logistic"]),
+        score=lambda model, src, xy: {"auc": roc_auc(xy[1], model.predict_proba(xy[0]))},
+        reference=lambda src, xy: {"true_weights_auc": roc_auc(xy[1], xy[0] @ src.weights),
+                                   "true_weights": src.weights.tolist()},
+        lines=_logistic_lines),
+    "lda": Family(
+        "lda", records=70_000, reservoir=20_000, batch_size=4_000, every_records=2_000, kappa=0.55,
+        source=lambda records, seed: SyntheticLdaSource(
+            count=records, n_topics=4, vocabulary_size=60, doc_length=40, alpha=0.2, seed=seed,
+            malformed_fraction=MALFORMED_FRACTION),
+        params=lambda src, seed: {"vocabulary": src.vocabulary, "n_topics": src.n_topics,
+                                  "doc_length": src.doc_length, "alpha": src.alpha, "seed": seed},
+        held_out=lambda src: [{"tokens": doc} for doc in src.documents(HELD_OUT["lda"])],
+        score=lambda model, src, docs: {"perplexity": model.perplexity(docs),
+                                        "topic_recovery": topic_recovery(src.topics, model.topics())},
+        reference=lambda src, _: {"vocabulary_size": len(src.vocabulary)},
+        lines=_lda_lines),
+}
+
+
+def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private: bool = True,
+                family: str = "linreg", params: dict[str, Any] | None = None) -> Config:
+    """The demo's configuration for ``family`` (model ``params`` from its synthetic source):
+    Poisson sampling at q = batch_size / reservoir, calibrated for 20 planned steps."""
+    fam = FAMILIES[family]
+    if params is None:
+        params = fam.params(fam.source(0, seed), seed)
     data: dict[str, Any] = {
-        "model": {"family": "linreg", "id": "demo", "params": {
-            "dim": DIMENSION, "noise_precision": 1.0 / NOISE_STD**2, "x_bound": 1.0, "y_bound": 2.0}},
+        "model": {"family": family, "id": "demo", "params": params},
         "privacy": {"epsilon": epsilon, "delta": 1e-5, "planned_steps": PLANNED_STEPS, "seed": seed,
                     "ledger": {"type": "file", "path": str(out / "ledger.jsonl")}},
-        "sampling": {"method": "poisson", "reservoir": RESERVOIR, "batch_size": BATCH_SIZE},
-        "schedule": {"every_records": EVERY_RECORDS, "tau0": 1.0, "kappa": 0.7},
+        "sampling": {"method": "poisson", "reservoir": fam.reservoir, "batch_size": fam.batch_size},
+        "schedule": {"every_records": fam.every_records, "tau0": 1.0, "kappa": fam.kappa},
         "sink": {"type": "jsonl", "path": str(out / "models.jsonl")},
         "dead_letter": {"type": "jsonl", "path": str(out / "dead-letters.jsonl")},
         "metrics": {"enabled": True, "host": "127.0.0.1", "port": metrics_port},
@@ -56,11 +151,6 @@ def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private
         data["dead_letter"] = {"type": "memory"}
         data["metrics"] = {"enabled": False}
     return config_from_dict(data, env={})
-
-
-def _source(records: int, seed: int) -> SyntheticRegressionSource:
-    return SyntheticRegressionSource(count=records, dimension=DIMENSION, noise_std=NOISE_STD, x_scale=X_SCALE,
-                                     seed=seed, malformed_fraction=0.01)
 
 
 class ProgressBar:
@@ -94,9 +184,11 @@ class ProgressBar:
         self.stream.flush()
 
 
-def run_demo(records: int = 40_000, epsilon: float = 1.0, out: str | None = None, metrics_port: int = 0,
-             seed: int = 0, progress: bool = True) -> dict[str, Any]:
-    """Run the private demo and its non-private comparison; return the summary."""
+def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None = None, metrics_port: int = 0,
+             seed: int = 0, progress: bool = True, family: str = "linreg") -> dict[str, Any]:
+    """Run the private demo of ``family`` and its non-private comparison; return the summary."""
+    fam = FAMILIES[family]
+    records = fam.records if records is None else records
     out_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="stream-vips-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / "ledger.jsonl").exists():
@@ -104,21 +196,26 @@ def run_demo(records: int = 40_000, epsilon: float = 1.0, out: str | None = None
                          "choose a new --out directory")
     started = time.monotonic()
     logging.getLogger("stream_vips.pipeline").setLevel(logging.ERROR)  # the summary reports the halt
-    source = _source(records, seed)
+    source = fam.source(records, seed)
+    params = fam.params(source, seed)
     bar = ProgressBar(records) if progress else None
-    app = Application.from_config(demo_config(out_dir, epsilon, metrics_port, seed), source=source, progress=bar)
+    app = Application.from_config(demo_config(out_dir, epsilon, metrics_port, seed, family=family, params=params),
+                                  source=source, progress=bar)
     stats = app.run()
     if bar is not None:
         bar.finish(app)
-    error = float(np.linalg.norm(app.model.posterior_mean() - source.weights))
+    held_out = fam.held_out(source)  # fresh draws from the same generator, after the stream
+    scores = fam.score(app.model, source, held_out)
 
     # Non-private comparison on exactly the records the private run consumed.
-    base_source = _source(stats.records, seed)
-    base = Application.from_config(demo_config(out_dir, epsilon, 0, seed, private=False), source=base_source,
-                                   sink=MemorySink(), dead_letter=MemoryDeadLetterSink())
+    base_source = fam.source(stats.records, seed)
+    base = Application.from_config(demo_config(out_dir, epsilon, 0, seed, private=False, family=family,
+                                               params=params),
+                                   source=base_source, sink=MemorySink(), dead_letter=MemoryDeadLetterSink())
     base_stats = base.run()
-    base_error = float(np.linalg.norm(base.model.posterior_mean() - base_source.weights))
+    base_scores = fam.score(base.model, base_source, held_out)
     return {
+        "family": family,
         "records": stats.records,
         "records_rejected": sum(stats.rejected.values()),
         "rejected_by_reason": dict(stats.rejected),
@@ -128,10 +225,10 @@ def run_demo(records: int = 40_000, epsilon: float = 1.0, out: str | None = None
         "delta": app.engine.monitor.delta,
         "noise_multiplier": app.engine.noise_multiplier,
         "halted": stats.halted,
-        "model_error": error,
+        **scores,
         "non_private_updates": base_stats.updates,
-        "non_private_model_error": base_error,
-        "true_weights": source.weights.tolist(),
+        **{f"non_private_{k}": v for k, v in base_scores.items()},
+        **fam.reference(source, held_out),
         "messages_file": str(out_dir / "models.jsonl"),
         "dead_letters_file": str(out_dir / "dead-letters.jsonl"),
         "ledger_file": str(out_dir / "ledger.jsonl"),
@@ -148,9 +245,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"private updates      {s['updates']} (noise multiplier z = {s['noise_multiplier']:.3f})",
         f"epsilon spent        {s['epsilon_spent']:.4f} of budget {s['epsilon_budget']:g} (delta {s['delta']:g})",
         f"halted               {'yes, budget spent' if s['halted'] else 'no'}",
-        f"model error          |E[w] - w_true| = {s['model_error']:.4f} (private)",
-        f"                     |E[w] - w_true| = {s['non_private_model_error']:.4f} "
-        f"(non-private, same records, {s['non_private_updates']} updates)",
+        *FAMILIES[s.get("family", "linreg")].lines(s),
         f"model messages       {s['messages_file']}",
         f"dead letters         {s['dead_letters_file']}",
         f"ledger               {s['ledger_file']}",
@@ -162,7 +257,10 @@ def format_summary(s: dict[str, Any]) -> str:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="run the pipeline on a synthetic stream (no Kafka needed)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=40_000, help="synthetic records to stream (default 40000)")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="linreg",
+                   help="model family (default linreg); see above")
+    p.add_argument("--records", type=int, help="synthetic records to stream (default: 40000 for linreg and "
+                   "logistic, 70000 for lda; the run halts earlier once the budget is spent)")
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1.0, delta 1e-5)")
     p.add_argument("--json-summary", metavar="FILE", help="also write the summary as JSON to FILE")
     p.add_argument("--out", metavar="DIR", help="output directory (default: a new temporary directory)")
@@ -173,15 +271,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.records < RESERVOIR + EVERY_RECORDS:
-        print(f"--records must be at least {RESERVOIR + EVERY_RECORDS} to fill the reservoir and update",
-              file=sys.stderr)
+    fam = FAMILIES[args.family]
+    if args.records is not None and args.records < fam.reservoir + fam.every_records:
+        print(f"--records must be at least {fam.reservoir + fam.every_records} to fill the reservoir and update "
+              f"({args.family})", file=sys.stderr)
         return 2
     if not args.epsilon > 0:
         print("--epsilon must be > 0", file=sys.stderr)
         return 2
     summary = run_demo(args.records, args.epsilon, args.out, args.metrics_port, args.seed,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, family=args.family)
     print(format_summary(summary))
     if args.json_summary:
         Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
