@@ -143,7 +143,7 @@ def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private
         "sink": {"type": "jsonl", "path": str(out / "models.jsonl")},
         "dead_letter": {"type": "jsonl", "path": str(out / "dead-letters.jsonl")},
         "metrics": {"enabled": True, "host": "127.0.0.1", "port": metrics_port},
-        "runtime": {"on_halt": "exit"},
+        "runtime": {"on_halt": "exit", "publish_interval_s": 0.0},  # a short run: a message per update
     }
     if not private:
         data["privacy"] = {"mode": "non_private", "seed": seed, "ledger": {"type": "memory"}}

@@ -99,7 +99,7 @@ def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_
                  "transactional_id": f"{group_id}-models", **(sink_options or {})},
         "dead_letter": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": dead_letter_topic},
         "metrics": {"enabled": False},
-        "runtime": {"on_halt": "exit", "poll_max_records": 5000, "poll_timeout_s": 0.2},
+        "runtime": {"on_halt": "exit", "poll_max_records": 5000, "poll_timeout_s": 0.2, "publish_interval_s": 0.0},
     }
 
 

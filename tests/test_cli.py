@@ -35,7 +35,7 @@ source: {{type: jsonl, path: {records}}}
 sink: {{type: jsonl, path: {tmp_path / 'models.jsonl'}}}
 dead_letter: {{type: jsonl, path: {tmp_path / 'dead.jsonl'}}}
 metrics: {{enabled: false}}
-runtime: {{on_halt: exit}}
+runtime: {{on_halt: exit, publish_interval_s: 0}}
 """)
     return config
 
@@ -122,7 +122,7 @@ source: {{type: stdin}}
 sink: {{type: stdout}}
 dead_letter: {{type: stderr}}
 metrics: {{enabled: false}}
-runtime: {{on_halt: exit, poll_timeout_s: 0.05}}
+runtime: {{on_halt: exit, poll_timeout_s: 0.05, publish_interval_s: 0}}
 """)
     lines = SyntheticRegressionSource(count=2_000, dimension=3, seed=4).generate(2_000) + [b"not json"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}

@@ -43,7 +43,7 @@ def cfg_dict(tmp_path: Path, **sections) -> dict:
         "sink": {"type": "jsonl", "path": str(tmp_path / "models.jsonl")},
         "dead_letter": {"type": "jsonl", "path": str(tmp_path / "dead.jsonl")},
         "metrics": {"enabled": False},
-        "runtime": {"on_halt": "exit", "poll_max_records": 500, "poll_timeout_s": 0.01},
+        "runtime": {"on_halt": "exit", "poll_max_records": 500, "poll_timeout_s": 0.01, "publish_interval_s": 0.0},
     }
     for name, value in sections.items():
         data[name] = {**data.get(name, {}), **value}
