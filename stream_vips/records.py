@@ -9,6 +9,11 @@ pass run to find the culprits.
 JSON booleans count as numbers (0/1), as they do in Python and numpy. Python's ``json`` reads the
 non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_finite``.
 
+Decoding uses ``orjson`` when it is installed (about 3x faster on small records) and Python's
+``json`` for every document ``orjson`` refuses, so both accept exactly the same documents with the
+same values (``NaN``, long integers, UTF-16 input, BOMs and non-``bytes`` input all go through
+``json``), and every rejection detail is ``json``'s.
+
 >>> batch = FieldBatch([{"x": [0.5, 1.0], "y": 2.0}, {"x": [1.0]}, "text"])
 >>> x = batch.vector("x", 2, max_abs=1e6)
 >>> y = batch.scalar("y", max_abs=1e6)
@@ -19,10 +24,19 @@ non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_
 from __future__ import annotations
 
 import json
+import re
 from itertools import chain
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # optional speed-up: json alone gives the same results
+    _fast_loads = json.loads
+# orjson reads integers beyond 64 bits as floats (json keeps them exact, and validation rejects them
+# as out_of_range): a document with a run of 19+ digits goes to json, as does anything but bytes.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 INVALID_JSON = "invalid_json"
 EMPTY_DOCUMENT = "empty_document"
@@ -88,9 +102,19 @@ def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
     if too_large is not None:
         raise too_large
     try:
-        return json.loads(raw)
+        return _loads(raw)
     except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _decode_failure(raw, exc) from None
+
+
+def _loads(raw: bytes | str) -> Any:
+    """``orjson.loads`` where it accepts the document, else ``json.loads`` (which may raise)."""
+    if type(raw) is bytes and not _LONG_DIGITS.search(raw):
+        try:
+            return _fast_loads(raw)
+        except (ValueError, TypeError):
+            pass
+    return json.loads(raw)
 
 
 def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> Decoded:
@@ -98,18 +122,21 @@ def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> De
     values: list[Any] = []
     index: list[int] = []
     rejected: list[tuple[int, str, str]] = []
-    loads = json.loads
+    fast, long_digits = _fast_loads, _LONG_DIGITS.search
     for i, raw in enumerate(raws):
         if max_bytes is not None and len(raw) > max_bytes:
             exc = _too_large(raw, max_bytes)
             rejected.append((i, exc.reason, exc.detail))
             continue
-        try:
-            values.append(loads(raw))
-        except (ValueError, TypeError) as err:
-            exc = _decode_failure(raw, err)
-            rejected.append((i, exc.reason, exc.detail))
-            continue
+        try:  # _loads() inlined: this is the per-record hot path
+            values.append(fast(raw) if type(raw) is bytes and not long_digits(raw) else json.loads(raw))
+        except (ValueError, TypeError):
+            try:
+                values.append(json.loads(raw))
+            except (ValueError, TypeError) as err:
+                exc = _decode_failure(raw, err)
+                rejected.append((i, exc.reason, exc.detail))
+                continue
         index.append(i)
     return Decoded(values, index, rejected)
 

@@ -127,3 +127,94 @@ def test_binary_labels_reject_other_numbers_after_earlier_field_checks():
     assert rejected[3][0] == "wrong_type"  # the first failed check wins
     assert rejected[4] == ("out_of_range", "'y' must be 0 or 1, got 2")
     assert rejected[5][0] == "out_of_range" and "beyond" in rejected[5][1]  # max_abs checked first
+
+
+# -- orjson and json decode the same documents to the same values ------------------------------
+
+TRICKY = [
+    b'{"x": [0.5, 1.0], "y": 2}', b'{"y": NaN}', b"NaN", b'{"y": Infinity}', b'{"y": -Infinity}',
+    b'{"y": 1e400}', b'{"y": -1e400}', b'{"y": 1E-400}', b'{"y": -0.0}', b'{"y": -0}', b'{"y": 0.1}',
+    b'{"y": 2.2250738585072014e-308}', b'{"y": 1.7976931348623157e308}', b'{"y": 5e-324}',
+    b'{"y": 9223372036854775807}', b'{"y": -9223372036854775808}', b'{"y": -9223372036854775809}',
+    b'{"y": 18446744073709551615}', b'{"y": 18446744073709551616}', b'{"y": 123456789012345678901234567890}',
+    b'{"y": -123456789012345678901234567890}', b'{"y": 1234567890123456789}', b'{"y": 123456789012345678}',
+    b'{"y": 0.1000000000000000055511151231257827}', b'{"y": 12345678901234567890.5}',
+    b'{"a": 1, "a": 2}', b"", b"   ", b"\n", b"\t\r\n", b"{", b'{"a": 1}x', b'{"a": 1} ', b' {"a": 1}\n',
+    b'{"a": 1}\x00', b'\x0c{"a": 1}', b'\xef\xbb\xbf{"a": 1}', "\ufeff{\"a\": 1}", '{"a": 1}'.encode("utf-16"),
+    '{"a": 1}'.encode("utf-16-le"), '{"a": 1}'.encode("utf-32"), b'{"s": "\\ud800"}', b'{"s": "\\ud83d\\ude00"}',
+    b'{"s": "\xff"}', b'{"s": "\xed\xa0\x80"}', b'{"s": "\xc3\xa9"}', '{"s": "\ud800"}', '{"s": "é"}',
+    b"[1, 2,]", b'{"a": 01}', b'{"a": .5}', b'{"a": 1.}', b'{"a": +1}', b'{"a": 1e}', b'"\t"', b'{"a": "\x00"}',
+    b"true", b"false", b"null", b"[]", b"{}", b"1", b'"text"', b"[" * 200 + b"]" * 200, b"{'a': 1}",
+    b'{"a": true, "b": [null, false, {"c": "d"}]}', b'{"\\u0061": "\\n\\u00e9"}', bytearray(b'{"a": 1}'),
+    memoryview(b'{"a": 1}'), None, 17,
+]
+
+
+def _same(a, b) -> bool:
+    """Equal values of exactly the same types (floats bit for bit, NaN equal to NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _json_only(raws, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(records, "_fast_loads", json.loads)
+        return decode_json(raws)
+
+
+def _assert_same_decoding(raws, monkeypatch):
+    fast, reference = decode_json(raws), _json_only(raws, monkeypatch)
+    assert fast.index == reference.index
+    assert fast.rejected == reference.rejected  # same positions, reason codes and json's details
+    assert all(_same(a, b) for a, b in zip(fast.values, reference.values))
+    return fast
+
+
+def test_orjson_is_the_fast_decoder():
+    orjson = pytest.importorskip("orjson")
+    assert records._fast_loads is orjson.loads
+
+
+def test_fast_decoding_matches_json_on_tricky_documents(monkeypatch):
+    decoded = _assert_same_decoding(TRICKY, monkeypatch)
+    reasons = {i: r for i, r, _ in decoded.rejected}
+    assert reasons[TRICKY.index(b"")] == records.EMPTY_DOCUMENT
+    assert reasons[TRICKY.index(b"{")] == records.INVALID_JSON
+    assert reasons[TRICKY.index(None)] == records.INVALID_JSON
+    # json's extensions reach validation, which rejects them with their own codes
+    for doc, reason in ((b'{"y": NaN}', records.NON_FINITE), (b'{"y": 1e400}', records.NON_FINITE),
+                        (b'{"y": 123456789012345678901234567890}', records.OUT_OF_RANGE)):
+        obj = decoded.values[decoded.index.index(TRICKY.index(doc))]
+        batch = FieldBatch([obj])
+        batch.scalar("y", max_abs=1e6)
+        assert [r for _, r, _ in batch.rejected()] == [reason]
+    for i, doc in enumerate(TRICKY):  # decode_one agrees with decode_json
+        if i in reasons:
+            with pytest.raises(RecordRejected) as info:
+                decode_one(doc)
+            assert info.value.reason == reasons[i]
+        else:
+            assert _same(decode_one(doc), decoded.values[decoded.index.index(i)])
+
+
+json_text = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+).map(lambda v: json.dumps(v).encode())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(json_text | st.binary(max_size=12)
+                | st.builds(lambda t, cut: t[:cut], json_text, st.integers(0, 40)), max_size=10))
+def test_fast_decoding_matches_json_on_generated_documents(raws):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _assert_same_decoding(raws, monkeypatch)
