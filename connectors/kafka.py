@@ -172,8 +172,14 @@ def _check_future(future: Any, timeout_s: float, what: str) -> Any:
 class KafkaSource:
     """Records from Kafka topics as :class:`RawRecord` (origin: topic, partition, offset, timestamp).
 
-    ``commit()`` commits the offsets after the last record returned by ``poll()`` (manual
-    commits only: a record counts as processed when the pipeline says so). ``until_end=True``
+    ``commit()`` marks every record returned by ``poll()`` so far as processed and commits those
+    offsets (manual commits only: a record counts as processed when the pipeline says so), at
+    most every ``commit_interval_s``: a synchronous commit round trip per poll batch costs more
+    than the batch's records, and a deferred commit only means that more records are consumed
+    again after a crash (at-least-once), never that one is skipped. Marked offsets are always
+    committed by :meth:`commit_now`, :meth:`pause`, :meth:`close`, before partitions are revoked,
+    and on an idle poll once the interval has passed; while paused every ``commit()`` is
+    immediate. ``commit_interval_s=0`` commits on every call. ``until_end=True``
     makes the source exhausted once it has caught up with the end offsets (batch jobs,
     benchmarks). :meth:`seek` overrides the committed offsets, e.g. from a reservoir checkpoint.
     """
@@ -193,6 +199,7 @@ class KafkaSource:
         max_partition_fetch_bytes: int = 1_048_576,
         until_end: bool = False,
         commit_timeout_s: float = 120.0,
+        commit_interval_s: float = 1.0,
         client_id: str = "stream-vips-source",
         reconnect_backoff_max_ms: int = 1000,
         security_protocol: str | None = None,
@@ -212,10 +219,13 @@ class KafkaSource:
             raise KafkaConnectorError(f"auto_offset_reset must be earliest or latest, got {auto_offset_reset!r}")
         if long_update_s <= 0 or long_update_s * 1000 >= max_poll_interval_ms:
             raise KafkaConnectorError("long_update_s must be > 0 and below max_poll_interval_ms")
+        if not commit_interval_s >= 0:
+            raise KafkaConnectorError(f"commit_interval_s must be >= 0, got {commit_interval_s!r}")
         security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
         self.group_id = group_id
         self.until_end = bool(until_end)
         self.commit_timeout_ms = int(commit_timeout_s * 1000)
+        self.commit_interval_s = float(commit_interval_s)
         self.long_update_s = float(long_update_s)
         self._consumer = KafkaConsumer(
             bootstrap_servers=_servers(bootstrap_servers), group_id=group_id,
@@ -229,6 +239,9 @@ class KafkaSource:
         self._lock = threading.RLock()
         self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last returned record
         self._seek: dict[Any, int] = {}
+        self._done: dict[Any, int] = {}  # offsets marked processed by commit()
+        self._committed: dict[Any, int] = {}  # offsets the broker acknowledged
+        self._last_commit = float("-inf")
         self._halted = False  # pause() until resume()
         self._long_paused = False  # paused by the keep-alive thread during a long update
         self._last_poll = time.monotonic()
@@ -254,13 +267,36 @@ class KafkaSource:
                 out.extend([RawRecord(r.value, {"topic": topic, "partition": partition, "offset": r.offset,
                                                 "timestamp": r.timestamp}) for r in recs])
                 self._next[tp] = recs[-1].offset + 1
-            if self.until_end and not out:
-                self._caught_up = self._at_end()
+            if not out:
+                if self._due():
+                    self._flush()  # idle: do not leave processed records uncommitted
+                if self.until_end:
+                    self._caught_up = self._at_end()
             self._last_poll = time.monotonic()
             return out
 
     def commit(self) -> None:
-        """Synchronously commit the offsets after every record returned so far.
+        """Mark every record returned so far as processed; commit the offsets after them if
+        ``commit_interval_s`` has passed since the last commit (or the source is paused)."""
+        with self._lock:
+            self._done.update(self._next)
+            if self._halted or self._due():
+                self._flush()
+            self._last_poll = time.monotonic()
+
+    def commit_now(self) -> None:
+        """Mark every record returned so far as processed and commit now (e.g. right after a
+        checkpoint that reflects these offsets)."""
+        with self._lock:
+            self._done.update(self._next)
+            self._flush()
+            self._last_poll = time.monotonic()
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._last_commit >= self.commit_interval_s
+
+    def _flush(self) -> None:
+        """Synchronously commit the marked offsets the broker does not have yet (caller holds the lock).
 
         Retriable failures (a broker restarting) are retried for ``commit_timeout_s``. A commit
         refused because the group rebalanced is logged, not raised: the partition's new owner
@@ -269,28 +305,37 @@ class KafkaSource:
         from kafka.errors import CommitFailedError, KafkaError
         from kafka.structs import OffsetAndMetadata
 
-        with self._lock:
-            if self._next:
-                offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._next.items()}
-                deadline = time.monotonic() + self.commit_timeout_ms / 1000
-                while True:
-                    try:
-                        self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
-                        break
-                    except CommitFailedError as exc:
-                        log.warning("offset commit refused after a rebalance: %s", exc)
-                        break
-                    except KafkaError as exc:
-                        if not _retriable(exc) or time.monotonic() >= deadline:
-                            raise
-                        log.warning("offset commit failed (%s); retrying", exc)
-                        time.sleep(0.5)
-            self._last_poll = time.monotonic()
+        pending = {tp: off for tp, off in self._done.items() if self._committed.get(tp) != off}
+        if not pending:
+            return
+        self._last_commit = time.monotonic()
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in pending.items()}
+        deadline = time.monotonic() + self.commit_timeout_ms / 1000
+        while True:
+            try:
+                self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
+            except CommitFailedError as exc:
+                log.warning("offset commit refused after a rebalance: %s", exc)
+                return
+            except KafkaError as exc:
+                if not _retriable(exc) or time.monotonic() >= deadline:
+                    raise
+                log.warning("offset commit failed (%s); retrying", exc)
+                time.sleep(0.5)
+                continue
+            self._committed.update(pending)
+            return
 
     def pause(self) -> None:
+        from kafka.errors import KafkaError
+
         with self._lock:
             self._halted = True
             self._consumer.pause(*self._consumer.assignment())
+            try:
+                self._flush()
+            except KafkaError as exc:  # the marked offsets stay pending for the next commit or close
+                log.warning("offset commit on pause failed: %s", exc)
 
     def resume(self) -> None:
         with self._lock:
@@ -305,7 +350,10 @@ class KafkaSource:
     def close(self) -> None:
         self._closed.set()
         with self._lock:
-            self._consumer.close(autocommit=False)
+            try:
+                self._flush()
+            finally:
+                self._consumer.close(autocommit=False)
         self._keepalive.join(timeout=5)
 
     # -- offsets -------------------------------------------------------------------------------
@@ -380,13 +428,19 @@ def _listener_base() -> type:
 
 
 class _SeekListener(_listener_base()):
-    """Applies :meth:`KafkaSource.seek` offsets when partitions are assigned; keeps pauses."""
+    """Commits processed offsets before partitions are revoked; applies :meth:`KafkaSource.seek`
+    offsets when partitions are assigned; keeps pauses."""
 
     def __init__(self, source: KafkaSource) -> None:
         self.source = source
 
     def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-        pass
+        from kafka.errors import KafkaError
+
+        try:  # the next owner starts after what this member processed, not after its last commit
+            self.source._flush()
+        except KafkaError as exc:
+            log.warning("offset commit before revocation failed: %s", exc)
 
     def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
         src = self.source

@@ -72,6 +72,48 @@ def test_source_bounded_polls_manual_commits_and_resume_from_commit(kafka_bootst
     assert seen == sorted((p, o) for p in range(3) for o in range(20))
 
 
+def test_commits_at_most_every_interval_and_always_on_pause_idle_and_close(kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, unique_topic("ival"), partitions=1)
+    produce(kafka_bootstrap, topic, [json.dumps({"i": i}).encode() for i in range(30)])
+    group = unique_topic("g")
+    src = KafkaSource(kafka_bootstrap, topic, group_id=group, commit_interval_s=600.0)
+    first = _drain(src, 5, max_records=5)
+    src.commit()  # the first commit is immediate
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 5} == src.positions()
+    more = _drain(src, 5, max_records=5)
+    src.commit()  # within the interval: marked processed, not sent
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 5}
+    src.commit_now()
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 10}
+    _drain(src, 5, max_records=5)
+    src.commit()
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 10}
+    src.pause()  # halting commits what was processed; while paused commit() is immediate
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 15}
+    src.resume()
+    _drain(src, 5, max_records=5)
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 15}  # returned, never marked processed
+    src.commit()
+    src.close()  # close commits what was marked processed
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 20}
+    assert [r.origin["offset"] for r in first + more] == list(range(10))
+
+    # an idle poll commits marked offsets once the interval has passed
+    src = KafkaSource(kafka_bootstrap, topic, group_id=group, commit_interval_s=0.5)
+    _drain(src, 5, max_records=5)
+    src.commit()
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 25}
+    _drain(src, 5, max_records=5)
+    src.commit()  # marked, but the interval has not passed
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 25}
+    time.sleep(0.6)
+    assert src.poll(10, 0.1) == []
+    assert _committed(kafka_bootstrap, group) == {(topic, 0): 30}
+    src.close()
+    with pytest.raises(KafkaConnectorError, match="commit_interval_s"):
+        KafkaSource(kafka_bootstrap, topic, commit_interval_s=-1)
+
+
 def test_long_update_pauses_partitions_and_keeps_the_member_alive(kafka_bootstrap):
     topic = create_topic(kafka_bootstrap, unique_topic("long"), partitions=2)
     produce(kafka_bootstrap, topic, [b'{"a":1}'] * 20, partitions=2)
