@@ -24,7 +24,6 @@ same values (``NaN``, long integers, UTF-16 input, BOMs and non-``bytes`` input 
 from __future__ import annotations
 
 import json
-import re
 from itertools import chain
 from typing import Any, NamedTuple, Sequence
 
@@ -36,7 +35,9 @@ except ImportError:  # optional speed-up: json alone gives the same results
     _fast_loads = json.loads
 # orjson reads integers beyond 64 bits as floats (json keeps them exact, and validation rejects them
 # as out_of_range): a document with a run of 19+ digits goes to json, as does anything but bytes.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# (Digits mapped to "0" and a substring test: several times faster than a regular expression.)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
 
 INVALID_JSON = "invalid_json"
 EMPTY_DOCUMENT = "empty_document"
@@ -109,7 +110,7 @@ def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
 
 def _loads(raw: bytes | str) -> Any:
     """``orjson.loads`` where it accepts the document, else ``json.loads`` (which may raise)."""
-    if type(raw) is bytes and not _LONG_DIGITS.search(raw):
+    if type(raw) is bytes and _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO):
         try:
             return _fast_loads(raw)
         except (ValueError, TypeError):
@@ -119,17 +120,25 @@ def _loads(raw: bytes | str) -> Any:
 
 def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> Decoded:
     """Decode a batch of JSON documents; failures become ``(position, reason, detail)``."""
+    if (_fast_loads is not json.loads and raws and set(map(type, raws)) == {bytes}
+            and (max_bytes is None or max(map(len, raws)) <= max_bytes)
+            and _LONG_RUN not in b"\n".join(raws).translate(_DIGITS_AS_ZERO)):
+        try:  # the common batch: every document goes to orjson, which accepts them all
+            return Decoded(list(map(_fast_loads, raws)), list(range(len(raws))), [])
+        except (ValueError, TypeError):
+            pass  # some document needs json or is rejected: decide record by record
     values: list[Any] = []
     index: list[int] = []
     rejected: list[tuple[int, str, str]] = []
-    fast, long_digits = _fast_loads, _LONG_DIGITS.search
+    fast, digits_as_zero = _fast_loads, _DIGITS_AS_ZERO
     for i, raw in enumerate(raws):
         if max_bytes is not None and len(raw) > max_bytes:
             exc = _too_large(raw, max_bytes)
             rejected.append((i, exc.reason, exc.detail))
             continue
         try:  # _loads() inlined: this is the per-record hot path
-            values.append(fast(raw) if type(raw) is bytes and not long_digits(raw) else json.loads(raw))
+            values.append(fast(raw) if type(raw) is bytes and _LONG_RUN not in raw.translate(digits_as_zero)
+                          else json.loads(raw))
         except (ValueError, TypeError):
             try:
                 values.append(json.loads(raw))

@@ -218,3 +218,17 @@ json_text = st.recursive(
 def test_fast_decoding_matches_json_on_generated_documents(raws):
     with pytest.MonkeyPatch.context() as monkeypatch:
         _assert_same_decoding(raws, monkeypatch)
+
+
+def test_whole_batch_fast_path_gives_the_per_record_results(monkeypatch):
+    """A batch of valid small documents takes the whole-batch path; one long integer, an oversized
+    document or a non-bytes value anywhere sends the batch record by record, with json's results."""
+    good = [json.dumps({"x": [0.1 * i, -2.5], "y": i}).encode() for i in range(50)]
+    for extra in ([], [b'{"y": 123456789012345678901234567890}'], [b'{"y": 1e400}'], ['{"y": 1}'], [b"{"]):
+        batch = good[:25] + extra + good[25:]
+        _assert_same_decoding(batch, monkeypatch)
+    big = decode_json(good + [b'{"y": -123456789012345678901234567890}']).values[-1]["y"]
+    assert type(big) is int and big == -123456789012345678901234567890
+    limited = decode_json(good, max_bytes=len(good[-1]) - 1)
+    assert [i for i, r, _ in limited.rejected if r == records.TOO_LARGE] == [
+        i for i, raw in enumerate(good) if len(raw) > len(good[-1]) - 1]
