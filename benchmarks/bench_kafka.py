@@ -7,7 +7,7 @@ times each, and the best round of each counts:
 * peer: a bare ``KafkaConsumer`` loop (``poll(max_records=5000)``, touching every value);
 * (diagnosis only) ``KafkaSource`` alone, to separate the connector's cost from the core's;
 * pipeline: ``Application`` from a Kafka-to-Kafka configuration (KafkaSource with a consumer
-  group and synchronous commits, JSON decoding and validation, reservoir, private updates every
+  group and synchronous commits at most every ``commit_interval_s`` = 1 s, JSON decoding and validation, reservoir, private updates every
   ``--every`` records with the Kafka ledger and the Kafka model sink).
 
 Target: pipeline / peer >= 0.8. Prints JSON and writes benchmarks/results/bench_kafka.json.
@@ -71,7 +71,7 @@ def bare_consumer(bootstrap: str, topic: str, n: int) -> float:
 
 
 def source_only(bootstrap: str, topic: str, n: int, round_no: int) -> float:
-    """Records/s of KafkaSource alone (consumer group, RawRecords, a commit per poll): the
+    """Records/s of KafkaSource alone (consumer group, RawRecords, ``commit()`` per poll): the
     connector's share of the pipeline's cost, reported for diagnosis (not a target)."""
     from connectors.kafka import KafkaSource
 
