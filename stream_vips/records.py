@@ -91,9 +91,16 @@ def _too_large(raw: bytes | str, max_bytes: int | None) -> RecordRejected | None
     return None
 
 
+#: What a malformed document can raise: JSONDecodeError and UnicodeDecodeError are ValueErrors,
+#: and json recurses once per nesting level, so a deeply nested document raises RecursionError.
+_DECODE_ERRORS = (ValueError, TypeError, RecursionError)
+
+
 def _decode_failure(raw: bytes | str, exc: Exception) -> RecordRejected:
     if isinstance(raw, (bytes, str)) and not raw.strip():
         return RecordRejected(EMPTY_DOCUMENT, "empty record")
+    if isinstance(exc, RecursionError):
+        return RecordRejected(INVALID_JSON, "document nested too deeply")
     return RecordRejected(INVALID_JSON, str(exc)[:200])
 
 
@@ -104,7 +111,7 @@ def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
         raise too_large
     try:
         return _loads(raw)
-    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except _DECODE_ERRORS as exc:
         raise _decode_failure(raw, exc) from None
 
 
@@ -142,7 +149,7 @@ def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> De
         except (ValueError, TypeError):
             try:
                 values.append(json.loads(raw))
-            except (ValueError, TypeError) as err:
+            except _DECODE_ERRORS as err:
                 exc = _decode_failure(raw, err)
                 rejected.append((i, exc.reason, exc.detail))
                 continue

@@ -232,3 +232,16 @@ def test_whole_batch_fast_path_gives_the_per_record_results(monkeypatch):
     limited = decode_json(good, max_bytes=len(good[-1]) - 1)
     assert [i for i, r, _ in limited.rejected if r == records.TOO_LARGE] == [
         i for i, raw in enumerate(good) if len(raw) > len(good[-1]) - 1]
+
+
+def test_a_deeply_nested_document_is_rejected_not_raised():
+    """json recurses per nesting level: a hostile document must become a dead letter, not a crash."""
+    from stream_vips.records import decode_json, decode_one
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    decoded = decode_json([deep, b'{"x": [1.0]}', b'{"a":' * 50_000])
+    assert decoded.index == [1]
+    assert [(i, reason) for i, reason, _ in decoded.rejected] == [(0, "invalid_json"), (2, "invalid_json")]
+    assert decoded.rejected[0][2] == "document nested too deeply"
+    with pytest.raises(RecordRejected, match="nested too deeply"):
+        decode_one(deep)
