@@ -34,9 +34,11 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Iterable, Mapping, Sequence
+from functools import partial
+from operator import attrgetter
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from stream_vips.io import DeadLetter, RawRecord
+from stream_vips.io import DeadLetter, RawRecord, RecordBatch
 
 log = logging.getLogger("connectors.kafka")
 
@@ -182,6 +184,13 @@ class KafkaSource:
     immediate. ``commit_interval_s=0`` commits on every call. ``until_end=True``
     makes the source exhausted once it has caught up with the end offsets (batch jobs,
     benchmarks). :meth:`seek` overrides the committed offsets, e.g. from a reservoir checkpoint.
+
+    A pipeline that keeps a polled batch in flight (decoding in a worker process while it polls
+    the next) passes the :meth:`positions` after that batch to ``commit(positions)``, and sets
+    ``before_revoke`` to a callable that finishes the batch in flight: the rebalance listener
+    calls it, on the polling thread, before committing and giving partitions up, so a clean
+    rebalance still hands over exactly the records processed. Offsets are only ever committed
+    for partitions this member holds.
     """
 
     def __init__(
@@ -247,53 +256,76 @@ class KafkaSource:
         self._last_poll = time.monotonic()
         self._caught_up = False
         self._closed = threading.Event()
+        self.before_revoke: Callable[[], None] | None = None
+        self._polling_thread: int | None = None  # set while poll() (not the keep-alive) is in the consumer's poll
         self._consumer.subscribe(self.topics, listener=_SeekListener(self))
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
         self._keepalive.start()
 
     # -- the Source protocol -------------------------------------------------------------------
 
-    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+    def poll(self, max_records: int, timeout_s: float) -> Sequence[RawRecord]:
         with self._lock:
             if self._long_paused and not self._halted:
                 self._consumer.resume(*self._consumer.assignment())
             self._long_paused = False
-            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-            out: list[RawRecord] = []
+            self._polling_thread = threading.get_ident()
+            try:
+                batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+            finally:
+                self._polling_thread = None
+            if self._halted:  # pause() from a rebalance callback during this poll
+                self._consumer.pause(*self._consumer.assignment())
+            segments = []
             for tp, recs in batches.items():
-                if not recs:
-                    continue
-                topic, partition = tp.topic, tp.partition
-                out.extend([RawRecord(r.value, {"topic": topic, "partition": partition, "offset": r.offset,
-                                                "timestamp": r.timestamp}) for r in recs])
-                self._next[tp] = recs[-1].offset + 1
+                if recs:
+                    segments.append((recs, partial(_origin, tp.topic, tp.partition)))
+                    self._next[tp] = recs[-1].offset + 1
+            out = RecordBatch(segments, _VALUE)
             if not out:
                 if self._due():
                     self._flush()  # idle: do not leave processed records uncommitted
                 if self.until_end:
                     self._caught_up = self._at_end()
             self._last_poll = time.monotonic()
-            return out
+            return out if out else []
 
-    def commit(self) -> None:
-        """Mark every record returned so far as processed; commit the offsets after them if
-        ``commit_interval_s`` has passed since the last commit (or the source is paused)."""
+    def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Mark every record returned so far (or those before ``positions``, from
+        :meth:`positions`) as processed; commit the offsets after them if ``commit_interval_s``
+        has passed since the last commit (or the source is paused)."""
         with self._lock:
-            self._done.update(self._next)
+            self._mark(positions)
             if self._halted or self._due():
                 self._flush()
             self._last_poll = time.monotonic()
 
-    def commit_now(self) -> None:
-        """Mark every record returned so far as processed and commit now (e.g. right after a
-        checkpoint that reflects these offsets)."""
+    def commit_now(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Like :meth:`commit` but commit now (e.g. right after a checkpoint that reflects these
+        offsets)."""
         with self._lock:
-            self._done.update(self._next)
+            self._mark(positions)
             self._flush()
             self._last_poll = time.monotonic()
 
+    def _mark(self, positions: Mapping[tuple[str, int], int] | None) -> None:
+        if positions is None:
+            self._done.update(self._next)
+            return
+        from kafka.structs import TopicPartition
+
+        self._done.update({TopicPartition(t, p): off for (t, p), off in positions.items()})
+
     def _due(self) -> bool:
         return time.monotonic() - self._last_commit >= self.commit_interval_s
+
+    def _pending(self) -> dict[Any, Any]:
+        """Marked offsets of held partitions that the broker does not have yet, as commit offsets."""
+        from kafka.structs import OffsetAndMetadata
+
+        held = self._consumer.assignment()
+        return {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._done.items()
+                if tp in held and self._committed.get(tp) != off}
 
     def _flush(self) -> None:
         """Synchronously commit the marked offsets the broker does not have yet (caller holds the lock).
@@ -303,13 +335,11 @@ class KafkaSource:
         resumes from the last committed offset (at-least-once).
         """
         from kafka.errors import CommitFailedError, KafkaError
-        from kafka.structs import OffsetAndMetadata
 
-        pending = {tp: off for tp, off in self._done.items() if self._committed.get(tp) != off}
-        if not pending:
+        offsets = self._pending()
+        if not offsets:
             return
         self._last_commit = time.monotonic()
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in pending.items()}
         deadline = time.monotonic() + self.commit_timeout_ms / 1000
         while True:
             try:
@@ -323,12 +353,15 @@ class KafkaSource:
                 log.warning("offset commit failed (%s); retrying", exc)
                 time.sleep(0.5)
                 continue
-            self._committed.update(pending)
+            self._committed.update({tp: meta.offset for tp, meta in offsets.items()})
             return
 
     def pause(self) -> None:
         from kafka.errors import KafkaError
 
+        if self._polling_thread not in (None, threading.get_ident()):
+            self._halted = True  # from a rebalance callback while poll() holds the lock: poll() pauses
+            return
         with self._lock:
             self._halted = True
             self._consumer.pause(*self._consumer.assignment())
@@ -421,28 +454,53 @@ class KafkaSource:
                 self._lock.release()
 
 
-def _listener_base() -> type:
-    from kafka import ConsumerRebalanceListener
+_VALUE = attrgetter("value")
 
-    return ConsumerRebalanceListener
+
+def _origin(topic: str, partition: int, record: Any) -> dict[str, Any]:
+    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp}
+
+
+def _listener_base() -> type:
+    from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+
+    return AsyncConsumerRebalanceListener
 
 
 class _SeekListener(_listener_base()):
     """Commits processed offsets before partitions are revoked; applies :meth:`KafkaSource.seek`
-    offsets when partitions are assigned; keeps pauses."""
+    offsets when partitions are assigned; keeps pauses.
+
+    kafka-python 3 runs rebalance listeners on the consumer's IO thread, where the blocking
+    ``commit()`` refuses to run (it would wait on that same thread), so the listener is the async
+    kind and awaits the coordinator's commit coroutine (a private kafka-python 3.0 API: the only
+    way to commit synchronously inside a revocation). The pipeline's thread is blocked in
+    ``poll()`` meanwhile, holding the source's lock, so nothing here takes that lock.
+    """
 
     def __init__(self, source: KafkaSource) -> None:
         self.source = source
 
-    def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-        from kafka.errors import KafkaError
+    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+        from kafka.errors import CommitFailedError, KafkaError
 
+        src = self.source
+        if src.before_revoke is not None and src._polling_thread is not None:
+            positions = src.before_revoke()  # the pipeline finishes its batch in flight
+            if positions:
+                src._mark(positions)
+        offsets = src._pending()
+        if not offsets:
+            return
         try:  # the next owner starts after what this member processed, not after its last commit
-            self.source._flush()
-        except KafkaError as exc:
-            log.warning("offset commit before revocation failed: %s", exc)
+            await src._consumer._coordinator._commit_offsets_sync_async(offsets, timeout_ms=src.commit_timeout_ms)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("offset commit before revocation failed (records may be consumed twice): %s", exc)
+            return
+        src._committed.update({tp: meta.offset for tp, meta in offsets.items()})
+        src._last_commit = time.monotonic()
 
-    def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
         src = self.source
         for tp in assigned:
             if tp in src._seek:

@@ -134,6 +134,57 @@ def test_long_update_pauses_partitions_and_keeps_the_member_alive(kafka_bootstra
     src.close()
 
 
+def test_rebalance_hands_over_exactly_the_processed_records(kafka_bootstrap):
+    """A member that marked records processed but has not committed them yet (commit interval)
+    commits them when its partitions are revoked, on the consumer's IO thread, after finishing
+    the batch it still has in flight through ``before_revoke`` (as the pipeline does with a
+    decode worker). The two members together then see every record exactly once."""
+    topic = create_topic(kafka_bootstrap, unique_topic("rebal"), partitions=4)
+    produce(kafka_bootstrap, topic, [json.dumps({"i": i}).encode() for i in range(2000)], partitions=4)
+    group = unique_topic("g")
+    fast = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "commit_interval_s": 3600.0}
+    a = KafkaSource(kafka_bootstrap, topic, group_id=group, **fast)
+    seen_a: list = []
+    flight: dict = {"records": [], "positions": None, "revoked_at": None}
+
+    def finish() -> dict | None:  # runs on the IO thread while poll() holds the source's lock
+        seen_a.extend(flight["records"])
+        flight["records"] = []
+        flight["revoked_at"] = flight["positions"]
+        return flight["positions"]
+
+    def step(batch) -> None:  # the previous batch is processed; this one goes in flight
+        seen_a.extend(flight["records"])
+        if flight["positions"] is not None:
+            a.commit(flight["positions"])  # marked only: the interval has not passed
+        flight["records"], flight["positions"] = list(batch), a.positions()
+
+    a.before_revoke = finish
+    deadline = time.monotonic() + 60
+    while len(seen_a) < 100 and time.monotonic() < deadline:
+        step(a.poll(20, 0.5))
+    b = KafkaSource(kafka_bootstrap, topic, group_id=group, **fast)
+    seen_b: list = []
+    while flight["revoked_at"] is None and time.monotonic() < deadline:
+        seen_b.extend(b.poll(20, 0.1))
+        batch = a.poll(20, 0.1)
+        if flight["revoked_at"] is None and batch:
+            step(batch)
+        else:
+            seen_a.extend(batch)  # returned after the revocation: processed as usual
+    assert flight["revoked_at"] is not None, "partitions were never revoked"
+    a.before_revoke = None
+    assert _committed(kafka_bootstrap, group) == flight["revoked_at"]
+    while len(seen_a) + len(seen_b) < 2000 and time.monotonic() < deadline:
+        for src, seen in ((a, seen_a), (b, seen_b)):
+            seen.extend(src.poll(100, 0.2))
+            src.commit()
+    values = sorted(json.loads(r.value)["i"] for r in seen_a + seen_b)
+    assert values == list(range(2000))
+    a.close()
+    b.close()
+
+
 def test_pause_on_halt_stops_delivery_until_resume(kafka_bootstrap):
     topic = create_topic(kafka_bootstrap, unique_topic("halt"), partitions=1)
     src = KafkaSource(kafka_bootstrap, topic, group_id=unique_topic("g"), group_instance_id="pipeline-0")
