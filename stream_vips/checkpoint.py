@@ -25,7 +25,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -165,17 +165,40 @@ class CheckpointingSource:
         self.app = app
         self.interval_s = float(interval_s)
         self._last = float("-inf")
+        self._before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         return self.inner.poll(max_records, timeout_s)
 
-    def commit(self) -> None:
+    def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Checkpoint, then commit, at ``positions`` (default: after every record returned)."""
         now = time.monotonic()
         if now - self._last < self.interval_s:
             return
-        self.checkpoint.save(self.app, self.inner.positions())
-        getattr(self.inner, "commit_now", self.inner.commit)()  # the interval above is the only one
+        positions = self.inner.positions() if positions is None else dict(positions)
+        self.checkpoint.save(self.app, positions)
+        getattr(self.inner, "commit_now", self.inner.commit)(positions)  # the interval above is the only one
         self._last = now
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        return self.inner.positions()
+
+    @property
+    def before_revoke(self) -> Callable[[], Mapping[tuple[str, int], int] | None] | None:
+        """The pipeline's rebalance hook; the wrapped source calls it through :meth:`_revoke`,
+        which checkpoints the positions the hook returns before they are committed."""
+        return self._before_revoke
+
+    @before_revoke.setter
+    def before_revoke(self, hook: Callable[[], Mapping[tuple[str, int], int] | None] | None) -> None:
+        self._before_revoke = hook
+        self.inner.before_revoke = None if hook is None else self._revoke
+
+    def _revoke(self) -> Mapping[tuple[str, int], int] | None:
+        positions = self._before_revoke() if self._before_revoke is not None else None
+        if positions:
+            self.checkpoint.save(self.app, positions)
+        return positions
 
     def lag(self) -> dict[tuple[str, int], int]:
         """The wrapped source's lag per partition ({} when it does not know it)."""

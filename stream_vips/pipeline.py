@@ -10,6 +10,13 @@ model message (version = ledger step) before the source is committed; with
 before halting or shutting down), because each message's epsilon costs one accountant
 evaluation, which for PLD is slower than a step.
 
+With ``decode_workers: 1`` a worker process decodes and validates each polled batch while the
+loop polls the next one (:mod:`stream_vips.decoding`), so one batch is in flight: polled, not yet
+applied. The loop then commits a source at the positions after the batches it has applied (a
+source with ``positions()``, e.g. Kafka), or, for other sources, only when nothing is in flight;
+a rebalance finishes the batch in flight before partitions are given up (``before_revoke``),
+and a shutdown applies it before closing.
+
 Budget exhaustion halts updates for good: the last model is re-published with
 ``privacy.halted: true``, the source is paused, and (``on_halt: stay``) metrics and health keep
 being served until a signal arrives, or (``on_halt: exit``) ``run()`` returns. SIGTERM/SIGINT
@@ -25,15 +32,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from connectors import build_connector
-from stream_vips import messages, records
+from stream_vips import messages
 from stream_vips.config import Config, ConfigError, model_class
+from stream_vips.decoding import DecodedBatch, InlineDecoder, ProcessDecoder, decode_batch, make_decoder
 from stream_vips.engine import PrivateEngine
-from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, Sink, Source
+from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, Sink, Source, values_of
 from stream_vips.metrics import Metrics, MetricsServer
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
@@ -93,9 +101,15 @@ class Application:
         blas_threads: int | None = 1,
         progress: Callable[["Application"], None] | None = None,
         publish_interval_s: float = 0.0,
+        decode_workers: int = 0,
+        model_params: dict[str, Any] | None = None,
     ) -> None:
         if on_halt not in ("stay", "exit"):
             raise ValueError(f"on_halt must be 'stay' or 'exit', got {on_halt!r}")
+        if decode_workers not in (0, 1):
+            raise ValueError(f"decode_workers must be 0 or 1, got {decode_workers!r}")
+        if decode_workers and model_params is None:
+            raise ValueError("decode_workers needs model_params: the worker builds its own model from them")
         self.model = model
         self.engine = engine
         self.reservoir = engine.reservoir
@@ -113,6 +127,11 @@ class Application:
         self.blas_threads = blas_threads
         self.progress = progress
         self.publish_interval_s = float(publish_interval_s)
+        self.decode_workers = decode_workers
+        self.model_params = model_params
+        self._decoder: InlineDecoder | ProcessDecoder = InlineDecoder(model)
+        self._inflight: collections.deque[tuple[Any, dict | None]] = collections.deque()  # (raws, positions after)
+        self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")
         self._unpublished = False
         self.stats = RunStats()
@@ -209,7 +228,8 @@ class Application:
                 model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
                 poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
                 on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads,
-                publish_interval_s=cfg.runtime.publish_interval_s, **connectors, **parts,
+                publish_interval_s=cfg.runtime.publish_interval_s, decode_workers=cfg.runtime.decode_workers,
+                model_params=cfg.model.params, **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
                 from stream_vips.checkpoint import CheckpointError, attach
@@ -247,6 +267,9 @@ class Application:
             if self.metrics_address is not None:
                 self._server = MetricsServer(self.metrics, *self.metrics_address)
                 self._metrics_port = self._server.port
+            self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {})
+            if hasattr(self.source, "before_revoke"):
+                self.source.before_revoke = self._before_revoke
             with _blas_limit(self.blas_threads):
                 self.metrics.set_ready(True)
                 self._loop()
@@ -265,19 +288,59 @@ class Application:
                 continue
             raws = self.source.poll(self.poll_max_records, self.poll_timeout_s)
             if raws:
-                self.ingest(raws)
-                self.source.commit()
+                self._decoder.submit(values_of(raws))
+                self._inflight.append((raws, self._positions()))
+                while len(self._inflight) > self._decoder.overlaps:
+                    self._apply_next()
+                self._commit()
                 self._export_lag()
-            elif self._time_due():
-                self._step()
+            else:
+                self._settle()
+                if self._time_due():
+                    self._step()
             if self._unpublished and time.monotonic() - self._last_publish >= self.publish_interval_s:
                 self._publish_latest()
             if self.progress is not None:
                 self.progress(self)
             if not raws and self.source.exhausted:
                 break
+        self._settle()  # a signal: the batch in flight is applied (no step) before closing
         if self._unpublished:  # exhausted or signalled: the newest model goes out before closing
             self._publish_latest()
+
+    def _positions(self) -> dict | None:
+        """The source's positions after everything it returned so far (None: it has none)."""
+        positions = getattr(self.source, "positions", None)
+        return None if positions is None else positions()
+
+    def _apply_next(self) -> None:
+        """Apply the oldest batch in flight (once halted it is dropped: updates have ended)."""
+        raws, positions = self._inflight.popleft()
+        batch = self._decoder.result()
+        if not self.halted:
+            self._apply(raws, batch)
+            self._applied = positions
+
+    def _commit(self) -> None:
+        """Commit the source up to the applied batches (without positions: when none is in flight)."""
+        if self._applied is not None:
+            self.source.commit(self._applied)
+        elif not self._inflight:
+            self.source.commit()
+
+    def _settle(self) -> None:
+        """Apply every batch in flight and commit."""
+        if self._inflight:
+            while self._inflight:
+                self._apply_next()
+            self._commit()
+
+    def _before_revoke(self) -> dict | None:
+        """The source's rebalance hook: it runs on the consumer's IO thread while this loop waits
+        in ``poll()``; apply the batch in flight and return the positions to commit."""
+        while self._inflight:
+            self._apply_next()
+        return self._applied
 
     def _export_lag(self) -> None:
         """Set ``consumer_lag_records`` for sources that know their lag (Kafka); a count only."""
@@ -292,34 +355,34 @@ class Application:
 
     # ------------------------------------------------------------------------------------------
 
-    def ingest(self, raws: list[RawRecord]) -> None:
-        """Decode, validate, dead-letter and reservoir one polled batch, stepping on the trigger.
+    def ingest(self, raws: Sequence[RawRecord]) -> None:
+        """Decode, validate, dead-letter and reservoir one polled batch (in this process)."""
+        self._apply(raws, decode_batch(self.model, values_of(raws)))
+
+    def _apply(self, raws: Sequence[RawRecord], batch: DecodedBatch) -> None:
+        """Dead-letter the rejects and offer every arrival to the reservoir, stepping on the trigger.
 
         Every arrival, valid or not, consumes a reservoir position and counts towards
         ``every_records``: validity depends on the record's value, so membership and update
-        times must not (DESIGN rule 1). A rejected arrival only leaves an empty slot.
+        times must not (DESIGN rule 1). A rejected arrival only leaves an empty slot. After a
+        stop signal the rest of the batch still enters the reservoir (it is committed), but no
+        new step starts.
         """
-        n = len(raws)
-        decoded = records.decode_json([r.value for r in raws])
-        parsed = self.model.parse_batch(decoded.values)
-        index = np.asarray(decoded.index, dtype=np.intp)
-        rejected = list(decoded.rejected) + [(int(index[i]), reason, detail) for i, reason, detail in parsed.rejected]
-        ok = np.zeros(n, dtype=bool)
-        ok[index[np.asarray(parsed.accepted, dtype=np.intp)]] = True
+        n, ok = len(raws), batch.ok
         row_end = np.cumsum(ok)  # rows of accepted arrivals before position i+1
         self.stats.records += n
         self.stats.accepted += int(row_end[-1]) if n else 0
         self.metrics.records_consumed.inc(n)
-        if rejected:
-            self._dead_letter(raws, rejected)
+        if batch.rejected:
+            self._dead_letter(raws, batch.rejected)
         start = 0
-        while start < n and not self.halted and not self._stop.is_set():
+        while start < n and not self.halted:
             end = start + self._chunk(n - start)
             lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
-            self.reservoir.add_batch({k: v[lo:hi] for k, v in parsed.rows.items()}, accepted=ok[start:end])
+            self.reservoir.add_batch({k: v[lo:hi] for k, v in batch.rows.items()}, accepted=ok[start:end])
             self.trigger.observe(end - start)
             start = end
-            if self.reservoir.full and self.trigger.due():
+            if self.reservoir.full and self.trigger.due() and not self._stop.is_set():
                 self._step()
         self.metrics.reservoir_records.set(self.reservoir.size)
 
@@ -332,9 +395,9 @@ class Application:
             return min(remaining, max(1, every - self.trigger.pending))
         return remaining
 
-    def _dead_letter(self, raws: list[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
+    def _dead_letter(self, raws: Sequence[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
         reasons = collections.Counter(reason for _, reason, _ in rejected)
-        self.dead_letter.send([DeadLetter(raws[i], reason, detail) for i, reason, detail in sorted(rejected)])
+        self.dead_letter.send([DeadLetter(raws[i], reason, detail) for i, reason, detail in rejected])
         for reason, n in reasons.items():
             self.metrics.records_rejected.labels(reason=reason).inc(n)
         self.stats.rejected.update(reasons)
@@ -421,6 +484,7 @@ class Application:
             ("source close", self.source.close),
             ("sink close", self.sink.close),
             ("dead-letter close", self.dead_letter.close),
+            ("decoder close", self._decoder.close),
             ("ledger close", getattr(self.ledger, "close", lambda: None)),
         ):
             try:

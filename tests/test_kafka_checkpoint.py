@@ -35,8 +35,8 @@ class OffsetSource:
     def seek(self, offsets) -> None:
         self.pos = offsets[("t", 0)]
 
-    def commit(self) -> None:
-        self.committed = self.pos
+    def commit(self, positions=None) -> None:
+        self.committed = self.pos if positions is None else positions[("t", 0)]
 
     def pause(self) -> None: ...
 
