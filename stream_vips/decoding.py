@@ -24,9 +24,14 @@ codes and details; the privacy mechanisms, the reservoir and the RNGs stay in th
 from __future__ import annotations
 
 import collections
-import multiprocessing
+import os
 import signal
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -83,12 +88,14 @@ class InlineDecoder:
         self._queue.clear()
 
 
-def _serve(conn: Any, family: str, params: Mapping[str, Any]) -> None:
-    """The worker: build the model, then decode batches until the pipe closes."""
+def _serve(conn: Connection) -> None:
+    """The worker: receive the model's family and parameters, build it, then decode batches
+    until the pipeline closes the socket."""
     from stream_vips.config import model_class
 
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the pipeline drains and closes the pipe itself
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the pipeline drains and closes the socket itself
         signal.signal(sig, signal.SIG_IGN)
+    family, params = conn.recv()
     try:
         model = model_class(family)(**params)
     except Exception as exc:
@@ -107,24 +114,28 @@ def _serve(conn: Any, family: str, params: Mapping[str, Any]) -> None:
 
 
 class ProcessDecoder:
-    """Decodes in one worker process (``spawn``: no threads or sockets are inherited).
+    """Decodes in one worker process, ``python -m stream_vips.decoding``, over a socket pair.
 
-    :meth:`submit` sends a batch and returns at once; :meth:`result` waits for the oldest one.
-    The worker builds its own model from ``family`` and ``params`` (the same configuration as the
-    pipeline's), ignores SIGINT/SIGTERM (the pipeline drains it on shutdown) and exits when the
-    pipe closes; as a daemon process it also ends with the pipeline.
+    A fresh interpreter rather than :mod:`multiprocessing`: it inherits no threads or client
+    sockets, and it does not re-run the caller's ``__main__`` script (as ``spawn`` would, which
+    breaks scripts without a main guard). :meth:`submit` sends a batch and returns at once;
+    :meth:`result` waits for the oldest one. The worker builds its own model from ``family`` and
+    ``params`` (the pipeline's configuration), ignores SIGINT/SIGTERM (the pipeline drains it on
+    shutdown) and exits when the socket closes, so also when the pipeline dies.
     """
 
     overlaps = True
 
     def __init__(self, family: str, params: Mapping[str, Any], start_timeout_s: float = 120.0) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, family, dict(params)),
-                                 name="stream-vips-decoder", daemon=True)
-        self._proc.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        with theirs:
+            self._proc = subprocess.Popen([sys.executable, "-m", "stream_vips.decoding", str(theirs.fileno())],
+                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        self._conn = Connection(ours.detach())
         self._pending = 0
+        self._conn.send((family, dict(params)))
         kind, detail = self._receive(start_timeout_s)
         if kind != "ready":
             self.close()
@@ -151,22 +162,23 @@ class ProcessDecoder:
         waited = 0.0
         while not self._conn.poll(1.0):
             waited += 1.0
-            if not self._proc.is_alive():
-                raise DecoderError(f"decode worker exited with code {self._proc.exitcode}")
+            if self._proc.poll() is not None:
+                raise DecoderError(f"decode worker exited with code {self._proc.returncode}")
             if timeout_s is not None and waited >= timeout_s:
                 raise DecoderError(f"decode worker did not answer within {timeout_s:g} s")
         try:
             return self._conn.recv()
         except EOFError as exc:
-            raise DecoderError(f"decode worker exited with code {self._proc.exitcode}") from exc
+            raise DecoderError(f"decode worker exited with code {self._proc.wait(5)}") from exc
 
     def close(self) -> None:
-        """Close the pipe (the worker exits) and reap the process."""
+        """Close the socket (the worker exits) and reap the process."""
         self._conn.close()
-        self._proc.join(timeout=5)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(timeout=5)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
         self._pending = 0
 
 
@@ -177,3 +189,9 @@ def make_decoder(workers: int, model: Model, family: str, params: Mapping[str, A
     if workers == 1:
         return ProcessDecoder(family, params)
     raise ValueError(f"decode_workers must be 0 or 1, got {workers}")
+
+
+if __name__ == "__main__":  # the worker: classes must pickle as stream_vips.decoding, not __main__
+    from stream_vips.decoding import _serve as serve
+
+    serve(Connection(int(sys.argv[1])))

@@ -161,3 +161,20 @@ def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
     monitor = budget_module.BudgetMonitor(10.0, 1e-5, RdpAccountant(), MemoryLedger())
     steps = [monitor.admit(event) for _ in range(7)]
     assert steps == list(range(7)) and not monitor.halted
+
+
+def test_prepare_does_the_headroom_search_once_ahead_of_the_first_admit(monkeypatch):
+    """The search runs in prepare(); admitting copies of the prepared event does not repeat it,
+    and the admitted prefix is the same as without prepare()."""
+    calls = []
+    acct = RdpAccountant()
+    search = acct.headroom
+    monkeypatch.setattr(acct, "headroom", lambda *a, **k: calls.append(a) or search(*a, **k))
+    event = E(noise_multiplier=10.0, sampling_rate=1.0, sampling="fixed")
+    monitor = BudgetMonitor(1.5, DELTA, acct, MemoryLedger())
+    monitor.prepare(event)
+    assert len(calls) == 1
+    assert [monitor.admit(event) for _ in range(4)] == [0, 1, 2, None]
+    assert len(calls) == 1
+    monitor.admit(E(noise_multiplier=20.0, sampling_rate=1.0, sampling="fixed"))  # halted: no search
+    assert len(calls) == 1

@@ -80,6 +80,17 @@ class BudgetMonitor:
         trial[unit] = trial.get(unit, 0) + event.count
         return self.accountant.epsilon_of_counts(trial, self.delta)
 
+    def prepare(self, event) -> None:
+        """Compute how many more copies of ``event`` fit (the one accountant search ``admit``
+        needs for a new kind of event). A pipeline calls it before consuming, so that the first
+        update does not stall the loop for the search (seconds with PLD at large budgets)."""
+        self.accountant.check(event)
+        unit = event.unit()
+        self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget,
+                                                  limit=HEADROOM_WINDOW)
+        self._fit_window_full = self._fit_left == HEADROOM_WINDOW
+        self._fit_unit = unit
+
     def admit(self, event) -> int | None:
         """Check ``event``, append it durably if it fits and return its step index; else halt.
 
@@ -91,10 +102,7 @@ class BudgetMonitor:
         self.accountant.check(event)
         unit = event.unit()
         if unit != self._fit_unit or (self._fit_left < event.count and self._fit_window_full):
-            self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget,
-                                                      limit=HEADROOM_WINDOW)
-            self._fit_window_full = self._fit_left == HEADROOM_WINDOW
-            self._fit_unit = unit
+            self.prepare(event)
         if event.count > self._fit_left:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
                        f"{self.epsilon_budget:g} at delta {self.delta:g}")
