@@ -5,7 +5,8 @@ over 3 partitions (written with kcat). The readers consume all of it, alternatel
 times each, and the best round of each counts:
 
 * peer: a bare ``KafkaConsumer`` loop (``poll(max_records=5000)``, touching every value);
-* pipeline: ``Application`` from a Kafka-to-Kafka configuration as deployed (k8s/base/app):
+* pipeline: ``Application`` from a Kafka-to-Kafka configuration with the deployment's runtime
+  settings (k8s/base/app):
   KafkaSource in a consumer group with synchronous commits at most every 1 s, JSON decoding and
   validation in the decode worker (``runtime.decode_workers: 1``), reservoir, a private update
   every ``--every`` records with the Kafka ledger (a transaction per step) and the Kafka model

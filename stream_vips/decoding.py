@@ -120,13 +120,15 @@ class ProcessDecoder:
     sockets, and it does not re-run the caller's ``__main__`` script (as ``spawn`` would, which
     breaks scripts without a main guard). :meth:`submit` sends a batch and returns at once;
     :meth:`result` waits for the oldest one. The worker builds its own model from ``family`` and
-    ``params`` (the pipeline's configuration), ignores SIGINT/SIGTERM (the pipeline drains it on
-    shutdown) and exits when the socket closes, so also when the pipeline dies.
+    ``params`` (the pipeline's configuration; a failure there is raised by the first
+    :meth:`result`, so start-up overlaps the pipeline's), ignores SIGINT/SIGTERM (the pipeline
+    drains it on shutdown) and exits when the socket closes, so also when the pipeline dies.
     """
 
     overlaps = True
 
     def __init__(self, family: str, params: Mapping[str, Any], start_timeout_s: float = 120.0) -> None:
+        self.start_timeout_s = float(start_timeout_s)
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
@@ -135,11 +137,8 @@ class ProcessDecoder:
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         self._conn = Connection(ours.detach())
         self._pending = 0
+        self._started = False  # the worker's start-up (imports, model) overlaps the first poll
         self._conn.send((family, dict(params)))
-        kind, detail = self._receive(start_timeout_s)
-        if kind != "ready":
-            self.close()
-            raise DecoderError(detail)
 
     def submit(self, values: Sequence[bytes]) -> None:
         try:
@@ -152,6 +151,11 @@ class ProcessDecoder:
         """The oldest submitted batch, decoded (waits for the worker)."""
         if not self._pending:
             raise DecoderError("no batch was submitted")
+        if not self._started:
+            kind, detail = self._receive(self.start_timeout_s)
+            if kind != "ready":
+                raise DecoderError(detail)
+            self._started = True
         kind, payload = self._receive(None)
         self._pending -= 1
         if kind != "ok":

@@ -60,9 +60,14 @@ def test_worker_decodes_exactly_as_the_pipeline_process_in_submission_order(fami
         _assert_same(a, b)
 
 
-def test_worker_that_cannot_build_the_model_fails_at_start_with_the_reason():
-    with pytest.raises(DecoderError, match=r"building the linreg model failed: .*dim"):
-        ProcessDecoder("linreg", {"dim": 0, "dataset_size": 10})
+def test_worker_that_cannot_build_the_model_fails_its_first_result_with_the_reason():
+    worker = ProcessDecoder("linreg", {"dim": 0, "dataset_size": 10})
+    try:
+        with pytest.raises(DecoderError, match=r"building the linreg model failed: .*dim"):
+            worker.submit([b"{}"])
+            worker.result()
+    finally:
+        worker.close()
 
 
 def test_a_dead_worker_is_an_error_not_a_hang():
