@@ -173,6 +173,7 @@ def test_prepare_does_the_headroom_search_once_ahead_of_the_first_admit(monkeypa
     event = E(noise_multiplier=10.0, sampling_rate=1.0, sampling="fixed")
     monitor = BudgetMonitor(1.5, DELTA, acct, MemoryLedger())
     monitor.prepare(event)
+    monitor.prepare(event)  # the search still holds: not repeated
     assert len(calls) == 1
     assert [monitor.admit(event) for _ in range(4)] == [0, 1, 2, None]
     assert len(calls) == 1

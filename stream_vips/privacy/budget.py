@@ -81,11 +81,14 @@ class BudgetMonitor:
         return self.accountant.epsilon_of_counts(trial, self.delta)
 
     def prepare(self, event) -> None:
-        """Compute how many more copies of ``event`` fit (the one accountant search ``admit``
-        needs for a new kind of event). A pipeline calls it before consuming, so that the first
-        update does not stall the loop for the search (seconds with PLD at large budgets)."""
+        """Compute how many more copies of ``event`` fit, unless the last search still holds (the
+        one accountant search ``admit`` needs for a new kind of event). A pipeline calls it
+        before consuming, so that the first update does not stall the loop for the search
+        (seconds with PLD at large budgets)."""
         self.accountant.check(event)
         unit = event.unit()
+        if unit == self._fit_unit and not (self._fit_left < event.count and self._fit_window_full):
+            return  # the last search still holds for this event
         self._fit_left = self.accountant.headroom(self._counts, unit, self.delta, self.epsilon_budget,
                                                   limit=HEADROOM_WINDOW)
         self._fit_window_full = self._fit_left == HEADROOM_WINDOW
@@ -99,10 +102,8 @@ class BudgetMonitor:
         """
         if self.halted:
             return None
-        self.accountant.check(event)
+        self.prepare(event)
         unit = event.unit()
-        if unit != self._fit_unit or (self._fit_left < event.count and self._fit_window_full):
-            self.prepare(event)
         if event.count > self._fit_left:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
                        f"{self.epsilon_budget:g} at delta {self.delta:g}")
