@@ -124,8 +124,13 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
                 pass  # created concurrently: check its settings below
         if not wanted:
             return {}
-        res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        actual = _config_values(res, topic)
+        deadline = time.monotonic() + 10.0
+        while True:  # a topic created a moment ago may be described with no settings at all yet
+            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            actual = _config_values(res, topic)
+            if actual or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     finally:
         admin.close()
     wrong = {k: (v, actual.get(k)) for k, v in wanted.items() if k in _CHECKED and not _same(k, v, actual.get(k))}
@@ -765,9 +770,14 @@ def dead_letter_from_record(record: Any) -> dict[str, Any]:
 
 
 def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapping[str, Any] | None = None,
-               timeout_s: float = 30.0) -> list[Any]:
+               timeout_s: float = 30.0, settle_s: float = 5.0) -> list[Any]:
     """Every committed record of ``topic`` from the beginning to the current end, per partition
-    in offset order (partitions one after another)."""
+    in offset order (partitions one after another).
+
+    A transaction's commit markers reach a partition shortly after the producer's commit
+    returns; until then the committed end stops before it. So once the committed end is reached,
+    reading goes on (for at most ``settle_s``) until it reaches the partitions' high watermarks,
+    which a transaction that is still open, not just committed, keeps it from doing."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
@@ -787,6 +797,11 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
             if time.monotonic() > deadline:
                 raise KafkaConnectorError(f"reading topic {topic!r} to its end took over {timeout_s}s")
             for tp, recs in consumer.poll(timeout_ms=500).items():
+                out[tp].extend(recs)
+        settled = time.monotonic() + settle_s
+        while time.monotonic() < settled and any(
+                consumer.position(tp) < (consumer.highwater(tp) or 0) for tp in tps):
+            for tp, recs in consumer.poll(timeout_ms=100).items():
                 out[tp].extend(recs)
         return [r for tp in tps for r in out[tp]]
     finally:

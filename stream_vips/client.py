@@ -139,10 +139,19 @@ class ModelReader:
         """``{model_id: latest message}`` read so far."""
         return dict(self._latest)
 
-    def posterior(self, model_id: str = "default") -> PublishedModel:
-        """The latest published model ``model_id`` as a posterior object."""
+    def posterior(self, model_id: str = "default", wait_s: float = 0.0) -> PublishedModel:
+        """The latest published model ``model_id`` as a posterior object.
+
+        When the reader has not seen ``model_id`` yet it reads to the end of the topic, and goes
+        on reading for up to ``wait_s`` seconds until the model appears: a transaction's commit
+        markers reach the partition shortly after the producer's commit returns, and only then
+        does a ``read_committed`` reader see its messages.
+        """
+        deadline = time.monotonic() + wait_s
         if model_id not in self._latest:
             self.poll()
+        while model_id not in self._latest and time.monotonic() < deadline:
+            self.poll(timeout_s=min(0.5, max(0.0, deadline - time.monotonic())), until_end=False)
         if model_id not in self._latest:
             raise KeyError(f"no model {model_id!r} published on {self.topic!r} (known: {sorted(self._latest)})")
         return posterior_from_message(self._latest[model_id])

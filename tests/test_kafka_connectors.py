@@ -241,10 +241,15 @@ def test_model_sink_compacted_topic_and_reader_keeps_latest_per_id(kafka_bootstr
             sink.publish(mid, _linreg_message(mid, v, seed=v)[0])
     sink.close()
     with ModelReader(kafka_bootstrap, topic) as reader:
-        assert reader.poll() == 6
+        read, deadline = 0, time.monotonic() + 10  # commit markers land just after the producer's commit
+        while read < 6 and time.monotonic() < deadline:
+            read += reader.poll()
+        assert read == 6
         latest = reader.latest()
         assert {k: m["version"] for k, m in latest.items()} == {"a": 2, "b": 2}
         post = reader.posterior("a")
+        with pytest.raises(KeyError, match="no model 'c'"):
+            reader.posterior("c", wait_s=0.3)
     expected = _linreg_message("a", 2, seed=2)[1]
     X = np.array([[0.1, -0.2, 0.3], [0.5, 0.0, -0.5]])
     np.testing.assert_allclose(post.model.predictive(X)[0], expected.predictive(X)[0], rtol=1e-12)
@@ -275,7 +280,7 @@ def test_model_over_the_broker_limit_is_chunked_and_reassembled(kafka_bootstrap)
     assert len(records) == len(chunk_payload(payload, sink.chunk_bytes)) >= 2
     assert all(len(r.value) <= sink.max_message_bytes for r in records)
     with ModelReader(kafka_bootstrap, topic) as reader:
-        post = reader.posterior("big")
+        post = reader.posterior("big", wait_s=10.0)
     np.testing.assert_array_equal(post.model.state()["precision"], model.state()["precision"])
 
 

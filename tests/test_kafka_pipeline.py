@@ -173,7 +173,7 @@ def test_a_model_over_the_1_mib_limit_is_delivered_and_read_back(kafka_bootstrap
     assert stats.updates == 1
     assert len(messages.dumps(stats.last_message)) > 1_048_576
     with ModelReader(kafka_bootstrap, names["models"]) as reader:
-        post = reader.posterior("m")
+        post = reader.posterior("m", wait_s=10.0)
     np.testing.assert_array_equal(post.model.state()["precision"], app.model.state()["precision"])
 
 
