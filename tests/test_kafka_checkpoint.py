@@ -49,34 +49,42 @@ class OffsetSource:
     def close(self) -> None: ...
 
 
-def _app(source, ledger) -> Application:
+def _app(source, ledger, decode_workers: int = 0) -> Application:
     cfg = config_from_dict({
         "model": {"family": "linreg", "params": {"dim": 4}},
         "privacy": {"noise_multiplier": 2.0, "epsilon": 5.0, "seed": 3, "ledger": {"type": "memory"}},
         "sampling": {"reservoir": 500, "batch_size": 50},
         "schedule": {"every_records": 400},
         "metrics": {"enabled": False},
-        "runtime": {"on_halt": "exit", "poll_max_records": 130},
+        "runtime": {"on_halt": "exit", "poll_max_records": 130, "decode_workers": decode_workers},
     }, env={})
     return Application.from_config(cfg, source=source, sink=MemorySink(), dead_letter=MemoryDeadLetterSink(),
                                    ledger=ledger)
 
 
-def test_restart_from_checkpoint_continues_exactly_like_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("decode_workers", [0, 1])
+def test_restart_from_checkpoint_continues_exactly_like_an_uninterrupted_run(tmp_path, monkeypatch, decode_workers):
+    """With the decode worker a polled batch is in flight when the source is committed: every
+    checkpoint still holds exactly the records before the offsets it is saved with."""
     values = linreg_records(3000, seed=1)
     whole = _app(OffsetSource(values), MemoryLedger())
     whole.run()
 
+    saves = []
+    save = Checkpoint.save
+    monkeypatch.setattr(Checkpoint, "save", lambda self, app, offsets: (
+        saves.append((dict(offsets), app.reservoir.seen)), save(self, app, offsets))[1])
     path = tmp_path / "state" / "ckpt.npz"
     ledger = MemoryLedger()
-    first = _app(OffsetSource(values, stop_at=1700), ledger)
+    first = _app(OffsetSource(values, stop_at=1700), ledger, decode_workers)
     attach(first, path)
     first.run()  # "crashes" after offset 1700: only what was committed is in the checkpoint
+    assert len(saves) > 5 and all(offsets == {("t", 0): seen} for offsets, seen in saves)
     assert Checkpoint(path).load()["offsets"] == {("t", 0): 1700}
     assert (path.stat().st_mode & 0o777) == 0o600
     assert not path.with_name(path.name + ".tmp").exists()
 
-    second = _app(OffsetSource(values), ledger)
+    second = _app(OffsetSource(values), ledger, decode_workers)
     attach(second, path)
     assert second.reservoir.seen == 1700
     second.run()
