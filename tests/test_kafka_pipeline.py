@@ -280,3 +280,64 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     spent, n_events = _ledger_epsilon(bs, names["ledger"], "kill")
     assert versions[-1] == n_events - 1
     assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
+
+
+def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(kafka_bootstrap):
+    """A second member joins while the pipeline has a batch in flight in its decode worker: the
+    revocation applies that batch and commits after it, so the two members together process
+    every record once (the committed offsets count exactly the records both processed)."""
+    from connectors.kafka import KafkaSource
+    from test_kafka_connectors import _committed
+
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    create_topic(kafka_bootstrap, names["in"], partitions=4)
+    produce(kafka_bootstrap, names["in"], linreg_records(20_000, seed=3), partitions=4)
+    member = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "commit_interval_s": 3600.0}
+    cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
+                          dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000, batch_size=100,
+                          every_records=1000, noise_multiplier=2.0, epsilon=50.0, source_options=member)
+    cfg["runtime"].update(decode_workers=1, poll_max_records=100)
+    app = build_app({"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "rebal"})
+    in_flight_at_revocation, handed_over = [], []
+    finish = app._before_revoke
+
+    def before_revoke():
+        in_flight_at_revocation.append(len(app._inflight))
+        after_in_flight = app._inflight[-1][1] if app._inflight else None
+        positions = finish()
+        handed_over.append((after_in_flight, positions))
+        return positions
+
+    app._before_revoke = before_revoke
+    app.progress = lambda a: time.sleep(0.05)  # about 2k records/s: the rebalance comes mid-stream
+    errors: list[str] = []
+
+    def run() -> None:
+        try:
+            app.run()
+        except BaseException:
+            errors.append(traceback.format_exc())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while app.stats.records < 1000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    other = KafkaSource(kafka_bootstrap, names["in"], group_id=names["g"], **member)
+    got = 0
+    while not in_flight_at_revocation and time.monotonic() < deadline:
+        got += len(other.poll(100, 0.1))  # joins; commits nothing yet
+    committed_at_revocation = _committed(kafka_bootstrap, names["g"])
+    other.commit()
+    for _ in range(20):
+        got += len(other.poll(100, 0.1))
+        other.commit()
+    app.stop()
+    thread.join(60)
+    other.close()
+    assert not thread.is_alive() and not errors, "\n".join(errors)
+    assert in_flight_at_revocation and in_flight_at_revocation[0] == 1  # a batch was in flight
+    after_in_flight, positions = handed_over[0]
+    assert positions == after_in_flight == committed_at_revocation  # ... and was handed over applied
+    assert got > 0 and app.stats.records > 1000
+    assert sum(_committed(kafka_bootstrap, names["g"]).values()) == app.stats.records + got
