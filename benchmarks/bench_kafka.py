@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "produce_seconds_kcat": round(produce_s, 2),
         "peer": "bare kafka-python KafkaConsumer poll loop",
+        "rate": "records after the first polled batch / seconds from that batch to the last record processed",
         "peer_records_per_s": [round(x) for x in peer_rates],
         "pipeline_records_per_s": [round(x) for x in pipe_rates],
         "pipeline": {"every_records": args.every, "decode_workers": 0, "publish_interval_s": 1.0,
