@@ -505,6 +505,12 @@ class _SeekListener(_listener_base()):
         src._committed.update({tp: meta.offset for tp, meta in offsets.items()})
         src._last_commit = time.monotonic()
 
+    async def on_partitions_lost(self, lost: Iterable[Any]) -> None:
+        """Evicted from the group (no poll or heartbeat in time): the partitions already have new
+        owners, which resume from the last commit, so there is nothing left to commit here."""
+        log.warning("partitions lost to an eviction (records since the last commit are consumed again): %s",
+                    sorted(f"{tp.topic}/{tp.partition}" for tp in lost))
+
     async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
         src = self.source
         for tp in assigned:
