@@ -19,6 +19,10 @@ batch to the last record processed, so neither counts connecting, joining the gr
 the decode worker or the accountant's one-time headroom search. Those are reported as the
 pipeline's end-to-end rate (``run()`` wall time, start-up and shutdown included).
 
+Both loops checksum record batches with the C ``crc32c`` package (kafka-python's ``crc32c`` extra,
+a dependency); without it the check runs in pure Python and costs both loops about a quarter of
+their time (``machine.kafka_python_crc32c_in_c`` records which ran).
+
 Target: pipeline / peer >= 0.8. Prints JSON and writes benchmarks/results/bench_kafka.json.
 
     python benchmarks/bench_kafka.py [--records 1000000] [--rounds 2]
@@ -137,6 +141,13 @@ def pipeline(bootstrap: str, topic: str, n: int, every: int, round_no: int, deco
             "updates": stats.updates, "published": stats.published, "rejected": sum(stats.rejected.values())}
 
 
+def _crc32c_in_c() -> bool:
+    """Whether kafka-python checksums record batches with the C ``crc32c`` package (both loops do)."""
+    from kafka.record import util
+
+    return util.crc32c_c is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -186,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline_vs_bare_consumer": {"ratio": round(ratio, 3), "target": TARGET_RATIO,
                                           "met": bool(ratio >= TARGET_RATIO)},
         },
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "kafka_python_crc32c_in_c": _crc32c_in_c(),
                     "load_avg_1m": os.getloadavg()[0]},
     }
     text = json.dumps(result, indent=2)
