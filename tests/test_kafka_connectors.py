@@ -344,3 +344,23 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap):
     prod.close()
     with pytest.raises(LedgerCorrupt, match="step 1 where 0 was expected"):
         KafkaLedger(kafka_bootstrap, topic, ledger_id="m3")
+
+
+def test_lost_partitions_are_not_committed(caplog):
+    """After an eviction the partitions already have new owners: the listener commits nothing."""
+    import asyncio
+
+    from kafka.structs import TopicPartition
+
+    from connectors.kafka import _SeekListener
+
+    class Evicted:
+        before_revoke = None
+        _polling_thread = 1
+
+        def _pending(self):
+            raise AssertionError("a lost partition must not be committed")
+
+    with caplog.at_level("WARNING", logger="connectors.kafka"):
+        asyncio.run(_SeekListener(Evicted()).on_partitions_lost({TopicPartition("t", 3)}))
+    assert "partitions lost" in caplog.text and "t/3" in caplog.text
