@@ -192,8 +192,9 @@ class KafkaSource:
 
     A pipeline that keeps a polled batch in flight (decoding in a worker process while it polls
     the next) passes the :meth:`positions` after that batch to ``commit(positions)``, and sets
-    ``before_revoke`` to a callable that finishes the batch in flight: the rebalance listener
-    calls it, on the polling thread, before committing and giving partitions up, so a clean
+    ``before_revoke`` to a callable that finishes the batch in flight and returns the positions
+    after it: the rebalance listener calls it (on kafka-python's IO thread, while ``poll()``
+    waits; not during a keep-alive poll) before committing and giving partitions up, so a clean
     rebalance still hands over exactly the records processed. Offsets are only ever committed
     for partitions this member holds.
     """
@@ -261,7 +262,7 @@ class KafkaSource:
         self._last_poll = time.monotonic()
         self._caught_up = False
         self._closed = threading.Event()
-        self.before_revoke: Callable[[], None] | None = None
+        self.before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
         self._polling_thread: int | None = None  # set while poll() (not the keep-alive) is in the consumer's poll
         self._consumer.subscribe(self.topics, listener=_SeekListener(self))
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)

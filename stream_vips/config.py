@@ -146,8 +146,8 @@ class RuntimeConfig:
     an exact PLD epsilon for a message is a fresh n-fold composition (10-60 ms), which would
     otherwise cap the update rate. Every step is in the ledger either way; versions may skip.
     ``decode_workers``: 1 decodes and validates each polled batch in a worker process while the
-    next is polled (:mod:`stream_vips.decoding`; worth it with Kafka, whose client parses
-    records in pure Python); 0 decodes in the pipeline's process."""
+    next is polled (:mod:`stream_vips.decoding`; it needs a spare core, and on two cores shared
+    with a Kafka broker it measured no faster); 0 decodes in the pipeline's process."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000

@@ -331,18 +331,22 @@ class Application:
         elif not self._inflight:
             self.source.commit()
 
+    def _drain(self) -> bool:
+        """Apply every batch in flight; whether there was one."""
+        drained = bool(self._inflight)
+        while self._inflight:
+            self._apply_next()
+        return drained
+
     def _settle(self) -> None:
         """Apply every batch in flight and commit."""
-        if self._inflight:
-            while self._inflight:
-                self._apply_next()
+        if self._drain():
             self._commit()
 
     def _before_revoke(self) -> dict | None:
         """The source's rebalance hook: it runs on the consumer's IO thread while this loop waits
         in ``poll()``; apply the batch in flight and return the positions to commit."""
-        while self._inflight:
-            self._apply_next()
+        self._drain()
         return self._applied
 
     def _export_lag(self) -> None:
