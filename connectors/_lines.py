@@ -48,6 +48,8 @@ def dead_letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
         "detail": letter.detail,
         "origin": dict(letter.record.origin),
     }
+    if letter.length is not None:
+        out.update(length=letter.length, sha256=letter.sha256, truncated=letter.truncated)
     try:
         out["value"] = letter.record.value.decode("utf-8")
     except UnicodeDecodeError:
@@ -58,6 +60,38 @@ def dead_letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
 def dead_letter_line(letter: DeadLetter) -> str:
     """A dead letter as one JSON line."""
     return json.dumps(dead_letter_to_dict(letter), default=str)
+
+
+def last_message(path: str, key: str, block: int = 1 << 16) -> dict[str, Any] | None:
+    """The last model message for ``key`` in a JSON-lines file, read backwards from its end (a
+    service's model file grows for months; start-up reads only its tail). A torn last line
+    (no newline) is skipped."""
+    import os
+
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    needle = json.dumps(key).encode()
+    with fh:
+        end = fh.seek(0, os.SEEK_END)
+        tail = b""
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            chunk = fh.read(end - start) + tail
+            end = start
+            lines = chunk.split(b"\n")
+            tail = lines.pop(0) if start > 0 else b""
+            for line in reversed(lines):  # a torn last line fails to parse and is skipped
+                if needle in line and line.strip():
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(msg, dict) and msg.get("model_id") == key:
+                        return msg
+        return None
 
 
 def write_lines(stream: TextIO, lines: Sequence[str]) -> None:

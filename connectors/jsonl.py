@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from connectors._lines import PausableSource, dead_letter_line, line_value, message_line, write_lines
+from connectors._lines import (PausableSource, dead_letter_line, last_message, line_value, message_line,
+                               write_lines)
 from stream_vips.io import DeadLetter, RawRecord
 
 
@@ -89,6 +90,11 @@ class JsonlSink(_LineWriter):
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
         self._write([message_line(message)])
+
+    def latest(self, key: str) -> dict[str, Any] | None:
+        """The last message for ``key`` in the file (also from earlier runs)."""
+        self.flush()
+        return last_message(self.path, key)
 
 
 class JsonlDeadLetterSink(_LineWriter):

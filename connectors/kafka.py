@@ -39,6 +39,8 @@ from operator import attrgetter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stream_vips.io import DeadLetter, RawRecord, RecordBatch
+from stream_vips.privacy.ledger import (LedgerCorrupt, encode_genesis, encode_line, new_genesis,
+                                        replay_lines)
 
 log = logging.getLogger("connectors.kafka")
 
@@ -99,8 +101,12 @@ def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
 
 def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitions: int = 1,
                  replication_factor: int = 1, configs: Mapping[str, str] | None = None,
-                 create: bool = True, security: Mapping[str, Any] | None = None) -> dict[str, str]:
+                 create: bool = True, security: Mapping[str, Any] | None = None,
+                 min_replication: int = 1) -> dict[str, str]:
     """Create ``topic`` with ``configs`` if allowed and missing, else check its settings.
+
+    An existing topic with fewer than ``min_replication`` replicas on some partition is refused
+    too (the ledger's durability rule).
 
     An existing topic whose value for one of ``configs`` differs raises
     :class:`KafkaConnectorError` naming the setting (a model topic that is not compacted would
@@ -131,8 +137,13 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
             if actual or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        replicas = min((len(p.get("replicas", ())) for t in admin.describe_topics([topic])
+                        for p in t.get("partitions", ())), default=0)
     finally:
         admin.close()
+    if replicas < min_replication:
+        raise KafkaConnectorError(f"topic {topic!r} has {replicas} replica(s) on some partition; "
+                                  f"at least {min_replication} are needed")
     wrong = {k: (v, actual.get(k)) for k, v in wanted.items() if k in _CHECKED and not _same(k, v, actual.get(k))}
     if wrong:
         detail = ", ".join(f"{k}={have!r} (needs {want!r})" for k, (want, have) in sorted(wrong.items()))
@@ -140,14 +151,15 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
     return {k: actual.get(k) for k in wanted}
 
 
-_CHECKED = ("cleanup.policy", "max.message.bytes")
+_CHECKED = ("cleanup.policy", "max.message.bytes", "min.insync.replicas")
+_AT_LEAST = ("max.message.bytes", "min.insync.replicas")  # a larger value serves as well
 
 
 def _same(key: str, want: str, have: str | None) -> bool:
     if have is None:
         return False
-    if key == "max.message.bytes":
-        return int(have) >= int(want)  # a larger limit serves as well
+    if key in _AT_LEAST:
+        return int(have) >= int(want)
     return set(have.split(",")) == set(want.split(","))
 
 
@@ -253,7 +265,8 @@ class KafkaSource:
         )
         self._lock = threading.RLock()
         self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last returned record
-        self._seek: dict[Any, int] = {}
+        self._seek: dict[Any, int] = {}  # applied once, at the partition's next assignment
+        self.duplicates_dropped = 0
         self._done: dict[Any, int] = {}  # offsets marked processed by commit()
         self._committed: dict[Any, int] = {}  # offsets the broker acknowledged
         self._last_commit = float("-inf")
@@ -284,6 +297,9 @@ class KafkaSource:
                 self._consumer.pause(*self._consumer.assignment())
             segments = []
             for tp, recs in batches.items():
+                floor = self._next.get(tp)
+                if recs and floor is not None and recs[0].offset < floor:
+                    recs = self._above_floor(tp, recs, floor)
                 if recs:
                     segments.append((recs, partial(_origin, tp.topic, tp.partition)))
                     self._next[tp] = recs[-1].offset + 1
@@ -295,6 +311,16 @@ class KafkaSource:
                     self._caught_up = self._at_end()
             self._last_poll = time.monotonic()
             return out if out else []
+
+    def _above_floor(self, tp: Any, recs: list, floor: int) -> list:
+        """Drop records this process already returned (a partition given back after a rebalance,
+        an eviction or a failed commit resumes at the last commit, which can be behind): a record
+        must never reach the reservoir twice."""
+        cut = next((i for i, r in enumerate(recs) if r.offset >= floor), len(recs))
+        self.duplicates_dropped += cut
+        log.warning("%s/%d: dropped %d records at offsets %d..%d already returned in this process",
+                    tp.topic, tp.partition, cut, recs[0].offset, recs[cut - 1].offset)
+        return recs[cut:]
 
     def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
         """Mark every record returned so far (or those before ``positions``, from
@@ -403,7 +429,9 @@ class KafkaSource:
             return {(tp.topic, tp.partition): off for tp, off in self._next.items()}
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Start these partitions at these offsets when they are (next) assigned."""
+        """Start these partitions at these offsets (a checkpoint's) now or at their next
+        assignment, once: a later assignment resumes at the committed offset, and records below
+        what this process already returned are dropped (:meth:`_above_floor`)."""
         from kafka.structs import TopicPartition
 
         with self._lock:
@@ -411,7 +439,7 @@ class KafkaSource:
             self._next.update(self._seek)
             for tp in self._consumer.assignment():
                 if tp in self._seek:
-                    self._consumer.seek(tp, self._seek[tp])
+                    self._consumer.seek(tp, self._seek.pop(tp))
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records behind the end of each assigned partition, from the high watermarks of the last
@@ -515,8 +543,8 @@ class _SeekListener(_listener_base()):
     async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
         src = self.source
         for tp in assigned:
-            if tp in src._seek:
-                src._consumer.seek(tp, src._seek[tp])
+            if tp in src._seek:  # a checkpoint's position applies once
+                src._consumer.seek(tp, src._seek.pop(tp))
         if src._halted:
             src._consumer.pause(*assigned)
 
@@ -595,6 +623,7 @@ class KafkaModelSink:
             max_request_size=self.max_message_bytes, linger_ms=0,
             reconnect_backoff_max_ms=reconnect_backoff_max_ms, **security,
         )
+        self._security = security
         self._producer = KafkaProducer(**self._producer_options)
         self._producer.init_transactions()
         self._partitions = len(self._producer.partitions_for(topic) or []) or partitions
@@ -655,6 +684,17 @@ class KafkaModelSink:
     def flush(self) -> None:
         self._producer.flush(timeout=self.send_timeout_s)
 
+    def latest(self, key: str) -> dict[str, Any] | None:
+        """The last committed message for ``key`` on the topic (reassembled), or ``None``."""
+        found = None
+        assembler = Reassembler()
+        for rec in read_topic(self._producer_options["bootstrap_servers"], self.topic, security=self._security,
+                              timeout_s=self.publish_timeout_s):
+            whole = assembler.add(rec.key, rec.value, rec.headers)
+            if whole is not None and whole[0] == key:
+                found = whole[1]
+        return None if found is None else json.loads(found)
+
     def close(self) -> None:
         self._producer.close(timeout=self.send_timeout_s)
 
@@ -705,9 +745,12 @@ class Reassembler:
 class KafkaDeadLetterSink:
     """Rejected records on a dead-letter topic.
 
-    Value: the original bytes, unchanged. Key: ``<topic>/<partition>/<offset>`` of the source
-    record when known. Headers: ``reason``, ``detail``, ``source.topic``, ``source.partition``,
-    ``source.offset`` (and any other origin field as ``source.<name>``).
+    Value: the original bytes, or their first ``runtime.dead_letter_max_bytes`` (the pipeline
+    bounds every letter, so a send never fails for size). Key: ``<topic>/<partition>/<offset>``
+    of the source record when known. Headers: ``reason``, ``detail``, ``length`` and ``sha256``
+    of the original value, ``truncated``, ``source.topic``, ``source.partition``,
+    ``source.offset`` (and any other origin field as ``source.<name>``). Sends are asynchronous;
+    :meth:`flush` confirms them all, and the pipeline calls it before committing any offset.
     """
 
     def __init__(
@@ -744,6 +787,9 @@ class KafkaDeadLetterSink:
         for letter in letters:
             origin = dict(letter.record.origin)
             headers = [("reason", letter.reason.encode()), ("detail", letter.detail.encode("utf-8", "replace"))]
+            if letter.length is not None:
+                headers += [("length", str(letter.length).encode()), ("sha256", str(letter.sha256).encode()),
+                            ("truncated", b"true" if letter.truncated else b"false")]
             headers += [(f"source.{k}", str(v).encode()) for k, v in origin.items()]
             key = None
             if {"topic", "partition", "offset"} <= set(origin):
@@ -753,6 +799,10 @@ class KafkaDeadLetterSink:
             self.flush()
 
     def flush(self) -> None:
+        """Wait for every letter sent so far; :class:`KafkaPublishError` if one was refused (the
+        pipeline then stops without committing the source past it)."""
+        if not self._pending:
+            return
         self._producer.flush(timeout=self.send_timeout_s)
         pending, self._pending = self._pending, []
         for f in pending:
@@ -769,7 +819,10 @@ def dead_letter_from_record(record: Any) -> dict[str, Any]:
     """Decode a dead-letter topic record: value bytes, reason, detail and source fields."""
     h = {k: v.decode("utf-8", "replace") for k, v in (record.headers or [])}
     source = {k[len("source."):]: v for k, v in h.items() if k.startswith("source.")}
-    return {"value": record.value, "reason": h.get("reason"), "detail": h.get("detail"), "source": source}
+    out = {"value": record.value, "reason": h.get("reason"), "detail": h.get("detail"), "source": source}
+    if "length" in h:
+        out.update(length=int(h["length"]), sha256=h.get("sha256"), truncated=h.get("truncated") == "true")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -819,22 +872,33 @@ class KafkaLedger:
     """The privacy ledger on a compacted Kafka topic (the Ledger protocol).
 
     Each event is the same checksummed line as :class:`~stream_vips.privacy.ledger.FileLedger`
-    writes, keyed ``<ledger id>/<step, 12 digits>`` so compaction never merges two steps. Every
-    append is its own transaction of the producer whose ``transactional.id`` is derived from
-    the ledger id; ``append`` returns only after the commit is acknowledged (``acks=all``), so
-    the event is durable before any noise is drawn or any model message is sent. Opening the
-    ledger initialises that transactional id, which fences an older process still holding it
-    (its next append fails) and aborts whatever it left open, then replays the committed
-    events; steps must run 0, 1, ... without a gap, else :class:`LedgerCorrupt` is raised.
+    writes, keyed ``<name>/<step, 12 digits>`` so compaction never merges two steps; the genesis
+    line (the ledger's random id) is keyed ``<name>/genesis`` and written when the name has no
+    records yet. Every append is its own transaction of the producer whose ``transactional.id``
+    is derived from the name; ``append`` returns only after the commit is acknowledged
+    (``acks=all``), so the event is durable before any noise is drawn or any model message is
+    sent. Opening the ledger initialises that transactional id, which fences an older process
+    still holding it (its next append fails) and aborts whatever it left open, then replays the
+    committed events; steps must run 0, 1, ... without a gap, else :class:`LedgerCorrupt`.
+
+    **Durability.** The topic is created with ``replication_factor`` (default 3) and
+    ``min.insync.replicas`` = ``min_insync_replicas`` (default 2), and an existing topic with
+    weaker settings is refused: with one replica, a lost broker disk resets the budget. Only
+    ``allow_weak_durability: true`` (single-broker tests and development) accepts less. ``name``
+    was called ``ledger_id`` before ledgers had a genesis id; both spellings are accepted.
     """
 
     def __init__(
         self,
         bootstrap_servers: str | list[str],
         topic: str = "stream-vips-ledger",
-        ledger_id: str = "default",
+        name: str | None = None,
+        ledger_id: str | None = None,
         create_topic: bool = True,
-        replication_factor: int = 1,
+        replication_factor: int = 3,
+        min_insync_replicas: int = 2,
+        allow_weak_durability: bool = False,
+        supersedes: Sequence[str] = (),
         send_timeout_s: float = 30.0,
         append_timeout_s: float = 120.0,
         reconnect_backoff_max_ms: int = 1000,
@@ -849,41 +913,71 @@ class KafkaLedger:
         from kafka import KafkaProducer
 
         security = security_options({k: v for k, v in locals().items() if k in SECURITY_KEYS})
+        name = name or ledger_id or "default"
+        if "/" in name:
+            raise KafkaConnectorError(f"ledger name must not contain '/', got {name!r}")
+        if not allow_weak_durability and (replication_factor < 3 or min_insync_replicas < 2):
+            raise KafkaConnectorError(
+                f"ledger topic {topic!r}: replication_factor {replication_factor} / min_insync_replicas "
+                f"{min_insync_replicas} is weaker than 3 / 2; a lost broker would reset the budget "
+                "(allow_weak_durability: true accepts it for tests and development)")
         self.append_timeout_s = float(append_timeout_s)
-        if "/" in ledger_id:
-            raise KafkaConnectorError(f"ledger_id must not contain '/', got {ledger_id!r}")
         self.topic = topic
-        self.ledger_id = ledger_id
+        self.name = name
         self.send_timeout_s = float(send_timeout_s)
         self._servers = _servers(bootstrap_servers)
         self._security = security
         ensure_topic(self._servers, topic, partitions=1, replication_factor=replication_factor,
-                     configs={"cleanup.policy": "compact", "min.insync.replicas": "1"},
-                     create=create_topic, security=security)
+                     configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
+                     create=create_topic, security=security,
+                     min_replication=1 if allow_weak_durability else 3)
         self._producer = KafkaProducer(
-            bootstrap_servers=self._servers, client_id=f"stream-vips-ledger-{ledger_id}", acks="all",
-            enable_idempotence=True, transactional_id=f"stream-vips-ledger-{ledger_id}", linger_ms=0,
+            bootstrap_servers=self._servers, client_id=f"stream-vips-ledger-{name}", acks="all",
+            enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0,
             reconnect_backoff_max_ms=reconnect_backoff_max_ms, **security)
         self._producer.init_transactions()  # fences an older writer and aborts its open transaction
-        self._events = self._replay()
         self._failed: Exception | None = None
+        genesis, self._events, self._positions = self._replay()
+        if genesis is None:
+            genesis = new_genesis(supersedes)
+            self._commit(f"{name}/genesis".encode(), encode_genesis(genesis).rstrip(b"\n"), "ledger genesis")
+            log.info("ledger %s/%s created with id %s", topic, name, genesis["ledger_id"])
+        elif supersedes:
+            raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
+        self._genesis = genesis
 
-    def _replay(self) -> list:
-        from stream_vips.privacy.ledger import LedgerCorrupt, _decode_line
+    @property
+    def ledger_id(self) -> str:
+        return str(self._genesis["ledger_id"])
 
-        prefix = f"{self.ledger_id}/".encode()
-        events: list = []
+    @property
+    def supersedes(self) -> tuple[str, ...]:
+        return tuple(self._genesis.get("supersedes", ()))
+
+    @property
+    def last_position(self) -> int | None:
+        return self._positions[-1] if self._positions else None
+
+    def _replay(self) -> tuple[dict | None, list, list]:
+        prefix = f"{self.name}/".encode()
+        genesis_key = prefix + b"genesis"
+        genesis_line, lines = None, []
         for rec in read_topic(self._servers, self.topic, security=self._security, timeout_s=self.send_timeout_s):
-            if rec.key is None or not rec.key.startswith(prefix):
-                continue
-            try:
-                events.append(_decode_line(rec.value, len(events)))
-            except ValueError as exc:
-                raise LedgerCorrupt(
-                    f"ledger topic {self.topic!r} id {self.ledger_id!r} offset {rec.offset}: {exc}") from exc
-        return events
+            if rec.key == genesis_key:
+                genesis_line = rec.value
+            elif rec.key is not None and rec.key.startswith(prefix):
+                lines.append(rec.value)
+        if genesis_line is None and not lines:
+            return None, [], []
+        where = f"ledger topic {self.topic!r} name {self.name!r}"
+        if genesis_line is not None:
+            lines.insert(0, genesis_line)
+        genesis, events, positions = replay_lines(lines, where)
+        if genesis_line is None:
+            log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
+        return genesis, events, positions
 
-    def append(self, event: Any) -> int:
+    def append(self, event: Any, position: int | None = None) -> int:
         """Commit ``event`` as the next step; transient failures are retried for ``append_timeout_s``.
 
         A retry reuses the step number only after the failed transaction was aborted (then
@@ -891,40 +985,41 @@ class KafkaLedger:
         e.g. the commit itself was interrupted) the ledger refuses further appends: a restart
         replays what was committed, so a step number is never used twice.
         """
-        from stream_vips.privacy.ledger import encode_line
+        step = len(self._events)
+        key = f"{self.name}/{step:012d}".encode()
+        self._commit(key, encode_line(step, event, position).rstrip(b"\n"), f"ledger event for step {step}")
+        self._events.append(event)
+        self._positions.append(position)
+        return step
 
+    def _commit(self, key: bytes, value: bytes, what: str) -> None:
         if self._failed is not None:
             raise KafkaPublishError(
-                f"ledger {self.ledger_id!r} refused further appends after a failed one ({self._failed}); "
+                f"ledger {self.name!r} refused further appends after a failed one ({self._failed}); "
                 "restart to replay what was committed")
-        step = len(self._events)
-        key = f"{self.ledger_id}/{step:012d}".encode()
-        value = encode_line(step, event).rstrip(b"\n")
         deadline = time.monotonic() + self.append_timeout_s
         while True:
             try:
                 self._producer.begin_transaction()
                 future = self._producer.send(self.topic, value=value, key=key, partition=0)
                 self._producer.flush(timeout=self.send_timeout_s)
-                _check_future(future, self.send_timeout_s, f"ledger event for step {step}")
+                _check_future(future, self.send_timeout_s, what)
                 self._producer.commit_transaction()
-                break
+                return
             except Exception as exc:
                 error = exc if isinstance(exc, KafkaPublishError) else KafkaPublishError(
-                    f"ledger event for step {step} was not committed: {type(exc).__name__}: {exc}")
+                    f"{what} was not committed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc.__cause__ if isinstance(exc, KafkaPublishError) else exc
                 try:
                     self._producer.abort_transaction()
                 except Exception as abort_exc:
-                    log.error("aborting the ledger transaction failed (%s): outcome of step %d unknown", abort_exc, step)
+                    log.error("aborting the ledger transaction failed (%s): outcome of %s unknown", abort_exc, what)
                     self._failed = error
                     raise error from exc
                 if not _retriable(error) or time.monotonic() >= deadline:
                     raise error from exc
                 log.warning("%s; retrying", error)
                 time.sleep(0.5)
-        self._events.append(event)
-        return step
 
     def events(self) -> list:
         return list(self._events)

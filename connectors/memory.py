@@ -91,6 +91,9 @@ class MemorySink:
     def flush(self) -> None:
         self.flushes += 1
 
+    def latest(self, key: str) -> dict[str, Any] | None:
+        return next((m for k, m in reversed(self.messages) if k == key), None)
+
     def close(self) -> None:
         self.closed = True
 

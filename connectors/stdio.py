@@ -88,6 +88,10 @@ class StdoutSink(_StdStream):
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
         write_lines(self._out(), [message_line(message)])
 
+    def latest(self, key: str) -> None:
+        """A stream cannot be read back: no evidence to check at start."""
+        return None
+
 
 class StderrDeadLetterSink(_StdStream):
     """Writes each rejected record with its reason as one JSON line to stderr (or ``stream``)."""

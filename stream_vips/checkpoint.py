@@ -30,8 +30,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from stream_vips.io import RawRecord
+from stream_vips.privacy.ledger import check_binding
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
 
 
 class CheckpointError(RuntimeError):
@@ -65,6 +66,7 @@ def _pack(state: Mapping[str, Any]) -> bytes:
     meta = {"format": FORMAT_VERSION, "model_family": state["model_family"],
             "offsets": [[t, p, o] for (t, p), o in sorted(state["offsets"].items())],
             "trigger_pending": state["trigger_pending"],
+            "ledger_id": state["ledger_id"], "ledger_steps": state["ledger_steps"],
             "reservoir": _split(state["reservoir"], "reservoir/", arrays),
             "model": _split({k: np.asarray(v) for k, v in state["model"].items()}, "model/", arrays)}
     buf = io.BytesIO()
@@ -76,7 +78,9 @@ def _unpack(data: bytes) -> dict[str, Any]:
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         meta = json.loads(z["__meta__"].tobytes().decode())
         if meta.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not {FORMAT_VERSION}")
+            raise CheckpointError(
+                f"checkpoint format {meta.get('format')!r} is not {FORMAT_VERSION} (format 1 names no ledger, so "
+                "it cannot be bound to the budget that paid for it; move it away to start from the committed offsets)")
         arrays = {k: z[k] for k in z.files if k != "__meta__"}
     return {
         "model_family": meta["model_family"],
@@ -84,6 +88,8 @@ def _unpack(data: bytes) -> dict[str, Any]:
         "reservoir": _join(meta["reservoir"], "reservoir/", arrays),
         "model": _join(meta["model"], "model/", arrays),
         "trigger_pending": int(meta["trigger_pending"]),
+        "ledger_id": meta["ledger_id"],
+        "ledger_steps": meta["ledger_steps"],
     }
 
 
@@ -102,6 +108,8 @@ class Checkpoint:
             "reservoir": app.reservoir.get_state(),
             "model": app.model.state(),
             "trigger_pending": app.trigger.pending,
+            "ledger_id": None if app.engine.non_private else app.engine.monitor.ledger.ledger_id,
+            "ledger_steps": None if app.engine.non_private else app.engine.monitor.steps,
         })
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -141,6 +149,8 @@ class Checkpoint:
         if state["model_family"] != app.model.family:
             raise CheckpointError(
                 f"checkpoint {self.path} is for family {state['model_family']!r}, not {app.model.family!r}")
+        if not app.engine.non_private:
+            check_binding(app.engine.monitor.ledger, f"checkpoint {self.path}", state["ledger_id"], state["ledger_steps"])
         try:
             app.reservoir.set_state(state["reservoir"])
             app.model.load_state(state["model"])
@@ -171,14 +181,17 @@ class CheckpointingSource:
         return self.inner.poll(max_records, timeout_s)
 
     def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
-        """Checkpoint, then commit, at ``positions`` (default: after every record returned)."""
-        now = time.monotonic()
-        if now - self._last < self.interval_s:
-            return
+        """Checkpoint, then commit, at ``positions`` (default: after every record returned), at
+        most every ``interval_s``."""
+        if time.monotonic() - self._last >= self.interval_s:
+            self.commit_now(positions)
+
+    def commit_now(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Checkpoint and commit whatever the interval (a graceful stop, a halt)."""
         positions = self.inner.positions() if positions is None else dict(positions)
         self.checkpoint.save(self.app, positions)
-        getattr(self.inner, "commit_now", self.inner.commit)(positions)  # the interval above is the only one
-        self._last = now
+        getattr(self.inner, "commit_now", self.inner.commit)(positions)  # the interval is ours
+        self._last = time.monotonic()
 
     def positions(self) -> dict[tuple[str, int], int]:
         return self.inner.positions()
@@ -232,5 +245,6 @@ def attach(app: Any, path: str | os.PathLike, interval_s: float = 0.0) -> Checkp
     offsets = ckpt.restore(app)
     if offsets is not None:
         app.source.seek(offsets)
+        app.restored(offsets)
     app.source = CheckpointingSource(app.source, ckpt, app, interval_s)
     return ckpt

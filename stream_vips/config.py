@@ -147,7 +147,10 @@ class RuntimeConfig:
     otherwise cap the update rate. Every step is in the ledger either way; versions may skip.
     ``decode_workers``: 1 decodes and validates each polled batch in a worker process while the
     next is polled (:mod:`stream_vips.decoding`; it needs a spare core, and on two cores shared
-    with a Kafka broker it measured no faster); 0 decodes in the pipeline's process."""
+    with a Kafka broker it measured no faster); 0 decodes in the pipeline's process.
+    ``dead_letter_max_bytes``: a dead letter carries at most this many bytes of the rejected
+    record (plus its full length and sha256), so delivering it never fails for size; keep it
+    below the dead-letter topic's ``max.message.bytes``."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000
@@ -158,6 +161,7 @@ class RuntimeConfig:
     checkpoint_interval_s: float = 0.0
     publish_interval_s: float = 1.0
     decode_workers: int = 0
+    dead_letter_max_bytes: int = 65_536
 
 
 def _default_source() -> ConnectorConfig:
@@ -412,6 +416,8 @@ def _validate(cfg: Config) -> None:
         ("runtime.checkpoint_interval_s", rt.checkpoint_interval_s >= 0, "must be >= 0"),
         ("runtime.publish_interval_s", rt.publish_interval_s >= 0, "must be >= 0"),
         ("runtime.decode_workers", rt.decode_workers in (0, 1), "must be 0 or 1"),
+        ("runtime.dead_letter_max_bytes", 0 < rt.dead_letter_max_bytes <= 900_000,
+         "must be in [1, 900000] (below Kafka's default 1 MiB request limit)"),
     ]
     if p.mode == "private":
         checks.append(("privacy.noise_multiplier", p.noise_multiplier is None or p.noise_multiplier > 0,

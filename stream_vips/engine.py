@@ -173,6 +173,7 @@ class PrivateEngine:
             seeded=self.seeded,
             adjacency=ADJACENCY,
             diameter=float(self.model.diameter()),
+            ledger_id=self.monitor.ledger.ledger_id if private else None,
         )
 
     def _noisy_mean(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -211,7 +212,7 @@ class PrivateEngine:
             step = self._local_steps
             self._local_steps += 1
         else:
-            step = self.monitor.admit(self.event())  # check + durable ledger append, before noise
+            step = self.monitor.admit(self.event(), position=self.reservoir.seen)  # check + durable append, before noise
             if step is None:
                 return None
         rho = step_size(step, self.tau0, self.kappa)

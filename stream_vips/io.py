@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from dataclasses import dataclass, field
+import hashlib
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence, overload
 
 
@@ -59,6 +60,42 @@ class RecordBatch(Sequence[RawRecord]):
         return RawRecord(self.values[i], origin(recs[i - self._starts[seg]]))
 
 
+    def keep_from(self, floors: Mapping[tuple[str, int], int]) -> tuple["RecordBatch", int]:
+        """This batch without the records below ``floors[(topic, partition)]`` (offsets already
+        delivered), and how many were dropped. Reads only the first origin of each segment
+        (offsets increase within one) unless the segment starts below its floor."""
+        segments, values, dropped = [], [], 0
+        for (recs, origin), start in zip(self._segments, self._starts):
+            first = origin(recs[0])
+            floor = floors.get((first.get("topic"), first.get("partition")))
+            cut = 0
+            if floor is not None and first.get("offset", floor) < floor:
+                cut = bisect_left([origin(r)["offset"] for r in recs], floor)
+                dropped += cut
+            if cut < len(recs):
+                segments.append((recs[cut:], origin))
+                values.append(self.values[start + cut:start + len(recs)])
+        if not dropped:
+            return self, 0
+        batch = RecordBatch([], bytes)
+        for (recs, origin), vals in zip(segments, values):
+            batch._segments.append((recs, origin))
+            batch._starts.append(len(batch.values))
+            batch.values.extend(vals)
+        return batch, dropped
+
+
+    def ends(self) -> dict[tuple[Any, Any], int]:
+        """``{(topic, partition): last offset + 1}`` over the segments whose origin has offsets."""
+        out = {}
+        for recs, origin in self._segments:
+            last = origin(recs[-1])
+            if "offset" in last:
+                key = (last.get("topic"), last.get("partition"))
+                out[key] = max(out.get(key, 0), last["offset"] + 1)
+        return out
+
+
 def values_of(raws: Sequence[RawRecord]) -> list[bytes]:
     """The record values of one poll (column-wise when the source returned a :class:`RecordBatch`)."""
     return raws.values if isinstance(raws, RecordBatch) else [r.value for r in raws]
@@ -66,11 +103,32 @@ def values_of(raws: Sequence[RawRecord]) -> list[bytes]:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A rejected record: the original bytes, a reason code and a human-readable detail."""
+    """A rejected record: its bytes (at most the first ``max_bytes``, see :meth:`bounded`), a
+    reason code and a human-readable detail; ``length`` and ``sha256`` describe the original
+    value, so a truncated letter still identifies the record."""
 
     record: RawRecord
     reason: str
     detail: str
+    length: int | None = None
+    sha256: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.length is not None and self.length > len(self.record.value)
+
+    @classmethod
+    def bounded(cls, record: RawRecord, reason: str, detail: str, max_bytes: int,
+                max_detail: int = 500) -> "DeadLetter":
+        """A letter whose value is cut to ``max_bytes`` and detail to ``max_detail`` characters,
+        so delivering it can never fail for size (a sink's request limit): one oversized bad
+        record must not stop the pipeline."""
+        value = record.value
+        kept = value if len(value) <= max_bytes else value[:max_bytes]
+        if len(detail) > max_detail:
+            detail = detail[:max_detail] + "..."
+        return cls(replace(record, value=kept) if kept is not value else record, reason, detail,
+                   len(value), hashlib.sha256(value).hexdigest())
 
 
 class Source(Protocol):
@@ -123,6 +181,12 @@ class Sink(Protocol):
 
     def flush(self) -> None: ...
 
+    def latest(self, key: str) -> Mapping[str, Any] | None:
+        """The last message published under ``key`` (by this or an earlier process), ``None``
+        when there is none or the sink cannot read back (stdout): evidence that binds the
+        published model to the ledger at start."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -131,6 +195,9 @@ class DeadLetterSink(Protocol):
 
     def send(self, letters: Sequence[DeadLetter]) -> None: ...
 
-    def flush(self) -> None: ...
+    def flush(self) -> None:
+        """Return once every letter sent so far is delivered; raise if one was not (the
+        pipeline commits no source offset past an undelivered letter)."""
+        ...
 
     def close(self) -> None: ...

@@ -104,6 +104,7 @@ def privacy_report(
     seeded: bool,
     adjacency: str = "replace_one",
     diameter: float = 2.0,
+    ledger_id: str | None = None,
 ) -> dict[str, Any]:
     """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, DESIGN rule 2)."""
     return {
@@ -120,6 +121,7 @@ def privacy_report(
         "steps": int(steps),
         "halted": bool(halted),
         "seeded": bool(seeded),
+        **({"ledger_id": str(ledger_id)} if ledger_id is not None else {}),
     }
 
 

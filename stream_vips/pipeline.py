@@ -42,13 +42,13 @@ from stream_vips import messages
 from stream_vips.config import Config, ConfigError, model_class
 from stream_vips.decoding import DecodedBatch, InlineDecoder, ProcessDecoder, decode_batch, make_decoder
 from stream_vips.engine import PrivateEngine
-from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, Sink, Source, values_of
+from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, RecordBatch, Sink, Source, values_of
 from stream_vips.metrics import Metrics, MetricsServer
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import FileLedger, MemoryLedger
+from stream_vips.privacy.ledger import FileLedger, MemoryLedger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import make_sampler
@@ -61,6 +61,10 @@ class PublishError(RuntimeError):
     """The model sink failed to deliver a message; the run stops rather than drop it."""
 
 
+class DeadLetterError(RuntimeError):
+    """A dead letter was not delivered: the run stops without committing the source past it."""
+
+
 @dataclass
 class RunStats:
     """Counters of one run (also exported as metrics)."""
@@ -69,6 +73,8 @@ class RunStats:
     accepted: int = 0
     rejected: collections.Counter = field(default_factory=collections.Counter)
     updates: int = 0
+    skipped_steps: int = 0  # trigger points an earlier life already paid for (after a restore)
+    duplicates: int = 0  # records dropped because this process had already applied their offsets
     published: int = 0
     halted: bool = False
     stopped_by_signal: bool = False
@@ -104,6 +110,7 @@ class Application:
         publish_interval_s: float = 0.0,
         decode_workers: int = 0,
         model_params: dict[str, Any] | None = None,
+        dead_letter_max_bytes: int = 65536,
     ) -> None:
         if on_halt not in ("stay", "exit"):
             raise ValueError(f"on_halt must be 'stay' or 'exit', got {on_halt!r}")
@@ -130,6 +137,10 @@ class Application:
         self.publish_interval_s = float(publish_interval_s)
         self.decode_workers = decode_workers
         self.model_params = model_params
+        self.dead_letter_max_bytes = int(dead_letter_max_bytes)
+        self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
+        self._replay_until: int | None = None  # no step at stream positions <= this (paid before a crash)
+        self._dead_letter_failure: Exception | None = None
         self._decoder: InlineDecoder | ProcessDecoder = InlineDecoder(model)
         self._inflight: collections.deque[tuple[Any, dict | None]] = collections.deque()  # (raws, positions after)
         self._applied: dict | None = None  # source positions after the last applied batch
@@ -230,7 +241,8 @@ class Application:
                 poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
                 on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads,
                 publish_interval_s=cfg.runtime.publish_interval_s, decode_workers=cfg.runtime.decode_workers,
-                model_params=cfg.model.params, **connectors, **parts,
+                model_params=cfg.model.params, dead_letter_max_bytes=cfg.runtime.dead_letter_max_bytes,
+                **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
                 from stream_vips.checkpoint import CheckpointError, attach
@@ -239,6 +251,7 @@ class Application:
                     attach(app, cfg.runtime.checkpoint_path, cfg.runtime.checkpoint_interval_s)
                 except CheckpointError as exc:
                     raise ConfigError(f"runtime.checkpoint_path: {exc}") from exc
+            app.check_published()
             return app
         except BaseException:
             if ledger is not None and "ledger" not in parts_given:
@@ -286,10 +299,10 @@ class Application:
             self.metrics.tick()
             if self.halted:
                 if self.on_halt == "exit":
-                    return
+                    break
                 self._stop.wait(max(self.poll_timeout_s, 0.1))
                 continue
-            raws = self.source.poll(self.poll_max_records, self.poll_timeout_s)
+            raws = self._take_new(self.source.poll(self.poll_max_records, self.poll_timeout_s))
             if raws:
                 self._decoder.submit(values_of(raws))
                 self._inflight.append((raws, self._positions()))
@@ -310,6 +323,7 @@ class Application:
         self._settle()  # a signal: the batch in flight is applied (no step) before closing
         if self._unpublished:  # exhausted or signalled: the newest model goes out before closing
             self._publish_latest()
+        self._commit(final=True)  # the last checkpoint and commit, whatever their intervals
 
     def _positions(self) -> dict | None:
         """The source's positions after everything it returned so far (None: it has none)."""
@@ -324,12 +338,69 @@ class Application:
             self._apply(raws, batch)
             self._applied = positions
 
-    def _commit(self) -> None:
-        """Commit the source up to the applied batches (without positions: when none is in flight)."""
+    def _commit(self, final: bool = False) -> None:
+        """Commit the source up to the applied batches (without positions: when none is in
+        flight), after every dead letter of those batches is confirmed; ``final`` commits (and
+        checkpoints) now, whatever the source's interval."""
+        self._confirm_dead_letters()
+        commit = getattr(self.source, "commit_now", None) if final else None
+        if commit is None:
+            commit = self.source.commit
         if self._applied is not None:
-            self.source.commit(self._applied)
+            commit(self._applied)
         elif not self._inflight:
-            self.source.commit()
+            commit()
+
+    def _confirm_dead_letters(self) -> None:
+        """Wait until the dead-letter sink has every letter; a failure stops the run with nothing
+        committed past it (a restart re-reads those records and pays no budget twice)."""
+        if self._dead_letter_failure is None:
+            try:
+                self.dead_letter.flush()
+            except Exception as exc:
+                self._dead_letter_failure = exc
+        if self._dead_letter_failure is not None:
+            exc = self._dead_letter_failure
+            raise DeadLetterError(f"a dead letter was not delivered ({exc}); stopped without committing "
+                                  "the source past it") from exc
+
+    def _take_new(self, raws: Sequence[RawRecord]) -> Sequence[RawRecord]:
+        """The polled records minus any whose offset this process has already taken: a record
+        must never occupy two reservoir positions (the source guarantees it too; this holds
+        whatever the source does)."""
+        if not isinstance(raws, RecordBatch) or not raws:
+            return raws
+        kept, dropped = raws.keep_from(self._floors)
+        if dropped:
+            self.stats.duplicates += dropped
+            self.metrics.records_duplicate.inc(dropped)
+            log.error("dropped %d records whose offsets were already taken by this process", dropped)
+        self._floors.update(kept.ends())
+        return kept
+
+    def restored(self, offsets: dict[tuple[str, int], int]) -> None:
+        """The reservoir, model and trigger were restored from a checkpoint taken at source
+        ``offsets``: records before them are in the reservoir already, and no step is taken at a
+        stream position where an earlier life already took one (its ledger entry paid for it;
+        a crash loop must not pay again)."""
+        self._floors.update(offsets)
+        last = None if self.engine.non_private else self.engine.monitor.ledger.last_position
+        if last is not None and last > self.reservoir.seen:
+            self._replay_until = last
+            log.warning("restored at stream position %d; the ledger holds steps up to position %d: "
+                        "no step until the stream passes it", self.reservoir.seen, last)
+
+    def check_published(self) -> None:
+        """Refuse to start when the latest published model was not paid for by this ledger (a
+        deleted, replaced or rolled-back ledger); raises ``LedgerMismatch``."""
+        latest = getattr(self.sink, "latest", None)
+        if self.engine.non_private or latest is None:
+            return
+        message = latest(self.model_id)
+        if not message or message.get("privacy", {}).get("accountant") == "none":
+            return
+        check_binding(self.engine.monitor.ledger, f"the published model {self.model_id!r} version "
+                      f"{message.get('version')}", message["privacy"].get("ledger_id"), int(message["version"]) + 1)
 
     def _drain(self) -> bool:
         """Apply every batch in flight; whether there was one."""
@@ -345,8 +416,13 @@ class Application:
 
     def _before_revoke(self) -> dict | None:
         """The source's rebalance hook: it runs on the consumer's IO thread while this loop waits
-        in ``poll()``; apply the batch in flight and return the positions to commit."""
+        in ``poll()``; apply the batch in flight and return the positions to commit (none when a
+        dead letter is unconfirmed: the loop then stops)."""
         self._drain()
+        try:
+            self._confirm_dead_letters()
+        except DeadLetterError:
+            return None
         return self._applied
 
     def _export_lag(self) -> None:
@@ -404,12 +480,19 @@ class Application:
 
     def _dead_letter(self, raws: Sequence[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
         reasons = collections.Counter(reason for _, reason, _ in rejected)
-        self.dead_letter.send([DeadLetter(raws[i], reason, detail) for i, reason, detail in rejected])
+        cap = self.dead_letter_max_bytes
+        self.dead_letter.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
         for reason, n in reasons.items():
             self.metrics.records_rejected.labels(reason=reason).inc(n)
         self.stats.rejected.update(reasons)
 
     def _step(self) -> None:
+        if self._replay_until is not None:
+            if self.reservoir.seen <= self._replay_until:
+                self.trigger.reset()  # an earlier life took (and paid for) a step at or after here
+                self.stats.skipped_steps += 1
+                return
+            self._replay_until = None
         result = self.engine.step()
         self.trigger.reset()
         if result is None:

@@ -21,6 +21,10 @@ SASL_USER = broker_mod.SASL_USER
 SASL_PASSWORD = broker_mod.SASL_PASSWORD
 
 
+#: Kafka ledger options for the single-broker test cluster (one replica; production needs 3 / 2).
+WEAK_LEDGER = {"replication_factor": 1, "min_insync_replicas": 1, "allow_weak_durability": True}
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -114,7 +118,7 @@ def build_app(spec: dict):
     config = {**spec["config"]}
     config["privacy"] = {**config["privacy"], "ledger": {"type": "kafka", "options": {
         "bootstrap_servers": config["source"]["bootstrap_servers"], "topic": spec["ledger_topic"],
-        "ledger_id": spec["ledger_id"]}}}
+        "ledger_id": spec["ledger_id"], **WEAK_LEDGER}}}
     app = Application.from_config(config_from_dict(config, env={}))
     if spec.get("checkpoint"):
         attach(app, spec["checkpoint"])

@@ -76,7 +76,7 @@ class AdmitAll:
     def __init__(self) -> None:
         self.events: list[SubsampledGaussianEvent] = []
 
-    def admit(self, event):
+    def admit(self, event, position=None):
         self.events.append(event)
         return len(self.events) - 1
 
@@ -154,7 +154,7 @@ class OrderSpy(AdmitAll):
         super().__init__()
         self.log = log
 
-    def admit(self, event):
+    def admit(self, event, position=None):
         self.log.append("admit")
         return super().admit(event)
 

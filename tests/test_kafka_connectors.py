@@ -13,7 +13,7 @@ from connectors.kafka import (
     KafkaConnectorError, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaPublishError, KafkaSource,
     Reassembler, chunk_payload, dead_letter_from_record, read_topic, security_options,
 )
-from kafka_broker import SASL_PASSWORD, SASL_USER, create_topic, produce, unique_topic
+from kafka_broker import SASL_PASSWORD, SASL_USER, WEAK_LEDGER, create_topic, produce, unique_topic
 from stream_vips import messages
 from stream_vips.client import ModelReader, RiverRegressor, SchemaVersionError, check_message
 from stream_vips.io import DeadLetter, RawRecord
@@ -319,13 +319,13 @@ def test_dead_letters_keep_original_bytes_reason_and_origin(kafka_bootstrap):
 def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap):
     topic = unique_topic("ledger")
     events = [SubsampledGaussianEvent(noise_multiplier=1.0 + i, sampling_rate=0.1, sampling="poisson") for i in range(3)]
-    first = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1")
+    first = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER)
     assert [first.append(e) for e in events] == [0, 1, 2]
-    other = KafkaLedger(kafka_bootstrap, topic, ledger_id="m2")  # another model's ledger on the same topic
+    other = KafkaLedger(kafka_bootstrap, topic, ledger_id="m2", **WEAK_LEDGER)  # another model's ledger on the same topic
     assert other.events() == [] and other.append(events[0]) == 0
     other.close()
 
-    second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1")  # a restart: replays and fences `first`
+    second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER)  # a restart: replays and fences `first`
     assert second.events() == events
     with pytest.raises(KafkaPublishError):
         first.append(events[0])
@@ -333,7 +333,7 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap):
         first.append(events[0])
     assert second.append(events[1]) == 3
     second.close()
-    assert KafkaLedger(kafka_bootstrap, topic, ledger_id="m1").events() == events + [events[1]]
+    assert KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER).events() == events + [events[1]]
 
     # a gap in the steps (a lost event) is refused rather than under-counted
     from kafka import KafkaProducer
@@ -343,7 +343,7 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap):
     prod.send(topic, key=b"m3/000000000001", value=encode_line(1, events[0]).rstrip(b"\n")).get(10)
     prod.close()
     with pytest.raises(LedgerCorrupt, match="step 1 where 0 was expected"):
-        KafkaLedger(kafka_bootstrap, topic, ledger_id="m3")
+        KafkaLedger(kafka_bootstrap, topic, ledger_id="m3", **WEAK_LEDGER)
 
 
 def test_lost_partitions_are_not_committed(caplog):

@@ -19,7 +19,7 @@ import pytest
 
 from connectors.kafka import KafkaLedger, dead_letter_from_record, read_topic
 from kafka_broker import (
-    KafkaBroker, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
+    KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
 )
 from stream_vips import inspect as sv_inspect
 from stream_vips import messages
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 
 def _ledger_epsilon(bootstrap: str, topic: str, ledger_id: str) -> tuple[float, int]:
     """Spent epsilon and number of events, replayed from the Kafka ledger."""
-    ledger = KafkaLedger(bootstrap, topic, ledger_id=ledger_id, create_topic=False)
+    ledger = KafkaLedger(bootstrap, topic, ledger_id=ledger_id, **WEAK_LEDGER, create_topic=False)
     try:
         monitor = BudgetMonitor(1e9, 1e-5, make_accountant("auto", "poisson"), ledger)
         return monitor.spent(), len(ledger.events())

@@ -222,7 +222,7 @@ class AdmitAll:
     def __init__(self) -> None:
         self.n = 0
 
-    def admit(self, event):
+    def admit(self, event, position=None):
         self.n += 1
         return self.n - 1
 

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import FileLedger, Ledger, LedgerCorrupt, LedgerLocked, MemoryLedger, encode_line
+from stream_vips.privacy.ledger import (FileLedger, Ledger, LedgerCorrupt, LedgerLocked, LedgerMismatch, MemoryLedger,
+                                        check_binding, encode_genesis, encode_line, new_genesis)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,32 @@ def test_file_ledger_replays_in_order(tmp_path):
     with FileLedger(path) as led:
         assert led.events() == [ev(i) for i in range(5)]
         assert led.append(ev(5)) == 5
-    assert len(path.read_bytes().splitlines()) == 6
+    assert len(path.read_bytes().splitlines()) == 7  # the genesis and six events
+
+
+def test_genesis_gives_each_ledger_a_stable_random_id(tmp_path):
+    with FileLedger(tmp_path / "a.jsonl") as a, FileLedger(tmp_path / "b.jsonl") as b:
+        first_id = a.ledger_id
+        assert a.ledger_id != b.ledger_id and len(a.ledger_id) == 32
+        assert a.supersedes == () and a.last_position is None
+        a.append(ev(0), position=1000)
+        a.append(ev(1), position=2000)
+    with FileLedger(tmp_path / "a.jsonl") as a:
+        assert a.ledger_id == first_id
+        assert a.last_position == 2000
+    assert MemoryLedger().ledger_id != MemoryLedger().ledger_id
+
+
+def test_positions_are_covered_by_the_checksum(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        led.append(ev(0), position=10)
+        led.append(ev(1), position=20)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"at":10', b'"at":99')
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(LedgerCorrupt, match="line 2 is corrupt: checksum"):
+        FileLedger(path)
 
 
 def test_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
@@ -52,19 +78,40 @@ def test_torn_last_line_is_dropped_with_a_warning(tmp_path, caplog):
     path.write_bytes(whole + encode_line(2, ev(2))[:37])  # crash mid-write
     with caplog.at_level(logging.WARNING), FileLedger(path) as led:
         assert led.events() == [ev(0), ev(1)]
-        assert "torn last line 3" in caplog.text
+        assert "torn last line 4" in caplog.text
         assert path.read_bytes() == whole  # cut, so the next append starts a clean line
         assert led.append(ev(2)) == 2
     with FileLedger(path) as led:
         assert led.events() == [ev(0), ev(1), ev(2)]
 
 
-def test_complete_last_line_with_bad_checksum_is_torn(tmp_path, caplog):
+def test_complete_last_line_with_bad_checksum_is_corruption_not_a_torn_write(tmp_path):
+    """A line that ends in its newline was written whole: if it fails its checksum it was
+    changed afterwards. Cutting it would under-count and delete the evidence."""
     path = tmp_path / "ledger.jsonl"
-    path.write_bytes(encode_line(0, ev(0)) + encode_line(1, ev(1)).replace(b'"count":1', b'"count":9'))
-    with caplog.at_level(logging.WARNING), FileLedger(path) as led:
-        assert led.events() == [ev(0)]
-    assert "checksum" in caplog.text
+    data = encode_genesis(new_genesis()) + encode_line(0, ev(0)) + encode_line(1, ev(1)).replace(b'"count":1', b'"count":9')
+    path.write_bytes(data)
+    with pytest.raises(LedgerCorrupt, match="line 3 is corrupt: checksum"):
+        FileLedger(path)
+    assert path.read_bytes() == data  # nothing cut
+
+
+def test_binding_refuses_state_of_another_or_a_rolled_back_ledger(tmp_path):
+    led = MemoryLedger()
+    for i in range(3):
+        led.append(ev(i))
+    check_binding(led, "checkpoint", led.ledger_id, 3)  # all three steps are held
+    check_binding(led, "model", led.ledger_id, 1)
+    with pytest.raises(LedgerMismatch, match="holds only 3: the ledger was rolled back"):
+        check_binding(led, "model", led.ledger_id, 4)
+    with pytest.raises(LedgerMismatch, match="deleted or replaced"):
+        check_binding(led, "checkpoint", "0" * 32, 1)
+    with pytest.raises(LedgerMismatch, match="names no ledger id"):
+        check_binding(led, "checkpoint", None, 1)
+    with FileLedger(tmp_path / "reset.jsonl", supersedes=["0" * 32]) as reset:
+        check_binding(reset, "checkpoint", "0" * 32, 59)  # a deliberate reset accepts the old state
+        with pytest.raises(LedgerMismatch):
+            check_binding(reset, "checkpoint", "1" * 32, 1)
 
 
 @pytest.mark.parametrize("damage, why", [
@@ -179,12 +226,15 @@ def test_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
 @given(n=st.integers(1, 6), cut=st.floats(0.0, 1.0))
 def test_any_truncation_keeps_exactly_the_complete_lines(tmp_path, n, cut):
     """A crash can cut the file anywhere after the last fsynced byte: reopening keeps exactly
-    the events whose line (with its newline) survived."""
+    the events whose line (with its newline) survived, and the genesis when it survived."""
     path = tmp_path / f"ledger-{n}-{cut}.jsonl"
-    whole = b"".join(encode_line(i, ev(i)) for i in range(n))
+    genesis = new_genesis()
+    whole = encode_genesis(genesis) + b"".join(encode_line(i, ev(i)) for i in range(n))
     k = int(cut * len(whole))
     path.write_bytes(whole[:k])
     with FileLedger(path) as led:
-        kept = whole[:k].count(b"\n")
-        assert led.events() == [ev(i) for i in range(kept)]
-    assert path.read_bytes() == whole[: len(b"".join(encode_line(i, ev(i)) for i in range(kept)))]
+        complete = whole[:k].count(b"\n")
+        assert led.events() == [ev(i) for i in range(max(0, complete - 1))]
+        assert (led.ledger_id == genesis["ledger_id"]) == (complete >= 1)
+    if complete:
+        assert path.read_bytes() == b"".join(whole.splitlines(keepends=True)[:complete])

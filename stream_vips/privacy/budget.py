@@ -94,8 +94,11 @@ class BudgetMonitor:
         self._fit_window_full = self._fit_left == HEADROOM_WINDOW
         self._fit_unit = unit
 
-    def admit(self, event) -> int | None:
+    def admit(self, event, position: int | None = None) -> int | None:
         """Check ``event``, append it durably if it fits and return its step index; else halt.
+
+        ``position`` is the stream position the step is taken at, recorded in the ledger so a
+        restart from a checkpoint never pays twice at one position.
 
         Returns None when halted (now or before). An event the accountant cannot bound raises
         ``UnsupportedEvent`` (a configuration error, not a budget decision).
@@ -108,7 +111,7 @@ class BudgetMonitor:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
                        f"{self.epsilon_budget:g} at delta {self.delta:g}")
             return None
-        step = self.ledger.append(event)
+        step = self.ledger.append(event, position=position)
         self._counts[unit] = self._counts.get(unit, 0) + event.count
         self._fit_left -= event.count
         self._steps += 1

@@ -1,12 +1,26 @@
-"""Ledgers: the durable, ordered record of every privacy event (DESIGN rule 7).
+"""Ledgers: the durable, ordered record of every privacy event.
 
 An event is in the ledger before its release is computed, so a crash can only make the ledger
 claim more spending than happened, never less; a restart replays it and spent epsilon is never
-reset. ``FileLedger`` keeps one checksummed JSON line per event::
+reset. ``FileLedger`` keeps one checksummed JSON line per event, after a first *genesis* line::
 
-    {"step": 0, "event": {"type": "subsampled_gaussian", ...}, "sha256": "<hex of step+event>"}
+    {"genesis": {"ledger_id": "<random hex>", "created_at": "...", "supersedes": []}, "sha256": "..."}
+    {"step": 0, "event": {"type": "subsampled_gaussian", ...}, "at": 10000, "sha256": "<hex>"}
 
 and fsyncs the file (and, on creation, its directory) before ``append`` returns.
+
+**Binding.** The genesis gives every ledger a random ``ledger_id``. Everything the ledger pays
+for carries that id and the step it reached: model messages (``privacy.ledger_id`` and
+``version``) and reservoir checkpoints. :func:`check_binding` refuses a start when such state
+names another ledger or a step this ledger does not hold, which is what a deleted, replaced or
+rolled-back ledger looks like: without it a lost ledger silently resets the spent budget. A
+deliberate reset writes a new genesis whose ``supersedes`` lists the old ids (``stream-vips
+reset``), so the old state is accepted and the decision is on record.
+
+**Positions.** ``at`` is the stream position (arrivals offered to the reservoir) at which the
+step was taken. A restart from a checkpoint replays the stream from the checkpoint's position;
+it takes no step at a position an earlier life already paid for (:attr:`Ledger.last_position`),
+so a crash loop never spends budget twice on the same reservoir.
 """
 
 from __future__ import annotations
@@ -16,8 +30,10 @@ import hashlib
 import json
 import logging
 import os
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from .events import event_from_dict
 
@@ -32,10 +48,29 @@ class LedgerLocked(RuntimeError):
     """Another process holds the ledger open for writing."""
 
 
+class LedgerMismatch(RuntimeError):
+    """State (a checkpoint, a published model) that this ledger did not pay for: the ledger was
+    deleted, replaced or rolled back. Refusing to start rather than reset the spent budget."""
+
+
 @runtime_checkable
 class Ledger(Protocol):
-    def append(self, event: Any) -> int:
-        """Record ``event`` durably; returns its step index (0, 1, ...)."""
+    """Durable privacy events (see the module docstring)."""
+
+    @property
+    def ledger_id(self) -> str:
+        """The random id from the genesis (``legacy-...`` for a ledger written before geneses)."""
+
+    @property
+    def supersedes(self) -> tuple[str, ...]:
+        """Ids of ledgers that a deliberate reset replaced with this one."""
+
+    @property
+    def last_position(self) -> int | None:
+        """Stream position of the last step (``None``: no step, or not recorded)."""
+
+    def append(self, event: Any, position: int | None = None) -> int:
+        """Record ``event`` (taken at stream ``position``) durably; returns its step (0, 1, ...)."""
 
     def events(self) -> list:
         """All recorded events, in order."""
@@ -43,61 +78,152 @@ class Ledger(Protocol):
     def close(self) -> None: ...
 
 
-class MemoryLedger:
-    """In-process ledger (tests, demos); nothing survives the process."""
+def new_genesis(supersedes: Iterable[str] = ()) -> dict[str, Any]:
+    """A genesis body with a fresh random id."""
+    return {"ledger_id": uuid.uuid4().hex, "created_at": datetime.now(timezone.utc).isoformat(),
+            "supersedes": sorted(set(supersedes))}
 
-    def __init__(self, events: list | None = None) -> None:
-        self._events = list(events or [])
 
-    def append(self, event: Any) -> int:
-        event.to_dict()  # same contract as durable ledgers: the event must serialize
-        self._events.append(event)
-        return len(self._events) - 1
+class _Steps:
+    """Events, positions and genesis shared by every ledger kind."""
+
+    _events: list
+    _positions: list
+    _genesis: dict[str, Any]
+
+    @property
+    def ledger_id(self) -> str:
+        return str(self._genesis["ledger_id"])
+
+    @property
+    def supersedes(self) -> tuple[str, ...]:
+        return tuple(self._genesis.get("supersedes", ()))
+
+    @property
+    def last_position(self) -> int | None:
+        return self._positions[-1] if self._positions else None
 
     def events(self) -> list:
         return list(self._events)
+
+    def _record(self, event: Any, position: int | None) -> int:
+        self._events.append(event)
+        self._positions.append(position)
+        return len(self._events) - 1
+
+
+class MemoryLedger(_Steps):
+    """In-process ledger (tests, demos, notebooks); nothing survives the process."""
+
+    def __init__(self, events: list | None = None) -> None:
+        self._events = list(events or [])
+        self._positions = [None] * len(self._events)
+        self._genesis = new_genesis()
+
+    def append(self, event: Any, position: int | None = None) -> int:
+        event.to_dict()  # same contract as durable ledgers: the event must serialize
+        return self._record(event, position)
 
     def close(self) -> None:
         pass
 
 
-def _digest(step: int, event: dict) -> str:
-    body = json.dumps({"step": step, "event": event}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def encode_line(step: int, event: Any) -> bytes:
+def _line(body: dict) -> bytes:
+    return (json.dumps({**body, "sha256": _digest(body)}, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def encode_line(step: int, event: Any, position: int | None = None) -> bytes:
     """The ledger line for ``event`` at ``step`` (newline-terminated)."""
-    data = event.to_dict()
-    line = {"step": step, "event": data, "sha256": _digest(step, data)}
-    return (json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    body: dict[str, Any] = {"step": step, "event": event.to_dict()}
+    if position is not None:
+        body["at"] = int(position)
+    return _line(body)
 
 
-def _decode_line(raw: bytes, expected_step: int) -> Any:
-    """The event on one ledger line; raises ValueError saying what is wrong."""
+def encode_genesis(genesis: dict[str, Any]) -> bytes:
+    """The genesis line (newline-terminated)."""
+    return _line({"genesis": genesis})
+
+
+def _load(raw: bytes) -> dict:
     try:
         obj = json.loads(raw.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not JSON ({exc})") from exc
-    if not isinstance(obj, dict) or set(obj) != {"step", "event", "sha256"}:
-        raise ValueError("not a ledger line (expected keys step, event, sha256)")
-    if obj["sha256"] != _digest(obj["step"], obj["event"]):
+    if not isinstance(obj, dict) or "sha256" not in obj:
+        raise ValueError("not a ledger line (no sha256)")
+    body = {k: v for k, v in obj.items() if k != "sha256"}
+    if obj["sha256"] != _digest(body):
         raise ValueError("checksum mismatch")
-    if obj["step"] != expected_step:
-        raise ValueError(f"step {obj['step']!r} where {expected_step} was expected")
-    return event_from_dict(obj["event"])
+    return body
 
 
-class FileLedger:
+def decode_genesis(raw: bytes) -> dict[str, Any] | None:
+    """The genesis on a line, ``None`` when the line is an event; ValueError when it is neither."""
+    body = _load(raw)
+    if set(body) != {"genesis"}:
+        return None
+    genesis = body["genesis"]
+    if not isinstance(genesis, dict) or not isinstance(genesis.get("ledger_id"), str):
+        raise ValueError("genesis without a ledger_id")
+    return genesis
+
+
+def decode_line(raw: bytes, expected_step: int) -> tuple[Any, int | None]:
+    """``(event, position)`` on one event line; raises ValueError saying what is wrong."""
+    body = _load(raw)
+    if not {"step", "event"} <= set(body) <= {"step", "event", "at"}:
+        raise ValueError("not a ledger line (expected keys step, event, [at], sha256)")
+    if body["step"] != expected_step:
+        raise ValueError(f"step {body['step']!r} where {expected_step} was expected")
+    at = body.get("at")
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
+        raise ValueError(f"position {at!r} is not a non-negative integer")
+    return event_from_dict(body["event"]), at
+
+
+def legacy_genesis(first_line: bytes) -> dict[str, Any]:
+    """The identity of a ledger written before geneses existed: derived from its first line."""
+    return {"ledger_id": "legacy-" + hashlib.sha256(first_line).hexdigest()[:24], "supersedes": []}
+
+
+def replay_lines(lines: Sequence[bytes], where: str) -> tuple[dict[str, Any] | None, list, list]:
+    """``(genesis, events, positions)`` from complete ledger lines; :class:`LedgerCorrupt` names
+    the first bad line (``where`` says which ledger)."""
+    genesis = None
+    events: list = []
+    positions: list = []
+    for i, raw in enumerate(lines):
+        try:
+            if i == 0:
+                genesis = decode_genesis(raw)
+                if genesis is not None:
+                    continue
+                genesis = legacy_genesis(raw)
+            event, at = decode_line(raw, len(events))
+        except ValueError as exc:
+            raise LedgerCorrupt(f"{where} line {i + 1} is corrupt: {exc}") from exc
+        events.append(event)
+        positions.append(at)
+    return genesis, events, positions
+
+
+class FileLedger(_Steps):
     """Append-only file ledger, fsynced per event and replayed on open.
 
-    On open, a last line that is incomplete (no trailing newline) or fails its checksum is a
-    write torn by a crash: it is dropped with a warning and cut from the file (its ``append``
-    never returned). Any other bad line raises ``LedgerCorrupt`` naming the line. The file is
-    locked (``flock``) so two processes cannot both spend from it.
+    A new (or empty) file gets a genesis line first. On open, only a last line without its
+    newline is a write torn by a crash (its ``append`` never returned): it is cut with a
+    warning. Every complete line must pass its checksum, even the last one: a complete line that
+    fails is corruption, not a torn write, and ``LedgerCorrupt`` names it (cutting it would
+    under-count and delete the evidence). The file is locked (``flock``) so two processes cannot
+    both spend from it.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, supersedes: Iterable[str] = ()) -> None:
         self.path = Path(path)
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -106,10 +232,16 @@ class FileLedger:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
                 raise LedgerLocked(f"ledger {self.path} is in use by another process") from exc
+            genesis, self._events, self._positions = self._replay()
+            if genesis is None:  # a new or empty file: the genesis is its first line
+                genesis = new_genesis(supersedes)
+                self._write(encode_genesis(genesis))
+                log.info("ledger %s created with id %s", self.path, genesis["ledger_id"])
+            elif supersedes:
+                raise LedgerCorrupt(f"ledger {self.path} already exists; a reset starts a new file")
+            self._genesis = genesis
             if created:
-                os.fsync(self._fd)
                 self._fsync_dir()
-            self._events = self._replay()
         except BaseException:
             os.close(self._fd)
             raise
@@ -121,42 +253,23 @@ class FileLedger:
         finally:
             os.close(dfd)
 
-    def _replay(self) -> list:
+    def _replay(self) -> tuple[dict[str, Any] | None, list, list]:
         with open(self.path, "rb") as fh:
             data = fh.read()
         body, newline, tail = data.rpartition(b"\n")
         lines = body.split(b"\n") if newline else []
-        events: list = []
-        good_bytes = 0
-        for i, raw in enumerate(lines):
-            try:
-                events.append(_decode_line(raw, len(events)))
-            except ValueError as exc:
-                if i < len(lines) - 1 or tail:
-                    raise LedgerCorrupt(f"ledger {self.path} line {i + 1} is corrupt: {exc}") from exc
-                self._drop_torn_tail(good_bytes, i + 1, str(exc))
-                return events
-            good_bytes += len(raw) + 1
+        self._size = len(body) + len(newline)
         if tail:
-            self._drop_torn_tail(good_bytes, len(lines) + 1, "incomplete line (no newline)")
-        self._size = good_bytes
-        return events
+            log.warning("ledger %s: dropping torn last line %d (incomplete line, no newline)", self.path, len(lines) + 1)
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        return replay_lines(lines, f"ledger {self.path}")
 
-    def _drop_torn_tail(self, good_bytes: int, line_no: int, why: str) -> None:
-        log.warning("ledger %s: dropping torn last line %d (%s)", self.path, line_no, why)
-        os.ftruncate(self._fd, good_bytes)
-        os.fsync(self._fd)
-        self._size = good_bytes
-
-    def append(self, event: Any) -> int:
-        if self._fd < 0:
-            raise RuntimeError(f"ledger {self.path} is closed")
-        step = len(self._events)
-        line = encode_line(step, event)
+    def _write(self, line: bytes) -> None:
         try:
             view = memoryview(line)
             while view:
-                view = view[os.write(self._fd, view) :]
+                view = view[os.write(self._fd, view):]
             os.fsync(self._fd)
         except BaseException:
             # Never leave a partial line for the next append to extend; if even that fails,
@@ -167,11 +280,12 @@ class FileLedger:
                 self.close()
             raise
         self._size += len(line)
-        self._events.append(event)
-        return step
 
-    def events(self) -> list:
-        return list(self._events)
+    def append(self, event: Any, position: int | None = None) -> int:
+        if self._fd < 0:
+            raise RuntimeError(f"ledger {self.path} is closed")
+        self._write(encode_line(len(self._events), event, position))
+        return self._record(event, position)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -183,3 +297,29 @@ class FileLedger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_binding(ledger: Ledger, what: str, ledger_id: str | None, step: int | None) -> None:
+    """Refuse ``what`` (a checkpoint, a published model) that this ledger did not pay for.
+
+    ``ledger_id`` and ``step`` are what that state carries: the id of the ledger that paid for
+    it and the number of steps it reflects (a model message: its version + 1). State of a
+    superseded ledger (a deliberate reset) is accepted. Raises :class:`LedgerMismatch`.
+    """
+    if ledger_id is None and ledger.ledger_id.startswith("legacy-"):
+        ledger_id = ledger.ledger_id  # written before ledger ids, like this ledger: the step still binds
+    if ledger_id is None:
+        raise LedgerMismatch(f"{what} names no ledger id (written by an older version or without a "
+                             f"ledger): cannot tell which budget paid for it; remove it or run `stream-vips reset`")
+    if ledger_id in ledger.supersedes:
+        return
+    if ledger_id != ledger.ledger_id:
+        raise LedgerMismatch(
+            f"{what} was paid for by ledger {ledger_id}, but the configured ledger is {ledger.ledger_id} "
+            f"with {len(ledger.events())} steps: the ledger was deleted or replaced; restore it, or "
+            "run `stream-vips reset` to start a new budget deliberately")
+    held = len(ledger.events())
+    if step is not None and step > held:
+        raise LedgerMismatch(
+            f"{what} reflects {step} steps of ledger {ledger_id}, which holds only {held}: the ledger "
+            "was rolled back; restore it, or run `stream-vips reset` to start a new budget deliberately")
