@@ -3,6 +3,9 @@
 The registries map a configuration ``type`` to an import path ``"module:Class"`` so that a
 connector's dependencies are imported only when it is used. A connector's constructor keyword
 arguments are its configuration keys (``stream_vips.config`` validates them against the signature).
+
+Looking up a Kafka connector also guards the Kafka client's loggers
+(:func:`stream_vips.logsafety.guard_client_logging`): at DEBUG they would log raw record bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ def connector_class(kind: str, type_name: str) -> type:
     if type_name not in registry:
         raise KeyError(f"unknown {kind} type {type_name!r}; known: {sorted(registry)}")
     module_name, _, attr = registry[type_name].partition(":")
+    if module_name == "connectors.kafka":
+        from stream_vips.logsafety import guard_client_logging
+
+        guard_client_logging()  # library users get it too, not only the CLI
     return getattr(importlib.import_module(module_name), attr)
 
 

@@ -37,12 +37,14 @@ def run(args: argparse.Namespace) -> int:
     """``stream-vips run``: exit 0 on a clean end (exhausted, halted or signalled), 1 when a model
     could not be published, 2 on bad configuration."""
     from stream_vips.config import ConfigError, load_config
+    from stream_vips.logsafety import guard_client_logging
     from stream_vips.pipeline import Application, PublishError
 
     try:
         config = load_config(args.config)
         logging.basicConfig(level=args.log_level or config.runtime.log_level, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        guard_client_logging()  # the Kafka client logs raw record bytes at DEBUG otherwise
         app = Application.from_config(config)
     except ConfigError as exc:
         print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
