@@ -1,4 +1,5 @@
-"""OPS baseline: scaled likelihood for the target epsilon, clipping bound, pure-DP release via the ledger."""
+"""OPS baseline: scaled likelihood for the target epsilon, clipping bound, and an uncertified release
+that every plain accountant refuses (only the explicit AssumeExactSampling opt-in releases)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import pytest
 from scipy.special import log_expit, logsumexp
 
 from stream_vips.engine import PrivateEngine
-from stream_vips.models.baselines.ops import OPS
-from stream_vips.privacy.accountant import PldAccountant
+from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
+from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.events import PureDpEvent
+from stream_vips.privacy.composition import StrongCompositionAccountant
+from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import FixedSizeSampler, ReservoirNotFull
@@ -23,11 +25,13 @@ def test_scaled_likelihood_matches_the_target_epsilon_formula():
     B = math.log(1 + math.exp(4.0))
     assert ops.log_lik_bound == pytest.approx(B)
     assert ops.rho == pytest.approx(0.5 / (4 * B))
-    assert ops.epsilon_spent == pytest.approx(0.5)
-    assert ops.event() == PureDpEvent(ops.epsilon_spent)
-    # eps above 4B: no tempering, and the guarantee is 4B (Theorem 1), not the larger target
+    assert ops.nominal_epsilon == pytest.approx(0.5)
+    # the chain is not an exact sample: the ledger event is uncertified, with the nominal epsilon
+    assert ops.event() == UncertifiedEvent("ops", ops.nominal_epsilon, UNCERTIFIED_REASON)
+    assert not ops.event().certified and "exact sample" in ops.event().reason
+    # eps above 4B: no tempering, and the nominal guarantee is 4B (Theorem 1), not the larger target
     loose = OPS(dim=3, dataset_size=10, epsilon=100.0, radius=1.0)
-    assert loose.rho == 1.0 and loose.epsilon_spent == pytest.approx(4 * math.log(1 + math.e))
+    assert loose.rho == 1.0 and loose.nominal_epsilon == pytest.approx(4 * math.log(1 + math.e))
 
 
 def test_clipping_bounds_the_log_likelihood_by_B():
@@ -77,19 +81,63 @@ def filled(ops, X, y):
     return res
 
 
-def test_release_passes_budget_and_ledger_then_halts():
+def separable(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
-    X = rng.normal(size=(400, 2))
+    X = rng.normal(size=(n, 2))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    y = (X @ np.array([2.0, -1.0]) > 0).astype(float)
+    return X, (X @ np.array([2.0, -1.0]) > 0).astype(float)
+
+
+@pytest.mark.parametrize("accountant", [PldAccountant(), RdpAccountant(), StrongCompositionAccountant(PldAccountant())],
+                         ids=["pld", "rdp", "strong"])
+def test_plain_accountants_refuse_the_uncertified_release(accountant):
+    X, y = separable()
+    ops = OPS(dim=2, dataset_size=400, epsilon=1.0, radius=4.0, mcmc_steps=50)
+    monitor = BudgetMonitor(10.0, 1e-5, accountant, MemoryLedger())
+    with pytest.raises(UnsupportedEvent, match="uncertified|UncertifiedEvent"):
+        ops.release(filled(ops, X, y), monitor, np.random.default_rng(2))
+    # a configuration error, not a budget decision: nothing appended, nothing sampled
+    assert monitor.ledger.events() == [] and not monitor.halted
+    np.testing.assert_array_equal(ops.theta, np.zeros(2))
+
+
+def test_a_ledger_written_under_the_opt_in_is_refused_on_replay():
+    X, y = separable()
+    ops = OPS(dim=2, dataset_size=400, epsilon=1.0, radius=4.0, mcmc_steps=50)
+    ledger = MemoryLedger()
+    assert ops.release(filled(ops, X, y), BudgetMonitor(2.0, 1e-5, AssumeExactSampling(PldAccountant()), ledger),
+                       np.random.default_rng(2)) == 0
+    stored = ledger.events()
+    assert stored == [ops.event()] and event_from_dict(stored[0].to_dict()) == stored[0]
+    with pytest.raises(UnsupportedEvent):
+        BudgetMonitor(2.0, 1e-5, PldAccountant(), ledger)  # a restart without the opt-in
+    # the opt-in accounts exactly the pure-DP event Theorem 1 would give an exact sample
+    assert BudgetMonitor(2.0, 1e-5, AssumeExactSampling(PldAccountant()), ledger).spent() == \
+        PldAccountant().epsilon([PureDpEvent(ops.nominal_epsilon)], 1e-5)
+
+
+def test_hostile_labels_are_mapped_to_plus_minus_one_behind_the_wall():
+    """Whatever y the reservoir holds, t is +-1, so |log p| <= B: the chain equals the one on mapped labels."""
+    X, _ = separable(6)
+    ops = OPS(dim=2, dataset_size=6, epsilon=1.0, radius=4.0, mcmc_steps=200)
+    hostile = np.array([7.0, -3.0, np.nan, 0.7, 1.0, 0.0])
+    mapped = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    a = ops.sample(X, hostile, np.random.default_rng(5))
+    b = ops.sample(X, mapped, np.random.default_rng(5))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_release_under_the_explicit_opt_in_passes_budget_and_ledger_then_halts():
+    X, y = separable()
+    rng = np.random.default_rng(1)
     ops = OPS(dim=2, dataset_size=400, epsilon=1.0, radius=4.0, mcmc_steps=600)
-    monitor = BudgetMonitor(1.5, 1e-5, PldAccountant(), MemoryLedger())
+    monitor = BudgetMonitor(1.5, 1e-5, AssumeExactSampling(PldAccountant()), MemoryLedger())
     empty = Reservoir(ops.row_layout(), 400, np.random.default_rng(0))
     with pytest.raises(ReservoirNotFull):
         ops.release(empty, monitor, rng)
     res = filled(ops, X, y)
     assert ops.release(res, monitor, np.random.default_rng(2)) == 0
-    assert monitor.ledger.events() == [PureDpEvent(1.0)]
+    assert monitor.ledger.events() == [UncertifiedEvent("ops", 1.0, UNCERTIFIED_REASON)]
     released = ops.theta.copy()
     assert np.linalg.norm(released) <= 4.0 and np.any(released != 0)
     assert np.mean((ops.predict_proba(X) > 0.5) == (y == 1)) > 0.8

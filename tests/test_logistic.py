@@ -466,6 +466,32 @@ def test_record_beyond_the_norm_bound_is_clipped():
     assert np.linalg.norm(s["s2"]) <= C2
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_hostile_labels_behind_the_wall_keep_every_record_within_the_block_bounds(dtype):
+    """Labels that parsing would reject, fed straight to clipped_sum, are mapped to {0, 1}:
+    each record's s1 is exactly +-(1/2) x (so ||s1|| <= C1) and s2 <= C2, finite, one record at a time."""
+    rng = np.random.default_rng(11)
+    d = 4
+    model = BayesianLogisticRegression(d, 10, dtype=dtype)
+    set_second_moment(model, 1e-12 * np.eye(d))  # c -> 0: E[omega] -> 1/4, the s2 worst case
+    hostile = [7.0, -3.0, math.nan, math.inf, -math.inf, 1e300, 0.5, 0.51, 2.0, -1.0]
+    mapped = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    # float32 rounding of a unit-norm row and its products: a few ulps, far below 1e-5 relative
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    X = rng.normal(size=(len(hostile), d)) * 10.0  # beyond the norm bound: clipping is exercised too
+    for x, y, m in zip(X, hostile, mapped):
+        s = model.clipped_sum({"x": x[None, :], "y": np.array([y])})
+        assert np.all(np.isfinite(s["s1"])) and np.all(np.isfinite(s["s2"]))
+        np.testing.assert_allclose(s["s1"], (m - 0.5) * x / np.linalg.norm(x), rtol=tol, atol=tol)
+        assert np.linalg.norm(s["s1"]) <= C1 * (1 + tol)
+        assert np.linalg.norm(s["s2"]) <= C2 * (1 + tol)
+    # and a batch of them sums exactly as the same batch with the mapped labels
+    hostile_sum = model.clipped_sum({"x": X, "y": np.array(hostile)})
+    mapped_sum = model.clipped_sum({"x": X, "y": np.array(mapped)})
+    for name in ("s1", "s2"):
+        np.testing.assert_array_equal(hostile_sum[name], mapped_sum[name])
+
+
 def test_parse_batch_rejects_malformed_records_with_reasons():
     model = BayesianLogisticRegression(2, 10)
     objs = [

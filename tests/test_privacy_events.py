@@ -7,7 +7,17 @@ import math
 
 import pytest
 
-from stream_vips.privacy.events import SubsampledGaussianEvent, UnknownEvent, event_from_dict
+from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.composition import StrongCompositionAccountant
+from stream_vips.privacy.events import (
+    PureDpEvent,
+    SubsampledGaussianEvent,
+    UncertifiedEvent,
+    UnknownEvent,
+    event_from_dict,
+)
+from stream_vips.privacy.ledger import MemoryLedger
 
 
 def test_round_trip_through_json_is_exact():
@@ -73,3 +83,48 @@ def test_unknown_type_version_and_fields_are_refused():
         event_from_dict(missing)
     with pytest.raises(UnknownEvent):
         event_from_dict([1, 2])
+
+
+def test_ledgers_written_before_uncertified_events_existed_read_unchanged():
+    # the exact dicts an older ledger holds: no new field, same type tags and versions
+    old = [{"type": "pure_dp", "version": 1, "epsilon": 0.5, "adjacency": "replace_one", "count": 2},
+           {"type": "subsampled_gaussian", "version": 1, "noise_multiplier": 2.0, "sampling_rate": 0.1,
+            "sampling": "poisson", "adjacency": "replace_one", "diameter": 2.0, "count": 1}]
+    events = [event_from_dict(d) for d in old]
+    assert events == [PureDpEvent(0.5, count=2), SubsampledGaussianEvent(2.0, 0.1, "poisson")]
+    assert [e.to_dict() for e in events] == old and all(e.certified for e in events)
+
+
+def test_uncertified_event_round_trips_and_its_form_is_pinned():
+    e = UncertifiedEvent("ops", 1, "needs an exact sample", count=3)
+    assert e.to_dict() == {"type": "uncertified", "version": 1, "mechanism": "ops", "nominal_epsilon": 1.0,
+                           "reason": "needs an exact sample", "adjacency": "replace_one", "count": 3}
+    back = event_from_dict(json.loads(json.dumps(e.to_dict())))
+    assert back == e and hash(back) == hash(e) and not back.certified
+    assert e.unit() == UncertifiedEvent("ops", 1.0, "needs an exact sample") and e.unit().with_count(3) == e
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(mechanism=""), "mechanism"),
+    (dict(reason=""), "reason"),
+    (dict(nominal_epsilon=0.0), "nominal_epsilon"),
+    (dict(nominal_epsilon=float("inf")), "nominal_epsilon"),
+    (dict(adjacency="bounded"), "adjacency"),
+    (dict(count=0), "count"),
+])
+def test_invalid_uncertified_events_are_refused_naming_the_field(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        UncertifiedEvent(**(dict(mechanism="ops", nominal_epsilon=1.0, reason="r") | kwargs))
+
+
+@pytest.mark.parametrize("accountant", [PldAccountant(), RdpAccountant(), StrongCompositionAccountant(RdpAccountant())],
+                         ids=["pld", "rdp", "strong"])
+def test_every_accountant_and_the_monitor_refuse_an_uncertified_event(accountant):
+    e = UncertifiedEvent("ops", 0.1, "needs an exact sample")
+    assert not accountant.supports(e)
+    with pytest.raises(UnsupportedEvent, match="needs an exact sample"):
+        accountant.epsilon([e], 1e-5)
+    monitor = BudgetMonitor(100.0, 1e-5, accountant, MemoryLedger())
+    with pytest.raises(UnsupportedEvent):
+        monitor.admit(e)
+    assert monitor.ledger.events() == [] and not monitor.halted

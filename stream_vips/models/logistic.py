@@ -12,7 +12,7 @@ E[omega_n] = tanh(c_n / 2) / (2 c_n) (1/4 at c = 0). The batch sums
 S1 = sum (y_n - 1/2) x_n and S2 = sum E[omega_n] x_n x_n^T are what the engine releases.
 
 **M-step (post-processing, eqs. 51-55).** From the privatized means s1, s2 and the configured
-dataset size N (the reservoir capacity, DESIGN rule 5) the step's natural parameters are
+dataset size N (the reservoir capacity, privacy rule 5 in docs/privacy.md) the step's natural parameters are
 nu_t = [N s1, N s2 + <alpha> I] (eq. 54), blended nu <- (1 - rho) nu + rho nu_t. The blend keeps
 the data part S = blend of N s2 and the prior part A = blend of <alpha> separately, and the
 precision is P = N proj(S / N) + A I; then Sigma = P^-1, mu = Sigma h, and q(alpha) =
@@ -26,7 +26,10 @@ post-processing, and its bias (of the order of the noise spectral norm) shrinks 
 averaging instead of accumulating.
 
 **Sensitivity.** Inputs are clipped to ||x|| <= 1 (a bias feature, if wanted, is part of x and
-inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 1/4.
+inside the bound); y is 0 or 1, so |y - 1/2| = 1/2 exactly, and 0 < E[omega] <= 1/4. Parsing
+rejects any other label, and :meth:`BayesianLogisticRegression.clipped_sum` enforces both again
+behind the wall (rows re-clipped, labels mapped to 1 if y > 1/2 else 0, NaN to 0), so the
+bounds below hold whatever the reservoir holds.
 
 * Per-record bounds (``Block.bound``): ||(y - 1/2) x|| = ||x|| / 2 <= C1 = 1/2 and
   ||E[omega] x x^T||_F = E[omega] ||x||^2 <= C2 = 1/4.
@@ -208,11 +211,12 @@ class BayesianLogisticRegression(Model):
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """E-step sums S1 = sum (y - 1/2) x, S2 = sum E[omega] x x^T over the batch.
 
-        Rows are re-clipped to norm 1 (idempotent for parsed rows) so the bounds hold whatever
-        the reservoir holds; S2 is one symmetric rank-n product.
+        Rows are re-clipped to norm 1 and labels mapped to {0, 1} (1 iff y > 1/2; NaN -> 0), both
+        idempotent for parsed rows, so |y - 1/2| = 1/2 and the block bounds hold whatever the
+        reservoir holds; S2 is one symmetric rank-n product.
         """
         X = np.asarray(batch["x"], dtype=self.dtype)
-        y = np.asarray(batch["y"], dtype=float)
+        y = (np.asarray(batch["y"], dtype=float) > 0.5).astype(float)
         if X.ndim != 2 or X.shape[1] != self.dim or y.shape != (X.shape[0],):
             raise ValueError(f"batch must hold x of shape (n, {self.dim}) and y of shape (n,), "
                              f"got {X.shape} and {y.shape}")

@@ -1,9 +1,15 @@
 """Privacy events: what one release did, in a form any accountant can read.
 
 Events are small frozen dataclasses with a stable, versioned JSON form, because ledgers outlive
-code (DESIGN "Contracts"; the dp_accounting ``DpEvent`` discipline). Fields are never removed and
-their meaning never changes; a new mechanism gets a new event class. ``event_from_dict`` refuses
-a type or version it does not know rather than guessing.
+code (the dp_accounting ``DpEvent`` discipline; the event contract is in docs/architecture.md,
+"Privacy events"). Fields are never removed and their meaning never changes; a new mechanism
+gets a new event class. ``event_from_dict`` refuses a type or version it does not know rather
+than guessing.
+
+Every event class says whether a proof backs it (``certified``). An
+:class:`UncertifiedEvent` records a release whose stated guarantee needs an assumption the
+implementation does not meet; no accountant bounds it, so the budget monitor refuses it
+(privacy rule 10 in docs/privacy.md).
 
 >>> e = SubsampledGaussianEvent(noise_multiplier=1.2, sampling_rate=0.1, sampling="poisson")
 >>> event_from_dict(e.to_dict()) == e
@@ -38,10 +44,11 @@ class SubsampledGaussianEvent:
       (B is a uniformly random subset of size S = q*M, without replacement, drawn afresh each
       step). q = ``sampling_rate`` in (0, 1]; q = 1 is the plain Gaussian mechanism on all M.
     * Each record i contributes a vector c_i with ||c_i||_2 <= C. The release is
-      sum_{i in B} c_i + N(0, (z*C)^2 I) with z = ``noise_multiplier`` (DESIGN rule 2:
-      z = noise std / C). Any public normalisation afterwards is post-processing.
+      sum_{i in B} c_i + N(0, (z*C)^2 I) with z = ``noise_multiplier`` (z = noise std / C;
+      privacy rule 2 in docs/privacy.md). Any public normalisation afterwards is post-processing.
     * ``adjacency`` is ``"replace_one"`` (one record's content changes; M and arrival order are
-      fixed; DESIGN rule 1) or ``"add_remove"`` (one record is added or removed).
+      fixed; privacy rule 1 in docs/privacy.md) or ``"add_remove"`` (one record is added or
+      removed).
     * ``diameter`` is the L2 sensitivity of the sum in units of C: under replace-one
       ||c_i - c_i'|| <= diameter * C, at most 2 (a model may prove less, e.g. sqrt(2) for
       non-negative contributions); under add/remove it is 1 (the record's own contribution).
@@ -58,6 +65,8 @@ class SubsampledGaussianEvent:
 
     TYPE: ClassVar[str] = "subsampled_gaussian"
     VERSION: ClassVar[int] = 1
+    #: A proof backs the event (the subsampled Gaussian mechanism's accounting).
+    certified: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         z, q, d = self.noise_multiplier, self.sampling_rate, self.diameter
@@ -112,8 +121,10 @@ class PureDpEvent:
     an accountant must use a bound that holds for every such mechanism (e.g. the dominating
     pair of randomized response, or RDP(alpha) <= min(epsilon, alpha epsilon^2 / 2)). The
     exponential mechanism (e.g. the one-posterior-sample estimator OPS, "Privacy for free",
-    ICML 2015, Theorem 1) is the intended use; the event is whatever the mechanism's proof
-    states, with no subsampling amplification claimed.
+    ICML 2015, Theorem 1) on an *exact* sample is the intended use; the event is whatever the
+    mechanism's proof states, with no subsampling amplification claimed. A release that only
+    approximates the mechanism (e.g. the end of an MCMC chain with no bound on its distance to
+    the target) is not pure DP and must be an :class:`UncertifiedEvent` instead.
     """
 
     epsilon: float
@@ -122,6 +133,8 @@ class PureDpEvent:
 
     TYPE: ClassVar[str] = "pure_dp"
     VERSION: ClassVar[int] = 1
+    #: The mechanism's proof is assumed to hold for what ran (the creator's responsibility).
+    certified: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         e = self.epsilon
@@ -145,7 +158,62 @@ class PureDpEvent:
         return out
 
 
-EVENT_TYPES: dict[str, type] = {SubsampledGaussianEvent.TYPE: SubsampledGaussianEvent, PureDpEvent.TYPE: PureDpEvent}
+@dataclass(frozen=True)
+class UncertifiedEvent:
+    """``count`` releases whose privacy guarantee is not proven for what actually ran.
+
+    ``mechanism`` names the release, ``nominal_epsilon`` is the pure epsilon its paper's theorem
+    would give, and ``reason`` states the assumption of that theorem the implementation does
+    not meet (OPS: Theorem 1 needs an exact posterior sample, the release is the end of a
+    Metropolis chain whose distance to the target is not bounded). There is no (epsilon, delta)
+    to account: every accountant refuses the event (``UnsupportedEvent``; it is not a
+    ``SubsampledGaussianEvent`` or ``PureDpEvent``), so a budget monitor raises before anything
+    is appended or released. The type exists so that the refusal names the reason, so that an
+    explicit opt-in (e.g. :class:`stream_vips.models.baselines.ops.AssumeExactSampling` in
+    tests and the baseline harness) can account it under a stated assumption, and so that a
+    ledger written under such an opt-in stays readable and is still refused by a plain accountant.
+    """
+
+    mechanism: str
+    nominal_epsilon: float
+    reason: str
+    adjacency: str = "replace_one"
+    count: int = 1
+
+    TYPE: ClassVar[str] = "uncertified"
+    VERSION: ClassVar[int] = 1
+    #: No proof covers the release: accountants must refuse it.
+    certified: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        e = self.nominal_epsilon
+        if not isinstance(self.mechanism, str) or not self.mechanism:
+            raise ValueError(f"mechanism must be a non-empty string, got {self.mechanism!r}")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise ValueError(f"reason must be a non-empty string, got {self.reason!r}")
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise ValueError(f"nominal_epsilon must be a finite number > 0, got {e!r}")
+        if self.adjacency not in ADJACENCIES:
+            raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {self.adjacency!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
+        object.__setattr__(self, "nominal_epsilon", float(e))
+
+    def unit(self) -> "UncertifiedEvent":
+        return self if self.count == 1 else dataclasses.replace(self, count=1)
+
+    def with_count(self, count: int) -> "UncertifiedEvent":
+        return dataclasses.replace(self, count=count)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
+        out.update(dataclasses.asdict(self))
+        return out
+
+
+EVENT_TYPES: dict[str, type] = {
+    cls.TYPE: cls for cls in (SubsampledGaussianEvent, PureDpEvent, UncertifiedEvent)
+}
 
 
 def event_from_dict(data: Mapping[str, Any]):

@@ -1,41 +1,66 @@
-"""OPS: one posterior sample as a pure epsilon-DP release (Wang, Fienberg & Smola, ICML 2015, Alg. 1, Thm 1).
+"""OPS: one posterior sample (Wang, Fienberg & Smola, ICML 2015, Alg. 1, Thm 1), released uncertified.
 
 Model: logistic regression, log p(y | x, theta) = log sigmoid(t theta^T x) with t = 2y - 1, prior
 N(0, alpha^-1 I) restricted to the ball ||theta|| <= R.
 
 **Bounded log-likelihood by clipping.** Rows are clipped to ||x|| <= 1 (record handling shared
-with the logistic family) and theta is restricted to ||theta|| <= R, so |t theta^T x| <= R and
+with the logistic family), labels are mapped to t in {-1, +1} behind the wall (t = +1 iff
+y > 1/2, whatever the reservoir holds), and theta is restricted to ||theta|| <= R, so
+|t theta^T x| <= R and
 
     0 <= -log p(y | x, theta) = log(1 + exp(-t theta^T x)) <= log(1 + e^R) = B.
 
 **Algorithm 1.** rho = min(1, eps / (4B)); release one sample of the tempered posterior
 p_rho(theta | X) ∝ exp(rho sum_n log p(y_n | x_n, theta)) pi(theta)^rho on the ball. Theorem 1
 (the exponential mechanism with utility the log-likelihood, whose replace-one range is B):
-the release is 4 rho B-DP, i.e. eps-DP when eps < 4B and 4B-DP otherwise (:attr:`OPS.epsilon_spent`),
-under replace-one adjacency on the N records of the full reservoir.
+an *exact* sample is 4 rho B-DP, i.e. eps-DP when eps < 4B and 4B-DP otherwise
+(:attr:`OPS.nominal_epsilon`), under replace-one adjacency on the N records of the full reservoir.
 
-**Streaming.** The sample is drawn from the whole reservoir (N = its capacity, rule 5) by
-:meth:`OPS.release`: it builds a :class:`~stream_vips.privacy.events.PureDpEvent`, has the budget
-monitor check it and append it to the ledger, and only then samples; a refusal halts and releases
+**Why the release is uncertified.** The sample here is the end of a random-walk Metropolis
+chain, not an exact sample, and no guarantee is proven for it:
+
+* An approximate sampler within total variation gamma of the target is
+  (eps, (1 + e^eps) gamma)-DP (the paper's Proposition 3), but bounding gamma for this chain needs
+  a mixing-time bound with explicit constants, which we do not have (the proposal scale is even
+  adapted during the chain).
+* An exact sampler on the ball exists: propose theta from the prior restricted to the ball and
+  accept with probability exp(rho sum_n log p(y_n | x_n, theta)) <= 1. Its acceptance rate
+  E_prior[exp(rho sum_n log p)] is at most exp(-rho N L), with L the smallest average log-loss
+  on the ball; for data that are not separable L is a constant, so the rate falls exponentially
+  in N (eps = 1, R = 5, N = 26,000 records with L = 0.3: below e^-389). A cap on the number of
+  proposals would make it inexact again, and its run time depends on the data.
+
+So :meth:`OPS.event` is an :class:`~stream_vips.privacy.events.UncertifiedEvent` carrying the
+nominal epsilon and the reason. Every accountant refuses it (``UnsupportedEvent``), so
+:meth:`OPS.release` through an ordinary budget monitor raises before anything is appended or
+sampled (privacy rule 10 in docs/privacy.md). The only way to release is an explicit opt-in:
+a monitor built on :class:`AssumeExactSampling`, which accounts the event as pure
+``nominal_epsilon``-DP *under the stated assumption* that the chain is an exact sample. The
+ledger still holds the uncertified event, so a restart with a plain accountant refuses it. The
+baseline harness uses the opt-in and reports OPS as uncertified, not as a private result.
+
+**Streaming.** The sample is drawn from the whole reservoir (N = its capacity; the reservoir must
+be full, privacy rule 5) by :meth:`OPS.release`: it builds the event, has the budget monitor
+check it and append it to the ledger, and only then samples; a refusal halts and releases
 nothing. OPS releases no Gaussian statistic, so the engine's ``step`` does not apply:
 :meth:`OPS.blocks` raises, which makes a pipeline configured with ``family: ops`` fail at start.
 
-**Sampler.** Exact sampling is what Theorem 1 assumes; here the sample is the end of a random-walk
-Metropolis chain (vectorized over the reservoir: one matrix-vector product per proposal) on the
-tempered, restricted posterior, started at 0 (data independent), proposal scale adapted during
-the first half of the chain to an acceptance rate near 0.25 and frozen for the second half. An
-approximate sampler within L1 distance gamma of the target is (eps, (1 + e^eps) gamma)-DP
-(the paper's Proposition 3); gamma is not bounded here, which is the usual
-MCMC caveat and is reported by the harness.
+**Sampler.** Random-walk Metropolis (vectorized over the reservoir: one matrix-vector product per
+proposal) on the tempered, restricted posterior, started at 0 (data independent), proposal
+scale adapted during the first half of the chain to an acceptance rate near 0.25 and frozen
+for the second half.
 
 >>> ops = OPS(dim=2, dataset_size=100, epsilon=1.0, radius=3.0)
->>> round(ops.log_lik_bound, 4), round(ops.rho, 5), ops.epsilon_spent
+>>> round(ops.log_lik_bound, 4), round(ops.rho, 5), ops.nominal_epsilon
 (3.0486, 0.08201, 1.0)
+>>> ops.event().certified
+False
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -44,13 +69,21 @@ from scipy.special import expit, log_expit
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
-from stream_vips.privacy.events import PureDpEvent
+from stream_vips.privacy.accountant import Accountant
+from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import ReservoirNotFull
 
 #: Target acceptance rate of the adaptive random-walk phase.
 _TARGET_ACCEPT = 0.25
+
+#: Why an OPS release has no proven guarantee (carried by its ledger event).
+UNCERTIFIED_REASON = (
+    "Theorem 1 of Wang et al. (2015) needs an exact sample of the tempered posterior; the release "
+    "is the end of an adaptive random-walk Metropolis chain with no bound on its total-variation "
+    "distance to the target, so neither pure eps-DP nor an (eps, delta) with bounded delta is proven"
+)
 
 
 class OPS(LogisticRecords):
@@ -91,12 +124,13 @@ class OPS(LogisticRecords):
         return min(1.0, self.epsilon / (4.0 * self.log_lik_bound))
 
     @property
-    def epsilon_spent(self) -> float:
-        """Theorem 1's guarantee of one release: 4 rho B (= eps unless eps > 4B)."""
+    def nominal_epsilon(self) -> float:
+        """Theorem 1's guarantee for an exact sample: 4 rho B (= eps unless eps > 4B)."""
         return 4.0 * self.rho * self.log_lik_bound
 
-    def event(self) -> PureDpEvent:
-        return PureDpEvent(self.epsilon_spent, adjacency="replace_one")
+    def event(self) -> UncertifiedEvent:
+        """The ledger event of one release: uncertified (module docstring), nominal epsilon kept."""
+        return UncertifiedEvent("ops", self.nominal_epsilon, UNCERTIFIED_REASON, adjacency="replace_one")
 
     def log_target(self, theta: np.ndarray, X: np.ndarray, t: np.ndarray) -> np.ndarray:
         """log p_rho(theta | X) up to a constant, for a (k, d) stack of theta; -inf off the ball."""
@@ -108,9 +142,13 @@ class OPS(LogisticRecords):
 
     # ------------------------------------------------------------------ release
     def sample(self, X: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Random-walk Metropolis on the tempered, restricted posterior (behind the wall)."""
+        """Random-walk Metropolis on the tempered, restricted posterior (behind the wall).
+
+        Rows are clipped to norm 1 and labels mapped to t = +1 iff y > 1/2 (NaN -> -1), so the
+        log-likelihood bound B holds whatever the reservoir holds.
+        """
         X = clip_rows(np.asarray(X, dtype=float), 1.0)
-        t = 2.0 * np.asarray(y, dtype=float) - 1.0
+        t = np.where(np.asarray(y, dtype=float) > 0.5, 1.0, -1.0)
         theta = np.zeros(self.dim)
         current = self.log_target(theta, X, t)[0]
         # public starting scale: the prior-and-data curvature rho (alpha + N/4) bounds the Hessian
@@ -133,7 +171,11 @@ class OPS(LogisticRecords):
         return theta
 
     def release(self, reservoir: Reservoir, monitor: Any, rng: np.random.Generator) -> int | None:
-        """Check and ledger the pure-DP event, then draw the sample; ``None`` if the budget refuses."""
+        """Check and ledger the event, then draw the sample; ``None`` if the budget refuses.
+
+        With an ordinary accountant the monitor raises ``UnsupportedEvent`` (the event is
+        uncertified) before anything is appended or sampled; see :class:`AssumeExactSampling`.
+        """
         if reservoir.capacity != self.dataset_size:
             raise ValueError(f"reservoir capacity {reservoir.capacity} != dataset_size {self.dataset_size}")
         if not reservoir.full:
@@ -148,8 +190,8 @@ class OPS(LogisticRecords):
 
     # ------------------------------------------------------------------ the Gaussian protocol does not apply
     def blocks(self) -> tuple[Block, ...]:
-        raise ValueError("the ops family releases one posterior sample (a pure epsilon-DP exponential "
-                         "mechanism), not Gaussian statistics; run it with OPS.release, not the engine")
+        raise ValueError("the ops family releases one posterior sample (an approximate exponential "
+                         "mechanism, uncertified), not Gaussian statistics; run it with OPS.release, not the engine")
 
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise ValueError("ops has no clipped sum: use OPS.release")
@@ -175,3 +217,35 @@ class OPS(LogisticRecords):
         """sigmoid(theta^T x) for the released sample."""
         X = clip_rows(np.atleast_2d(np.asarray(X, dtype=float)), 1.0)
         return expit(X @ self.theta)
+
+
+class AssumeExactSampling(Accountant):
+    """Explicit opt-in: account OPS's uncertified releases as if its chain were an exact sample.
+
+    Wraps an accountant; an :class:`UncertifiedEvent` of ``mechanism == "ops"`` is accounted as
+    ``PureDpEvent(nominal_epsilon)``, everything else goes to ``inner`` unchanged. This is not a
+    privacy guarantee: it is the stated assumption under which the nominal epsilon would hold
+    (for tests and the baseline harness, which report the result as uncertified). The ledger
+    keeps the uncertified event, so a plain accountant still refuses it on replay.
+    """
+
+    def __init__(self, inner: Accountant) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+assume_exact_sampling"
+
+    @staticmethod
+    def as_if_exact(event: Any) -> Any:
+        """The pure-DP event OPS's release would be with an exact sampler; other events unchanged."""
+        if isinstance(event, UncertifiedEvent) and event.mechanism == "ops":
+            return PureDpEvent(event.nominal_epsilon, event.adjacency, event.count)
+        return event
+
+    def why_unsupported(self, event: object) -> str | None:
+        return self.inner.why_unsupported(self.as_if_exact(event))
+
+    def epsilon_of_counts(self, counts: Mapping[Any, int], delta: float) -> float:
+        merged: OrderedDict = OrderedDict()
+        for unit, n in counts.items():
+            key = self.as_if_exact(unit)
+            merged[key] = merged.get(key, 0) + n
+        return self.inner.epsilon_of_counts(merged, delta)
