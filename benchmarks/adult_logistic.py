@@ -40,7 +40,7 @@ from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 SEEDS = (0, 1, 2, 3, 4)
 DELTA = 1e-5
-Q = 0.15  # Poisson rate: few large batches (DESIGN utility notes)
+Q = 0.15  # Poisson rate: few large batches (noise on a mean shrinks as 1 / (q M))
 STEPS = 20
 TAU0, KAPPA = 100.0, 0.7  # strong averaging
 BLOCK_WEIGHTS = {"s1": 1.0, "s2": 2.0}  # s2 (the precision) is the noise-limited statistic

@@ -1,7 +1,7 @@
 """What every benchmark script shares: the results directory, the machine block, writing a result.
 
-Each benchmark prints JSON and writes ``benchmarks/results/<name>.json`` (DESIGN: speed targets
-only via benchmarks), with a ``machine`` block saying where the numbers were measured.
+Each benchmark prints JSON and writes ``benchmarks/results/<name>.json`` (speed targets are
+measured only by these scripts), with a ``machine`` block saying where the numbers were measured.
 """
 
 from __future__ import annotations

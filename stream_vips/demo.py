@@ -13,7 +13,8 @@ records. ``--family`` picks the model:
             words): held-out perplexity bound and topic recovery (mean Hellinger distance)
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
-a directory that already holds a ledger: spent budget is never reset (DESIGN rule 7).
+a directory that already holds a ledger: spent budget is never reset (privacy rule 7 in
+docs/privacy.md).
 """
 
 from __future__ import annotations

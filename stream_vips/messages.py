@@ -1,8 +1,8 @@
 """Model messages: build, encode, validate and decode (schema ``schemas/model-message.v1.json``).
 
-A message carries configuration and privatized natural parameters only (DESIGN rule 8). Arrays
-are encoded compactly as base64 of their little-endian C-order bytes with dtype and shape, so a
-float64 round trip is bit-exact.
+A message carries configuration and privatized natural parameters only (privacy rule 8 in
+docs/privacy.md). Arrays are encoded compactly as base64 of their little-endian C-order bytes
+with dtype and shape, so a float64 round trip is bit-exact.
 
 >>> import numpy as np
 >>> report = privacy_report(epsilon_spent=0.5, delta=1e-5, epsilon_budget=1.0, accountant="pld",
@@ -106,7 +106,8 @@ def privacy_report(
     diameter: float = 2.0,
     ledger_id: str | None = None,
 ) -> dict[str, Any]:
-    """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, DESIGN rule 2)."""
+    """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, privacy rule 2 in
+    docs/privacy.md)."""
     return {
         "epsilon_spent": float(epsilon_spent),
         "delta": float(delta),

@@ -1,10 +1,11 @@
 """``stream-vips plan``: how much privacy a run spends, before it runs.
 
 Given the sampling scheme, batch size S, reservoir capacity M (q = S/M), number of steps T and
-delta, prints epsilon for a noise multiplier z (DESIGN rule 2: z = noise std / C), or the
-smallest z whose epsilon meets a target, with epsilon after a few step counts. The accounting is
-the pipeline's own (``stream_vips.privacy.accountant``): pld for Poisson, autodp for fixed-size
-unless ``--accountant`` says otherwise; guarantees are under replace-one adjacency (rule 1).
+delta, prints epsilon for a noise multiplier z (z = noise std / C, privacy rule 2 in
+docs/privacy.md), or the smallest z whose epsilon meets a target, with epsilon after a few step
+counts. The accounting is the pipeline's own (``stream_vips.privacy.accountant``): pld for
+Poisson, autodp for fixed-size unless ``--accountant`` says otherwise; guarantees are under
+replace-one adjacency (privacy rule 1).
 
     stream-vips plan --sampling poisson --batch-size 1000 --reservoir 10000 --steps 200 \\
         --delta 1e-5 --epsilon 1.0 --json

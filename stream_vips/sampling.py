@@ -3,13 +3,13 @@
 Two schemes, both drawing a fresh batch independently at every step (never shuffle-and-iterate):
 
 - :class:`PoissonSampler` (the default): every reservoir slot joins the batch independently with
-  probability q. The noisy sum is divided by the public constant ``q * M`` (DESIGN rule 4), never
-  by the realised batch size, which is private.
+  probability q. The noisy sum is divided by the public constant ``q * M`` (privacy rule 4 in
+  docs/privacy.md), never by the realised batch size, which is private.
 - :class:`FixedSizeSampler`: exactly S distinct slots, uniformly without replacement; rate
-  ``q = S / M`` and normaliser S (DESIGN rule 3).
+  ``q = S / M`` and normaliser S (privacy rule 3 in docs/privacy.md).
 
-Both refuse to sample before the reservoir is full (DESIGN rule 5): the amplification rate q is
-computed for a reservoir of exactly M records.
+Both refuse to sample before the reservoir is full (privacy rule 5 in docs/privacy.md): the
+amplification rate q is computed for a reservoir of exactly M records.
 
 >>> import numpy as np
 >>> s = FixedSizeSampler(4)
@@ -89,7 +89,7 @@ class PoissonSampler:
         return self.q
 
     def normaliser(self, capacity: int) -> float:
-        """q * M: the expected batch size, a public constant (DESIGN rule 4)."""
+        """q * M: the expected batch size, a public constant (privacy rule 4 in docs/privacy.md)."""
         return self.q * capacity
 
     def sample(self, reservoir_size: int, rng: np.random.Generator, *, capacity: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """PrivateEngine: refuse before the reservoir is full, check and write the ledger before any
-noise, noise once per block with std_k = z C_k / a_k (one mechanism with multiplier z, DESIGN
-rule 6), divide by the public normaliser, rho_t from the ledger step, honest privacy reports."""
+noise, noise once per block with std_k = z C_k / a_k (one mechanism with multiplier z, privacy
+rule 6 in docs/privacy.md), divide by the public normaliser, rho_t from the ledger step, honest
+privacy reports."""
 
 from __future__ import annotations
 

@@ -446,7 +446,7 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     cfg = config_from_dict(yaml.safe_load(text), env=env)
     assert cfg.metrics.enabled and cfg.metrics.port == 9108
     assert cfg.runtime.on_halt == "stay", "a halted pod keeps serving metrics instead of crash-looping"
-    assert cfg.privacy.seed is None, "production noise is OS-seeded (DESIGN rule 9)"
+    assert cfg.privacy.seed is None, "production noise is OS-seeded (privacy rule 9 in docs/privacy.md)"
     assert cfg.privacy.mode == "private"
     assert cfg.source.options["group_instance_id"] == "stream-vips-0"  # static membership, per pod
     assert cfg.runtime.checkpoint_path, "a restart restores the reservoir and offsets"

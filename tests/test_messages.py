@@ -76,8 +76,8 @@ def test_message_round_trip_and_state_decode():
     assert set(got) == set(state)
     for k in state:
         assert got[k].tobytes() == np.asarray(state[k], dtype=float).tobytes()
-    assert back["privacy"]["paper_sigma"] == 1.5  # z / 2 (DESIGN rule 2)
-    assert back["privacy"]["seeded"] is True  # DESIGN rule 9
+    assert back["privacy"]["paper_sigma"] == 1.5  # z / 2 (privacy rule 2 in docs/privacy.md)
+    assert back["privacy"]["seeded"] is True  # privacy rule 9 in docs/privacy.md
     assert back["created_at"] == "2026-11-26T00:00:00Z"
 
 

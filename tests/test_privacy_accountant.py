@@ -35,7 +35,8 @@ def gaussian_epsilon(sigma: float, delta: float) -> float:
 
 
 def autodp_fixed(z: float, q: float, steps: int, diameter: float = 2.0) -> float:
-    """DESIGN rule 3 verbatim with autodp's own composition and conversion."""
+    """Fixed-size replace-one accounting (privacy rule 3 in docs/privacy.md), written out with
+    autodp's own composition and conversion."""
     from autodp.mechanism_zoo import ExactGaussianMechanism
     from autodp.transformer_zoo import AmplificationBySampling, Composition
 
@@ -48,7 +49,7 @@ def autodp_fixed(z: float, q: float, steps: int, diameter: float = 2.0) -> float
         return Composition()([mech], [steps]).get_approxDP(DELTA)
 
 
-# --- closed forms (rules 2-4) ---------------------------------------------------------------
+# --- closed forms (privacy rules 2-4) -------------------------------------------------------
 
 @pytest.mark.parametrize("z, steps", [(1.0, 1), (2.0, 10), (5.0, 100)])
 def test_pld_replace_one_at_q1_is_the_gaussian_with_sensitivity_2C(z, steps):
@@ -151,7 +152,7 @@ def test_pld_is_at_most_rdp_for_poisson_add_remove(z, q, steps):
 
 
 def test_poisson_replace_one_pld_beats_fixed_size_rdp_at_equal_noise():
-    # DESIGN rule 4: the default Poisson path is accounted several-fold tighter.
+    # privacy rule 4 in docs/privacy.md: the default Poisson path is accounted several-fold tighter.
     z, q, steps = 1.0, 0.01, 1000
     pld = PLD.epsilon([E(z, q, "poisson", count=steps)], DELTA)
     rdp = RDP.epsilon([E(z, q, "fixed", count=steps)], DELTA)

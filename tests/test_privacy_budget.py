@@ -1,5 +1,5 @@
 """BudgetMonitor: never over budget, halts exactly at the first event that would exceed it,
-stays halted, replays its ledger on restart (DESIGN rule 7)."""
+stays halted, replays its ledger on restart (privacy rule 7 in docs/privacy.md)."""
 
 from __future__ import annotations
 

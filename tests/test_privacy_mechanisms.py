@@ -1,4 +1,5 @@
-"""Mechanisms: clipping, noise conventions (rules 2, 6, 9), Analyze-Gauss, PD projection."""
+"""Mechanisms: clipping, noise conventions (privacy rules 2, 6, 9 in docs/privacy.md), Analyze-Gauss,
+PD projection."""
 
 from __future__ import annotations
 

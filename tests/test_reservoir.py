@@ -1,4 +1,5 @@
-"""Reservoir: uniform inclusion, value-independent membership (DESIGN rule 1), bounded memory."""
+"""Reservoir: uniform inclusion, value-independent membership (privacy rule 1 in docs/privacy.md),
+bounded memory."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_membership_identical_for_neighbouring_streams():
 
 
 def test_rejected_arrivals_keep_positions_and_empty_their_slots():
-    """A record that turns malformed (value-dependent) still consumes its position (rule 1)."""
+    """A record that turns malformed (value-dependent) still consumes its position (privacy rule 1)."""
     n, m, changed = 400, 40, 250
     for seed in range(100):  # the first seed whose reservoir keeps position `changed`
         a = Reservoir(LAYOUT, capacity=m, rng=np.random.default_rng(seed))

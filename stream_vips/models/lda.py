@@ -233,14 +233,15 @@ def load_vocabulary(vocabulary: Sequence[str] | str | Path) -> list[str]:
 class LDA(Model):
     """VIPS LDA with K topics over a public vocabulary of V words.
 
-    Parameters (all public configuration, DESIGN rule 5): ``vocabulary`` (list of words, or a
-    path to a file with one word per line), ``n_topics`` K, ``doc_length`` N (documents are
-    resampled to N words), ``dataset_size`` D (the M-step's corpus size; the configuration
-    defaults it to the reservoir capacity M), ``alpha`` and ``eta`` (symmetric Dirichlet priors
-    on theta and beta; ``alpha`` defaults to 1/K), ``clip_fraction`` a (per-document contributions are clipped to L2 norm
-    a * N; 1 means no clipping, as in the paper), ``max_iter`` and ``tol`` (E-step iteration
-    cap and mean-absolute-change tolerance), ``block_size`` (documents per vectorized E-step
-    block) and ``seed`` (initial lambda and the resampling generator; None draws from OS entropy).
+    Parameters (all public configuration, privacy rule 5 in docs/privacy.md): ``vocabulary`` (list
+    of words, or a path to a file with one word per line), ``n_topics`` K, ``doc_length`` N
+    (documents are resampled to N words), ``dataset_size`` D (the M-step's corpus size; the
+    configuration defaults it to the reservoir capacity M), ``alpha`` and ``eta`` (symmetric
+    Dirichlet priors on theta and beta; ``alpha`` defaults to 1/K), ``clip_fraction`` a
+    (per-document contributions are clipped to L2 norm a * N; 1 means no clipping, as in the paper),
+    ``max_iter`` and ``tol`` (E-step iteration cap and mean-absolute-change tolerance),
+    ``block_size`` (documents per vectorized E-step block) and ``seed`` (initial lambda and the
+    resampling generator; None draws from OS entropy).
 
     Sensitivity. A document's contribution is the K x V matrix u_kv = sum_n phi_nk [w_n = v].
     Its entries are >= 0 and sum to N, so ||u||_2 <= N (paper eq. 28); clipping scales u by

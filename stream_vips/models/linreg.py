@@ -12,21 +12,21 @@ Model: ``y = w^T x + e`` with ``e ~ N(0, 1/lam)`` and a Gaussian prior on ``w``.
   ``b = (quadratic - shift^T precision^-1 shift) / 2``. Being conjugate, it needs no mean-field
   factorisation: the natural-parameter update below is exact.
 
-Records are ``{"x": [d numbers], "y": number}``. Preprocessing (public configuration, DESIGN
-"Contracts"): values beyond ``max_abs`` are rejected as ``out_of_range`` and NaN/infinity as
-``non_finite``; then x is clipped to L2 norm ``x_bound`` = R and y to ``[-B, B]``.
+Records are ``{"x": [d numbers], "y": number}``. Preprocessing (public configuration, privacy
+rule 5 in docs/privacy.md): values beyond ``max_abs`` are rejected as ``out_of_range`` and
+NaN/infinity as ``non_finite``; then x is clipped to L2 norm ``x_bound`` = R and y to ``[-B, B]``.
 
 Sensitivity. One record contributes ``(x x^T, x y, y^2)`` (the last only with ``noise="gamma"``).
 After clipping, ``||x x^T||_F = ||x||^2 <= R^2``, ``||x y|| <= R B`` and ``|y^2| <= B^2``: these are
 the block bounds C_k, and the joint bound is ``C = sqrt(R^4 + R^2 B^2 [+ B^4])``. The symmetric
 block is released through Analyze-Gauss, whose vector (diagonal, sqrt(2) x upper triangle) has
 the same norm as ``||x x^T||_F``, so its bound is unchanged. Under replace-one
-adjacency the released sums move by ``||u - u'|| <= ||u|| + ||u'|| <= 2C`` (diameter 2, DESIGN
-rule 2). Block by block less holds (``||x x^T - x' x'^T||_F^2 = ||x||^4 + ||x'||^4 - 2 (x^T x')^2
-<= 2 R^4``; ``|y^2 - y'^2| <= B^2``), but the joint diameter in units of C depends on how the engine
-allocates noise across blocks, so we keep the safe value 2. The count of records is not released:
-the M-step scales by the configured dataset size N (the reservoir capacity), a public constant
-(DESIGN rule 5).
+adjacency the released sums move by ``||u - u'|| <= ||u|| + ||u'|| <= 2C`` (diameter 2, privacy
+rule 2 in docs/privacy.md). Block by block less holds (``||x x^T - x' x'^T||_F^2 = ||x||^4 +
+||x'||^4 - 2 (x^T x')^2 <= 2 R^4``; ``|y^2 - y'^2| <= B^2``), but the joint diameter in units of C
+depends on how the engine allocates noise across blocks, so we keep the safe value 2. The count of
+records is not released: the M-step scales by the configured dataset size N (the reservoir
+capacity), a public constant (privacy rule 5 in docs/privacy.md).
 
 M-step (stochastic natural-gradient VB, exact for this conjugate family): with noisy mean
 statistics ``s_hat``, the target is ``eta_hat = eta_prior + N * s_hat`` (times ``lam`` for the known

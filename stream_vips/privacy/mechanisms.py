@@ -1,8 +1,9 @@
 """Clipping, noise and projection: the numerical side of a private release.
 
-Everything here is vectorized over the batch. Noise conventions follow DESIGN rule 2: the noise
-multiplier z is noise std / C, where C bounds one record's L2 contribution, so the std added to a
-sum is ``noise_std(z, C) = z * C`` and to a mean of S records ``z * C / S``.
+Everything here is vectorized over the batch. Noise conventions follow privacy rule 2 in
+docs/privacy.md: the noise multiplier z is noise std / C, where C bounds one record's L2
+contribution, so the std added to a sum is ``noise_std(z, C) = z * C`` and to a mean of S records
+``z * C / S``.
 
 >>> rng, seeded = make_rng(0)
 >>> clip_rows(np.array([[3.0, 4.0], [0.3, 0.4]]), 1.0).round(3).tolist()
@@ -19,7 +20,7 @@ import numpy as np
 
 
 def make_rng(seed: int | None = None) -> tuple[np.random.Generator, bool]:
-    """A noise generator and whether it was seeded (DESIGN rule 9).
+    """A noise generator and whether it was seeded (privacy rule 9 in docs/privacy.md).
 
     ``seed=None`` draws the seed from OS entropy (production). A fixed seed is for tests, demos
     and reproduction only; the returned flag must end up in the privacy report.
@@ -63,7 +64,8 @@ def noise_std(noise_multiplier: float, bound: float) -> float:
 def block_noise_stds(
     noise_multiplier: float, bounds: Sequence[float], weights: Sequence[float] | None = None
 ) -> np.ndarray:
-    """Noise stds for K blocks released together as one Gaussian mechanism (DESIGN rule 6).
+    """Noise stds for K blocks released together as one Gaussian mechanism (privacy rule 6 in
+    docs/privacy.md).
 
     One record contributes (c_1, ..., c_K) with ||c_k|| <= C_k. Adding N(0, s_k^2) to block k is
     the same as scaling block k by 1/s_k and adding unit noise; the scaled record has norm at
@@ -120,8 +122,8 @@ def symmetric_noise(rng: np.random.Generator, d: int, std: float) -> np.ndarray:
 def project_pd(S: np.ndarray, floor: float) -> np.ndarray:
     """Nearest (Frobenius) symmetric matrix to ``S`` with all eigenvalues >= ``floor`` > 0.
 
-    Applied after noise (post-processing, DESIGN rule 8); ``floor`` must be set from public
-    quantities such as the expected noise spectral norm, never from the data.
+    Applied after noise (post-processing, privacy rule 8 in docs/privacy.md); ``floor`` must be set
+    from public quantities such as the expected noise spectral norm, never from the data.
     """
     S = np.asarray(S, dtype=float)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:

@@ -20,8 +20,8 @@ bound c. |r| <= 1 and ||x|| <= 1 bound the unclipped norm too, but clipping make
 bound whatever the parameters are.
 
 **Noise** (the engine). Replace-one moves the sum by at most 2c; the engine adds N(0, (z c)^2 I),
-which is the thesis's N(0, 4 c^2 sigma_DP^2 I) with sigma_DP = z / 2 (DESIGN rule 2), and
-accounts it as a subsampled Gaussian event.
+which is the thesis's N(0, 4 c^2 sigma_DP^2 I) with sigma_DP = z / 2 (privacy rule 2 in
+docs/privacy.md), and accounts it as a subsampled Gaussian event.
 
 **Update** (post-processing, the thesis's steps 7-8). From the noisy mean gradient m and the
 configured N: g = N m + (-alpha mu, 1 - alpha sigma^2) (the prior and entropy gradients are exact,

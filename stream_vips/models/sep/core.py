@@ -5,7 +5,7 @@ parameters (a mixture's K component means, or one weight vector), stored as natu
 theta = (eta_k = Lambda_k mu_k, Lambda_k) per factor. SEP (Li et al. 2015; DP-SEP paper,
 Algorithm 2) keeps one averaged site f, so that q = p0 * f^N, i.e. theta_q = theta_0 + N theta_f,
 where N is the configured dataset size (the reservoir capacity M: configuration, never a count
-of the data, DESIGN rule 5).
+of the data, privacy rule 5 in docs/privacy.md).
 
 Packing. One record's site (eta, Lambda) is released through the vector
 v = (eta_k, diag Lambda_k, sqrt(2) * upper Lambda_k  for k = 1..K), whose L2 norm is
@@ -25,9 +25,9 @@ One step (the streaming form of Algorithm 3). The engine draws a batch B from th
 3. theta_fn is clipped to ||theta_fn|| <= C (``clip``), and the batch sum is returned.
 
 The engine adds N(0, (z C)^2) to every coordinate of the sum and divides by the public
-normaliser Z (S, or q * M; DESIGN rule 4): m~ = (sum_{n in B} clip(theta_fn) + e) / Z. Then
-:meth:`SEPModel.update` (post-processing) does the damped update of the averaged site with
-step s = min(1, gamma * rho_t) and forms the released posterior natural parameters
+normaliser Z (S, or q * M; privacy rule 4 in docs/privacy.md): m~ = (sum_{n in B} clip(theta_fn) +
+e) / Z. Then :meth:`SEPModel.update` (post-processing) does the damped update of the averaged site
+with step s = min(1, gamma * rho_t) and forms the released posterior natural parameters
 
     theta_new = theta_0 + N [(1 - s) theta_f + s m~]                                   (R)
 
@@ -36,10 +36,10 @@ step s = min(1, gamma * rho_t) and forms the released posterior natural paramete
 f <- f^(1 - gamma/N) f_n^(gamma/N)), projects each precision to eigenvalues >= a public floor
 (post-processing, after the noise), and refreshes the site theta_f = (theta_new - theta_0) / N,
 clipped to ||theta_f|| <= C. Every step releases: no step is skipped or left un-noised for a
-data-dependent reason (DESIGN rule 8).
+data-dependent reason (privacy rule 8 in docs/privacy.md).
 
-Sensitivity of one step (replace-one, DESIGN rule 1). theta_f and theta_0 are the same on
-neighbouring streams (previous releases are post-processed public values), and reservoir
+Sensitivity of one step (replace-one, privacy rule 1 in docs/privacy.md). theta_f and theta_0 are
+the same on neighbouring streams (previous releases are post-processed public values), and reservoir
 membership and the batch depend only on positions and the RNG, so neighbouring batches differ in
 at most one record, whose clipped site changes from u to u' with ||u||, ||u'|| <= C. In (R) only
 the term N s m~ depends on the batch, hence
@@ -54,10 +54,10 @@ diameter is 2 C_rel, and for S = 1, s = gamma / N^2 this is the paper's Delta = 
 Noise equivalence. The engine's noise e ~ N(0, (z C)^2 I) on the clipped sum enters (R) through
 the public affine map m~ -> theta_new, so the released natural parameters carry Gaussian noise of
 std N s z C / Z = z * C_rel on every packed coordinate: exactly the paper's step 9 (noise on
-theta_new with std sigma * Delta) with the paper's sigma = std / Delta = z / 2 (DESIGN rule 2),
-and the event the engine records (noise multiplier z on a sum with per-record bound C,
-diameter 2) describes it. Precision projection, site refresh and clipping act on theta_new only
-and are post-processing.
+theta_new with std sigma * Delta) with the paper's sigma = std / Delta = z / 2 (privacy rule 2 in
+docs/privacy.md), and the event the engine records (noise multiplier z on a sum with per-record
+bound C, diameter 2) describes it. Precision projection, site refresh and clipping act on theta_new
+only and are post-processing.
 
 Modes: ``clip=None`` is plain SEP (no clipping; only usable with the engine's non-private mode),
 ``clip=C`` with the engine in non-private mode is clipped SEP, and with z > 0 it is DP-SEP.
