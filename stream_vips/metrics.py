@@ -1,9 +1,15 @@
 """Prometheus metrics on a private registry, served with ``/metrics``, ``/healthz`` and ``/readyz``.
 
-Only privatized quantities and configuration are exported (DESIGN rule 8): counts of records
-consumed and rejected (stream volume and validity are not protected, see the README), reservoir
-fill, update counts and durations, the accountant's epsilon, the budget, the model version.
-Never a statistic of the data.
+Only privatized quantities, configuration and what the guarantee treats as public are exported
+(privacy rules 1 and 8 in docs/privacy.md): counts of records consumed and rejected (stream volume
+and validity are public), reservoir fill, update counts, the accountant's epsilon, the budget, the
+model version, and the timing of updates. Never a statistic of the data.
+
+The two timing metrics, ``update_duration_seconds`` and ``last_update_timestamp_seconds``, are
+**outside the privacy guarantee**: a step's wall time depends on the realised batch (a Poisson
+batch's size) and on data-dependent work behind the wall (e.g. E-step iterations to a
+tolerance), and they are exported unnoised. docs/privacy.md lists update timing as public; their
+help texts say so, and a deployment that needs timing covered must not scrape them.
 
 Each :class:`Metrics` owns its :class:`prometheus_client.CollectorRegistry`, so several
 applications (tests, the demo's non-private comparison run) live in one process.
@@ -26,6 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from stream_vips import __version__
 
 PREFIX = "stream_vips"
+#: Help-text note of the metrics that expose update timing (public, not covered by the guarantee).
+TIMING_CAVEAT = ("Outside the privacy guarantee: unnoised, depends on the realised batch and on data-dependent "
+                 "E-step work (update timing is public, privacy rule 1 in docs/privacy.md).")
 UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -43,7 +52,8 @@ class Metrics:
         self.reservoir_capacity = Gauge(f"{PREFIX}_reservoir_capacity", "Reservoir capacity M (public).", registry=r)
         self.updates = Counter(f"{PREFIX}_updates", "Private updates released.", registry=r)
         self.update_duration = Histogram(
-            f"{PREFIX}_update_duration_seconds", "Wall time of one private update step.", buckets=UPDATE_BUCKETS, registry=r
+            f"{PREFIX}_update_duration_seconds", "Wall time of one private update step. " + TIMING_CAVEAT,
+            buckets=UPDATE_BUCKETS, registry=r
         )
         self.epsilon_spent = Gauge(f"{PREFIX}_epsilon_spent", "Privacy loss epsilon spent so far (from the ledger).", registry=r)
         self.epsilon_budget = Gauge(f"{PREFIX}_epsilon_budget", "Configured epsilon budget.", registry=r)
@@ -51,7 +61,8 @@ class Metrics:
         self.halted = Gauge(f"{PREFIX}_halted", "1 when updates halted because the budget is spent.", registry=r)
         self.model_version = Gauge(f"{PREFIX}_model_version", "Version (ledger step) of the last published model.", registry=r)
         self.last_update_timestamp = Gauge(
-            f"{PREFIX}_last_update_timestamp_seconds", "Unix time of the last released update.", registry=r
+            f"{PREFIX}_last_update_timestamp_seconds", "Unix time of the last released update. " + TIMING_CAVEAT,
+            registry=r
         )
         self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Model messages that failed to publish.", registry=r)
         self.consumer_lag = Gauge(

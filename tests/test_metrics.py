@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from stream_vips.metrics import Metrics, MetricsServer
+from stream_vips.metrics import TIMING_CAVEAT, Metrics, MetricsServer
 
 NAMES = [
     "stream_vips_records_consumed_total", "stream_vips_records_rejected_total", "stream_vips_reservoir_records",
@@ -39,6 +39,19 @@ def populated() -> Metrics:
     m.publish_failures.inc(0)
     m.consumer_lag.labels(topic="records", partition="0").set(5)
     return m
+
+
+def test_timing_metrics_say_they_are_outside_the_guarantee():
+    """Update timing depends on the batch and the E-step's work and is exported unnoised: the HELP
+    lines must say it is outside the guarantee; no other metric carries that note."""
+    text = populated().exposition().decode()
+    helps = {line.split()[2]: line for line in text.splitlines() if line.startswith("# HELP ")}
+    timing = {"stream_vips_update_duration_seconds", "stream_vips_last_update_timestamp_seconds"}
+    for name in timing:
+        assert "Outside the privacy guarantee" in helps[name] and "docs/privacy.md" in helps[name], helps[name]
+    assert [n for n, h in helps.items()
+            if "Outside the privacy guarantee" in h and n.removesuffix("_created") not in timing] == []
+    assert "Outside the privacy guarantee" in TIMING_CAVEAT
 
 
 def test_every_documented_metric_is_exported():
