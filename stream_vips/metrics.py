@@ -45,6 +45,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.records_consumed = Counter(f"{PREFIX}_records_consumed", "Records read from the source.", registry=r)
+        self.records_duplicate = Counter(
+            f"{PREFIX}_records_duplicate", "Records dropped because this process had already taken their "
+            "offsets (a partition handed back after a rebalance); never put in the reservoir twice.", registry=r)
         self.records_rejected = Counter(
             f"{PREFIX}_records_rejected", "Records rejected to the dead-letter sink, by reason code.", ["reason"], registry=r
         )
