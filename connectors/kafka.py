@@ -39,10 +39,12 @@ from operator import attrgetter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stream_vips.io import DeadLetter, RawRecord, RecordBatch
+from stream_vips.logsafety import guard_client_logging
 from stream_vips.privacy.ledger import (LedgerCorrupt, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
 
 log = logging.getLogger("connectors.kafka")
+guard_client_logging()  # the client logs record bytes at DEBUG; every user of these connectors is guarded
 
 SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
                  "ssl_cafile", "ssl_certfile", "ssl_keyfile")
@@ -115,7 +117,7 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
     """
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
 
     wanted = {k: str(v) for k, v in (configs or {}).items()}
     admin = KafkaAdminClient(bootstrap_servers=_servers(bootstrap_servers), **dict(security or {}))
@@ -128,6 +130,9 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
                 admin.create_topics([NewTopic(topic, partitions, replication_factor, topic_configs=wanted)])
             except TopicAlreadyExistsError:
                 pass  # created concurrently: check its settings below
+            except KafkaError as exc:
+                raise KafkaConnectorError(f"cannot create topic {topic!r} with replication factor "
+                                          f"{replication_factor}: {type(exc).__name__}") from exc
         if not wanted:
             return {}
         deadline = time.monotonic() + 10.0
@@ -137,8 +142,9 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
             if actual or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        replicas = min((len(p.get("replicas", ())) for t in admin.describe_topics([topic])
-                        for p in t.get("partitions", ())), default=0)
+        replicas = min_replication if min_replication <= 1 else min(
+            (len(p.get("replica_nodes", ())) for t in admin.describe_topics([topic]) for p in t.get("partitions", ())),
+            default=0)
     finally:
         admin.close()
     if replicas < min_replication:

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "demo": "stream_vips.demo",
     "plan": "stream_vips.plan",
     "inspect": "stream_vips.inspect",
+    "reset": "stream_vips.reset",
 }
 
 
@@ -27,18 +28,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """The ``run`` subcommand."""
     p = subparsers.add_parser("run", help="run the pipeline from a YAML configuration",
                               description="Run the pipeline until the source is exhausted or a signal "
-                                          "arrives. Environment overrides: STREAM_VIPS__SECTION__KEY=value.")
+                                          "arrives. Environment overrides: STREAM_VIPS__SECTION__KEY=value.",
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="YAML configuration (default: built-in defaults)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides runtime.log_level")
     return p
 
 
+EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted or signalled); 1 a model could not be
+published; 2 bad configuration; 3 the privacy state refuses the start (a ledger that is
+corrupt, locked by another process, or does not hold the steps that the checkpoint or the
+published model reflect: restore it, or start a new budget with `stream-vips reset`); 4 a dead
+letter was not delivered (nothing was committed past it)"""
+
+
 def run(args: argparse.Namespace) -> int:
-    """``stream-vips run``: exit 0 on a clean end (exhausted, halted or signalled), 1 when a model
-    could not be published, 2 on bad configuration."""
+    """``stream-vips run``: see :data:`EXIT_CODES`."""
     from stream_vips.config import ConfigError, load_config
     from stream_vips.logsafety import guard_client_logging
-    from stream_vips.pipeline import Application, PublishError
+    from stream_vips.pipeline import Application, DeadLetterError, PublishError
+    from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch
 
     try:
         config = load_config(args.config)
@@ -49,11 +58,17 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
         return 2
+    except (LedgerCorrupt, LedgerLocked, LedgerMismatch) as exc:
+        print(f"stream-vips: refusing to start: {exc}", file=sys.stderr)
+        return 3
     try:
         stats = app.run()
     except PublishError as exc:
         print(f"stream-vips: {exc}; stopped (the ledger still holds every released step)", file=sys.stderr)
         return 1
+    except DeadLetterError as exc:
+        print(f"stream-vips: {exc}", file=sys.stderr)
+        return 4
     rejected = sum(stats.rejected.values())
     print(f"stream-vips: stopped: {stats.records} records ({rejected} rejected), {stats.updates} updates, "
           f"epsilon {app.engine.epsilon_spent():.6g}, halted {stats.halted}"

@@ -111,18 +111,20 @@ def build_app(spec: dict):
     """An Application from ``spec`` = {"config": ..., "ledger_topic", "ledger_id", ["checkpoint"]}
     with the Kafka ledger configured as ``privacy.ledger`` (type kafka), and (when ``checkpoint``
     is given) the reservoir checkpoint attached."""
-    from stream_vips.checkpoint import attach
     from stream_vips.config import config_from_dict
     from stream_vips.pipeline import Application
 
     config = {**spec["config"]}
-    config["privacy"] = {**config["privacy"], "ledger": {"type": "kafka", "options": {
-        "bootstrap_servers": config["source"]["bootstrap_servers"], "topic": spec["ledger_topic"],
-        "ledger_id": spec["ledger_id"], **WEAK_LEDGER}}}
-    app = Application.from_config(config_from_dict(config, env={}))
+    if spec.get("ledger_path"):
+        config["privacy"] = {**config["privacy"], "ledger": {"type": "file", "path": spec["ledger_path"]}}
+    else:
+        config["privacy"] = {**config["privacy"], "ledger": {"type": "kafka", "options": {
+            "bootstrap_servers": config["source"]["bootstrap_servers"], "topic": spec["ledger_topic"],
+            "ledger_id": spec["ledger_id"], **WEAK_LEDGER}}}
     if spec.get("checkpoint"):
-        attach(app, spec["checkpoint"])
-    return app
+        config["runtime"] = {**config.get("runtime", {}), "checkpoint_path": spec["checkpoint"],
+                             "checkpoint_interval_s": spec.get("checkpoint_interval_s", 0.0)}
+    return Application.from_config(config_from_dict(config, env={}))
 
 
 class _RecordingSource:

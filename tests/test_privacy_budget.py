@@ -118,7 +118,7 @@ def test_unsupported_event_raises_and_records_nothing():
 
 def test_failed_append_admits_nothing():
     class FullDisk(MemoryLedger):
-        def append(self, event):
+        def append(self, event, position=None):
             raise OSError(28, "No space left on device")
 
     monitor = BudgetMonitor(5.0, DELTA, RDP, FullDisk())

@@ -1,0 +1,102 @@
+"""``stream-vips reset``: start a new privacy budget deliberately, on record.
+
+A start refuses state (a reservoir checkpoint, a published model) that the configured ledger did
+not pay for: that is what a deleted, replaced or rolled-back ledger looks like, and accepting it
+would silently reset the spent budget. When an operator decides that a new budget is right (for
+example the old data will never be processed again), this command writes a new ledger whose
+genesis lists every ledger id that the existing state names (``supersedes``), so later starts
+accept that state and the decision stays visible in the ledger itself. A file ledger that exists
+is kept next to the new one as ``<path>.superseded-<time>``; a Kafka ledger needs a new
+``privacy.ledger.options.name`` (its old records stay on the topic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "reset", help="start a new privacy budget deliberately (the old ledger is kept and named)",
+        description="Write a new ledger whose genesis supersedes the ledgers named by the existing "
+                    "checkpoint, published model and ledger, so that a start accepts that state. "
+                    "Spending the budget again on the same records weakens their protection: "
+                    "reset only when that is intended.")
+    p.add_argument("--config", metavar="FILE", help="YAML configuration of the pipeline")
+    p.add_argument("--yes", action="store_true", help="confirm that a new budget starts")
+    return p
+
+
+def superseded_ids(config) -> set[str]:
+    """Ledger ids named by the state this configuration would start from."""
+    from connectors import build_connector
+    from stream_vips.checkpoint import Checkpoint, CheckpointError
+
+    ids: set[str] = set()
+    if config.runtime.checkpoint_path:
+        try:
+            state = Checkpoint(config.runtime.checkpoint_path).load()
+        except CheckpointError:
+            state = None
+        if state and state.get("ledger_id"):
+            ids.add(state["ledger_id"])
+    sink = build_connector("sink", config.sink.type, config.sink.options)
+    try:
+        latest = getattr(sink, "latest", None)
+        message = latest(config.model.id) if latest else None
+    finally:
+        sink.close()
+    if message and message.get("privacy", {}).get("ledger_id"):
+        ids.add(message["privacy"]["ledger_id"])
+    return ids
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 after writing the new ledger, 2 on bad configuration or without ``--yes``."""
+    from stream_vips.config import ConfigError, load_config
+    from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt
+
+    if not args.yes:
+        print("stream-vips reset: nothing done; pass --yes to start a new privacy budget", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
+        return 2
+    ledger_cfg = config.privacy.ledger
+    if ledger_cfg.type == "memory":
+        print("stream-vips reset: a memory ledger starts new on every run; nothing to reset", file=sys.stderr)
+        return 2
+    ids = superseded_ids(config)
+    if ledger_cfg.type == "file":
+        path = Path(ledger_cfg.path)
+        if path.exists():
+            try:
+                with FileLedger(path) as old:
+                    ids.add(old.ledger_id)
+                    ids.update(old.supersedes)
+            except LedgerCorrupt:
+                pass  # kept aside all the same; its id may be unreadable
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            kept = path.with_name(f"{path.name}.superseded-{stamp}")
+            path.rename(kept)
+            print(f"stream-vips reset: kept the old ledger as {kept}", file=sys.stderr)
+        with FileLedger(path, supersedes=ids) as new:
+            new_id = new.ledger_id
+    else:
+        from connectors.kafka import KafkaLedger
+
+        try:
+            new = KafkaLedger(**{"ledger_id": config.model.id, **ledger_cfg.options, "supersedes": sorted(ids)})
+        except LedgerCorrupt as exc:
+            print(f"stream-vips reset: {exc} (set privacy.ledger.options.name)", file=sys.stderr)
+            return 2
+        new_id = new.ledger_id
+        new.close()
+    print(f"stream-vips reset: new ledger {new_id} supersedes {', '.join(sorted(ids)) or 'nothing'}",
+          file=sys.stderr)
+    return 0
