@@ -14,7 +14,7 @@
 * :class:`KafkaDeadLetterSink` -- rejected records with their original bytes as the value and
   the reason, detail and source topic/partition/offset in headers.
 * :class:`KafkaLedger` -- privacy events on a compacted topic, one key per step, written by a
-  transactional producer and confirmed before ``append`` returns (DESIGN rule 7). Opening it
+  transactional producer and confirmed before ``append`` returns (privacy rule 7 in docs/privacy.md). Opening it
   fences any older writer with the same ledger id and replays the committed events.
 
 Security settings (``security_protocol``, ``sasl_mechanism``, ``sasl_username``,

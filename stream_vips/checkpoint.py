@@ -12,7 +12,7 @@ start without a checkpoint).
 On restart :func:`attach` restores the checkpoint and seeks the source to its offsets, so the
 records after them are consumed again and enter the reservoir exactly as they would have
 without the crash (same positions, same RNG state: reservoir membership is still a function of
-arrival positions and the RNG only, DESIGN rule 1). Spending is never reset: the ledger, not the
+arrival positions and the RNG only, privacy rule 1 in docs/privacy.md). Spending is never reset: the ledger, not the
 checkpoint, counts steps, so a step released after the last checkpoint stays charged and the
 replayed stream's next step gets a new ledger index and fresh noise (the engine's noise RNG is
 deliberately not checkpointed).

@@ -1,8 +1,8 @@
 """One private update step: sample, clip, check the budget, write the ledger, noise once, M-step.
 
-The order inside :meth:`PrivateEngine.step` is the privacy argument (DESIGN rules 3-7):
+The order inside :meth:`PrivateEngine.step` is the privacy argument (privacy rules 3-7 in docs/privacy.md):
 
-1. refuse unless the reservoir is full (rule 5: q and the normaliser assume exactly M records);
+1. refuse unless the reservoir is full (privacy rule 5: q and the normaliser assume exactly M records);
 2. draw a fresh batch from the sampler and let the model sum its clipped per-record
    contributions (behind the wall: nothing computed here leaves the engine);
 3. describe the release as a :class:`SubsampledGaussianEvent` built from configuration only
@@ -10,9 +10,9 @@ The order inside :meth:`PrivateEngine.step` is the privacy argument (DESIGN rule
    monitor, which checks epsilon as if the event had happened and appends it durably to the
    ledger; a refusal halts the engine and nothing is released;
 4. only then draw the noise, once per block, with std_k = z * C_k / a_k, which is one Gaussian
-   mechanism with noise multiplier z on the joint bound (rule 6); symmetric blocks use
+   mechanism with noise multiplier z on the joint bound (privacy rule 6); symmetric blocks use
    Analyze-Gauss noise;
-5. divide by the public normaliser (S, or q*M for Poisson; rule 4) and run the model's M-step
+5. divide by the public normaliser (S, or q*M for Poisson; privacy rule 4) and run the model's M-step
    with rho_t = (tau0 + t)^-kappa, t = the ledger step (post-processing).
 
 ``non_private=True`` (configuration ``privacy.mode: non_private``) is the only way to run with
@@ -57,7 +57,7 @@ class PrivateEngine:
     ``monitor`` is a :class:`stream_vips.privacy.budget.BudgetMonitor` (``None`` only when
     ``non_private``); ``rng`` draws both the batches and the noise; ``block_weights`` are
     relative allocation weights a_k per block name (normalised to sum a_k^2 = 1; default
-    a_k proportional to C_k); ``seeded`` says whether ``rng`` came from a fixed seed (rule 9).
+    a_k proportional to C_k); ``seeded`` says whether ``rng`` came from a fixed seed (privacy rule 9).
     """
 
     def __init__(

@@ -447,7 +447,7 @@ class Application:
 
         Every arrival, valid or not, consumes a reservoir position and counts towards
         ``every_records``: validity depends on the record's value, so membership and update
-        times must not (DESIGN rule 1). A rejected arrival only leaves an empty slot. After a
+        times must not (privacy rule 1 in docs/privacy.md). A rejected arrival only leaves an empty slot. After a
         stop signal the rest of the batch still enters the reservoir (it is committed), but no
         new step starts.
         """

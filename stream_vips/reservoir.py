@@ -2,7 +2,7 @@
 
 Every record the stream has delivered so far is in the reservoir with the same probability
 ``min(1, M / seen)``. Which records are kept is decided from arrival positions and the reservoir's
-own random generator only, never from record values (DESIGN privacy rule 1): two streams that
+own random generator only, never from record values (privacy rule 1 in docs/privacy.md): two streams that
 differ in one record's content, read with the same seed, keep exactly the same positions. Records
 are stored as rows of preallocated numpy arrays (one per column of ``Model.row_layout()``), so
 memory is fixed at construction and no Python object per record is retained.
@@ -74,7 +74,7 @@ class Reservoir:
 
     @property
     def full(self) -> bool:
-        """True once every slot is filled; no release may happen before (DESIGN rule 5)."""
+        """True once every slot is filled; no release may happen before (privacy rule 5 in docs/privacy.md)."""
         return self._seen >= self._capacity
 
     @property
