@@ -199,6 +199,18 @@ def test_document_exceeding_the_bound_is_clipped_and_others_are_not():
     np.testing.assert_allclose(big, one * (a * N / np.linalg.norm(one)), rtol=1e-12)
 
 
+@pytest.mark.parametrize("bad", [-1, len(VOCAB), 2**31 - 1])
+def test_word_ids_outside_the_vocabulary_are_refused_behind_the_wall(bad):
+    """Parsing never lets such ids in; a corrupt checkpoint could. They must not index memory
+    (a negative id once corrupted the heap) and nothing is released: the refusal comes before
+    any budget check."""
+    model = LDA(VOCAB, dataset_size=10, n_topics=4, doc_length=5, seed=6)
+    words = np.zeros((3, 5), np.int32)
+    words[1, 2] = bad
+    with pytest.raises(ValueError, match=r"word ids must be in \[0, "):
+        model.clipped_sum({"words": words})
+
+
 def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
     model = LDA(VOCAB, dataset_size=10, n_topics=3, doc_length=30, seed=7)
     assert model.diameter() == pytest.approx(math.sqrt(2), rel=1e-15)

@@ -438,6 +438,9 @@ class LDA(Model):
         if words.ndim != 2 or words.shape[1] != self.doc_length:
             raise ValueError(f"batch.words: expected shape (n, {self.doc_length}), got {words.shape}")
         V, K = len(self.vocabulary), self.n_topics
+        if words.size and (words.min() < 0 or words.max() >= V):  # only a corrupt checkpoint gets here
+            raise ValueError(f"batch.words: word ids must be in [0, {V}); the reservoir holds "
+                             f"{int(words.min())}..{int(words.max())}")
         total_t = np.zeros((V, K))
         pending_ids: list[np.ndarray] = []
         pending: list[np.ndarray] = []
