@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stream_vips.io import DeadLetter, RawRecord, RecordBatch
 from stream_vips.logsafety import guard_client_logging
-from stream_vips.privacy.ledger import (LedgerCorrupt, encode_genesis, encode_line, new_genesis,
+from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
 
 log = logging.getLogger("connectors.kafka")
@@ -874,7 +874,7 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
         consumer.close(autocommit=False)
 
 
-class KafkaLedger:
+class KafkaLedger(LedgerSteps):
     """The privacy ledger on a compacted Kafka topic (the Ledger protocol).
 
     Each event is the same checksummed line as :class:`~stream_vips.privacy.ledger.FileLedger`
@@ -952,18 +952,6 @@ class KafkaLedger:
             raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
         self._genesis = genesis
 
-    @property
-    def ledger_id(self) -> str:
-        return str(self._genesis["ledger_id"])
-
-    @property
-    def supersedes(self) -> tuple[str, ...]:
-        return tuple(self._genesis.get("supersedes", ()))
-
-    @property
-    def last_position(self) -> int | None:
-        return self._positions[-1] if self._positions else None
-
     def _replay(self) -> tuple[dict | None, list, list]:
         prefix = f"{self.name}/".encode()
         genesis_key = prefix + b"genesis"
@@ -994,9 +982,7 @@ class KafkaLedger:
         step = len(self._events)
         key = f"{self.name}/{step:012d}".encode()
         self._commit(key, encode_line(step, event, position).rstrip(b"\n"), f"ledger event for step {step}")
-        self._events.append(event)
-        self._positions.append(position)
-        return step
+        return self._record(event, position)
 
     def _commit(self, key: bytes, value: bytes, what: str) -> None:
         if self._failed is not None:
@@ -1026,9 +1012,6 @@ class KafkaLedger:
                     raise error from exc
                 log.warning("%s; retrying", error)
                 time.sleep(0.5)
-
-    def events(self) -> list:
-        return list(self._events)
 
     def close(self) -> None:
         self._producer.close(timeout=self.send_timeout_s)

@@ -84,8 +84,8 @@ def new_genesis(supersedes: Iterable[str] = ()) -> dict[str, Any]:
             "supersedes": sorted(set(supersedes))}
 
 
-class _Steps:
-    """Events, positions and genesis shared by every ledger kind."""
+class LedgerSteps:
+    """Events, positions and genesis: the state every ledger kind keeps in memory (a mixin)."""
 
     _events: list
     _positions: list
@@ -112,7 +112,7 @@ class _Steps:
         return len(self._events) - 1
 
 
-class MemoryLedger(_Steps):
+class MemoryLedger(LedgerSteps):
     """In-process ledger (tests, demos, notebooks); nothing survives the process."""
 
     def __init__(self, events: list | None = None) -> None:
@@ -212,7 +212,7 @@ def replay_lines(lines: Sequence[bytes], where: str) -> tuple[dict[str, Any] | N
     return genesis, events, positions
 
 
-class FileLedger(_Steps):
+class FileLedger(LedgerSteps):
     """Append-only file ledger, fsynced per event and replayed on open.
 
     A new (or empty) file gets a genesis line first. On open, only a last line without its
