@@ -179,3 +179,80 @@ def test_prepare_does_the_headroom_search_once_ahead_of_the_first_admit(monkeypa
     assert len(calls) == 1
     monitor.admit(E(noise_multiplier=20.0, sampling_rate=1.0, sampling="fixed"))  # halted: no search
     assert len(calls) == 1
+
+
+# --- PLD: reports are upper bounds on a grid; the monitor agrees with them exactly ------------
+
+def gaussian_epsilon(sigma: float, delta: float) -> float:
+    """Exact epsilon of the Gaussian mechanism (noise std / sensitivity = sigma), Balle & Wang 2018."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gap(eps):
+        return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps + norm.logcdf(-0.5 / sigma - eps * sigma)) - delta
+    return brentq(gap, 0.0, 1e5, xtol=1e-12, rtol=1e-14)
+
+
+def test_pld_monitor_halts_no_later_than_the_exact_check_and_wastes_at_most_one_grid_cell():
+    """q = 1: n steps are one Gaussian with sigma = z / (2 sqrt(n)) (std zC, sensitivity 2C), so
+    the exact halting step is known. The monitor (reports >= exact) must stop no later, and no
+    earlier than one grid cell before it: n_monitor <= n_exact < grid(n_monitor + 1)."""
+    z, budget = 150.0, 3.0
+    acct = PldAccountant()
+
+    def exact(n: int) -> float:
+        return gaussian_epsilon(z / 2 / math.sqrt(n), DELTA)
+
+    lo, hi = 1, 1
+    while exact(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if exact(mid) <= budget else (lo, mid)
+    n_exact = lo
+    assert n_exact > 1000  # beyond the exactly accounted counts: the grid is geometric there
+    monitor = BudgetMonitor(budget, DELTA, acct, MemoryLedger())
+    event = E(z, 1.0, "poisson")
+    while monitor.admit(event) is not None:
+        pass
+    n = monitor.steps
+    assert exact(n) <= monitor.spent() <= budget < acct.epsilon([event.with_count(n + 1)], DELTA)
+    assert n <= n_exact < acct.grid(n + 1)
+    assert (n_exact - n) / n_exact <= 1 / 256  # the wasted steps: under one grid cell
+
+
+def test_pld_headroom_equals_a_linear_scan_of_the_reports():
+    event = E(2.0, 0.1, "poisson")
+    acct = PldAccountant()
+    reports = [acct.epsilon_of_counts({event: n}, DELTA) for n in range(1, 1501)]
+    for budget in (reports[99] + 1e-9, (reports[700] + reports[701]) / 2, reports[1400]):
+        n = sum(1 for r in reports if r <= budget)
+        assert acct.headroom({}, event, DELTA, budget) == n
+
+
+def test_pld_reports_through_the_monitor_never_decrease_and_match_a_fresh_accountant():
+    event = E(2.0, 0.1, "poisson")
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(1e3, DELTA, PldAccountant(), ledger)
+    spent = []
+    for _ in range(700):
+        assert monitor.admit(event) is not None
+        spent.append(monitor.spent())
+    assert all(b >= a for a, b in zip(spent, spent[1:]))
+    assert spent[-1] == PldAccountant().epsilon(ledger.events(), DELTA)
+
+
+def test_pld_restart_at_a_million_steps_rebuilds_with_one_evaluation():
+    """A restart replays 10^6 ledger entries: one accountant evaluation for the spent epsilon
+    (the old accountant self-composed a 3.2M-point PLD for it), the same value a fresh
+    accountant reports, then admission continues with non-decreasing reports."""
+    event = E(1.0, 0.01, "poisson")
+    acct = PldAccountant()
+    monitor = BudgetMonitor(2e3, DELTA, acct, MemoryLedger([event] * 10**6))
+    assert acct.evaluations == 1
+    assert monitor.steps == 10**6
+    assert monitor.spent() == PldAccountant().epsilon([event.with_count(10**6)], DELTA)
+    before = monitor.spent()
+    for _ in range(20):
+        assert monitor.admit(event) is not None
+    assert before <= monitor.spent() <= 2e3

@@ -71,9 +71,12 @@ class Accountant(ABC):
         """Distinct unit events -> total count, in order of first appearance (checked)."""
         counts: OrderedDict[SubsampledGaussianEvent, int] = OrderedDict()
         for event in events:
-            self.check(event)
-            unit = event.unit()
-            counts[unit] = counts.get(unit, 0) + event.count
+            unit = event.unit() if hasattr(event, "unit") else event
+            n = counts.get(unit)
+            if n is None:  # checked once per distinct event: a restart replays 10^6 in ~0.5 s
+                self.check(unit)
+                n = 0
+            counts[unit] = n + event.count
         return counts
 
     def epsilon(self, events: Iterable[object], delta: float) -> float:

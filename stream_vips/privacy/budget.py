@@ -1,4 +1,5 @@
-"""BudgetMonitor: check before release, write before release (DESIGN rule 7).
+"""BudgetMonitor: every release is checked against the budget and durably in the ledger before
+its noise is drawn (privacy rule 7 in docs/privacy.md).
 
 >>> from stream_vips.privacy.accountant import RdpAccountant
 >>> from stream_vips.privacy.events import SubsampledGaussianEvent
@@ -33,9 +34,18 @@ class BudgetMonitor:
     The per-step check is O(1): for the current event the monitor asks the accountant once how
     many more copies fit (``Accountant.headroom``, searched up to ``HEADROOM_WINDOW`` copies so
     a huge budget never composes absurd counts) and then counts down, recomputing when a
-    different event arrives or a full window is used up. Because headroom uses the accountant's own ``epsilon`` and epsilon
-    is non-decreasing in the composition, this admits exactly the events that keep
-    ``accountant.epsilon(ledger.events(), delta) <= epsilon_budget``.
+    different event arrives or a full window is used up. Because headroom searches the
+    accountant's own ``epsilon_of_counts`` and that is non-decreasing in the composition, this
+    admits exactly the events that keep the reported epsilon,
+    ``accountant.epsilon(ledger.events(), delta)`` (which ``spent()`` returns), within budget.
+
+    Reported epsilon is an upper bound on the true one (for PLD: exact at a grid of counts,
+    above it in between, see ``PldAccountant``), so the monitor halts no later than an exact
+    check would; the budget it can leave unused is the report's overstatement at the halting
+    step, at most epsilon(n (1 + 1/256) + 1) - epsilon(n) after n steps plus the
+    discretization error (tested against the closed-form Gaussian). ``spent()`` and each
+    admission cost O(1) amortised and bounded memory however long the ledger (a restart pays
+    one accountant evaluation plus one headroom search).
     """
 
     def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger) -> None:
