@@ -5,7 +5,10 @@ delta, prints epsilon for a noise multiplier z (z = noise std / C, privacy rule 
 docs/privacy.md), or the smallest z whose epsilon meets a target, with epsilon after a few step
 counts. The accounting is the pipeline's own (``stream_vips.privacy.accountant``): pld for
 Poisson, autodp for fixed-size unless ``--accountant`` says otherwise; guarantees are under
-replace-one adjacency (privacy rule 1).
+replace-one adjacency (privacy rule 1). Every epsilon printed is what the budget monitor will
+report after that many steps: with pld an upper bound that is exact at a grid of step counts
+(``accounted_steps``, at most 1/256 above the count asked for). Time and memory do not grow with
+the number of steps or the target: the PLD grid follows epsilon.
 
     stream-vips plan --sampling poisson --batch-size 1000 --reservoir 10000 --steps 200 \\
         --delta 1e-5 --epsilon 1.0 --json
@@ -99,9 +102,11 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
         z = calibrate_noise_multiplier(epsilon, delta, q, steps, sampling, accountant=acct)
     event = SubsampledGaussianEvent(z, q, sampling)
     by_steps = {t: acct.epsilon([event.with_count(t)], delta) for t in checkpoints(steps)}
+    grid = getattr(acct, "grid", None)
     return {
         "epsilon": by_steps[steps], "delta": delta, "noise_multiplier": z, "paper_sigma": event.paper_sigma,
-        "q": q, "steps": steps, "sampling": sampling, "accountant": acct.name,
+        "q": q, "steps": steps, "accounted_steps": grid(steps) if grid is not None else steps,
+        "sampling": sampling, "accountant": acct.name,
         "adjacency": event.adjacency, "batch_size": batch_size, "reservoir": reservoir,
         "target_epsilon": epsilon, "epsilon_by_steps": {str(t): e for t, e in by_steps.items()},
     }
@@ -116,7 +121,9 @@ def _render(report: dict) -> str:
         f"accountant:       {report['accountant']} ({report['adjacency']} adjacency), delta = {report['delta']:g}",
         f"noise multiplier: z = {report['noise_multiplier']:.6g} ({mode}); paper sigma = z/2 = "
         f"{report['paper_sigma']:.6g}",
-        f"epsilon:          {report['epsilon']:.6g} after {report['steps']} steps",
+        f"epsilon:          {report['epsilon']:.6g} after {report['steps']} steps"
+        + (f" (an upper bound: accounted as {report['accounted_steps']} steps)"
+           if report["accounted_steps"] != report["steps"] else ""),
         "",
         f"{'steps':>10}  epsilon",
     ]

@@ -109,3 +109,34 @@ def test_bad_arguments_exit_nonzero(argv, message):
 def test_checkpoints():
     assert plan_mod.checkpoints(1) == [1]
     assert plan_mod.checkpoints(200) == [20, 40, 100, 200]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--steps", "1000000", "--epsilon", "1.0"],      # calibration over 10^6 steps
+    ["--steps", "1000000", "--noise-multiplier", "1.0"],  # epsilon ~ 2e4 after 10^6 steps
+    ["--steps", "500", "--epsilon", "10000"],        # tiny noise: losses beyond e^-745
+])
+def test_plans_at_a_million_steps_and_huge_targets(argv, capsys):
+    """The runs that took minutes and gigabytes (or a MemoryError) on a fixed 1e-4 PLD grid: the
+    report is the accountant's, the calibration meets its target and is tight (time and memory
+    are measured by benchmarks/bench_accounting_memory.py)."""
+    code, out, err = run_inprocess(["--sampling", "poisson", "--batch-size", "1000", "--reservoir", "10000",
+                                    "--delta", "1e-5", *argv, "--json"], capsys)
+    assert code == 0, err
+    rep = json.loads(out)
+    steps, z = rep["steps"], rep["noise_multiplier"]
+    assert steps <= rep["accounted_steps"] <= steps * (1 + 1 / 256) + 1
+    acct = PldAccountant()
+    assert rep["epsilon"] == acct.epsilon([E(z, 0.1, "poisson", count=steps)], 1e-5)
+    by = [rep["epsilon_by_steps"][k] for k in sorted(rep["epsilon_by_steps"], key=int)]
+    assert by == sorted(by)
+    if rep["target_epsilon"] is not None:
+        assert rep["epsilon"] <= rep["target_epsilon"]
+        assert acct.epsilon([E(z / (1 + 1e-3), 0.1, "poisson", count=steps)], 1e-5) > rep["target_epsilon"]
+
+
+def test_human_output_says_when_the_epsilon_is_an_upper_bound(capsys):
+    code, out, _ = run_inprocess(["--sampling", "poisson", "--batch-size", "100", "--reservoir", "1000",
+                                  "--steps", "1000", "--delta", "1e-5", "--noise-multiplier", "2"], capsys)
+    assert code == 0
+    assert "after 1000 steps (an upper bound: accounted as 1002 steps)" in out
