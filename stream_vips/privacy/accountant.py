@@ -401,7 +401,7 @@ class _Pmf:
             return self.lower, self.probs, self.infinity_mass
         lo, hi = self.bounds(n)
         length = sp_fft.next_fast_len(max(hi - lo + 1, len(self.probs)), real=True)
-        out = sp_fft.irfft(_power(sp_fft.rfft(self.probs, length), n), length)
+        out = np.fft.irfft(_power(np.fft.rfft(self.probs, length), n), length)
         out = np.roll(out, -lo)[: hi - lo + 1]
         inf_mass = TAIL_MASS - math.expm1(n * math.log1p(-self.infinity_mass))
         return self.lower * n + lo, out, min(1.0, inf_mass)
