@@ -525,6 +525,9 @@ class _SeekListener(_listener_base()):
         from kafka.errors import CommitFailedError, KafkaError
 
         src = self.source
+        revoked = set(revoked)
+        if not revoked:
+            return  # a first join revokes nothing: there is nothing to finish or commit
         if src.before_revoke is not None and src._polling_thread is not None:
             positions = src.before_revoke()  # the pipeline finishes its batch in flight
             if positions:
@@ -946,7 +949,7 @@ class KafkaLedger(LedgerSteps):
         genesis, self._events, self._positions = self._replay()
         if genesis is None:
             genesis = new_genesis(supersedes)
-            self._commit(f"{name}/genesis".encode(), encode_genesis(genesis).rstrip(b"\n"), "ledger genesis")
+            self._commit([(f"{name}/genesis".encode(), encode_genesis(genesis).rstrip(b"\n"))], "ledger genesis")
             log.info("ledger %s/%s created with id %s", topic, name, genesis["ledger_id"])
         elif supersedes:
             raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
@@ -971,20 +974,24 @@ class KafkaLedger(LedgerSteps):
             log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
         return genesis, events, positions
 
-    def append(self, event: Any, position: int | None = None) -> int:
-        """Commit ``event`` as the next step; transient failures are retried for ``append_timeout_s``.
+    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+        """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
+        ``read_committed`` replay sees all or none); transient failures are retried for
+        ``append_timeout_s``. Returns the first step.
 
-        A retry reuses the step number only after the failed transaction was aborted (then
-        ``read_committed`` readers never see it). When the outcome is unknown (the abort fails,
-        e.g. the commit itself was interrupted) the ledger refuses further appends: a restart
-        replays what was committed, so a step number is never used twice.
+        A retry reuses the step numbers only after the failed transaction was aborted. When the
+        outcome is unknown (the abort fails, e.g. the commit itself was interrupted) the ledger
+        refuses further appends: a restart replays what was committed, so a step number is never
+        used twice.
         """
-        step = len(self._events)
-        key = f"{self.name}/{step:012d}".encode()
-        self._commit(key, encode_line(step, event, position).rstrip(b"\n"), f"ledger event for step {step}")
-        return self._record(event, position)
+        first = len(self._events)
+        records = [(f"{self.name}/{first + i:012d}".encode(), encode_line(first + i, e, p).rstrip(b"\n"))
+                   for i, (e, p) in enumerate(entries)]
+        what = f"ledger events for steps {first}..{first + len(records) - 1}"
+        self._commit(records, what)
+        return self._record(entries)
 
-    def _commit(self, key: bytes, value: bytes, what: str) -> None:
+    def _commit(self, records: Sequence[tuple[bytes, bytes]], what: str) -> None:
         if self._failed is not None:
             raise KafkaPublishError(
                 f"ledger {self.name!r} refused further appends after a failed one ({self._failed}); "
@@ -993,9 +1000,10 @@ class KafkaLedger(LedgerSteps):
         while True:
             try:
                 self._producer.begin_transaction()
-                future = self._producer.send(self.topic, value=value, key=key, partition=0)
+                futures = [self._producer.send(self.topic, value=v, key=k, partition=0) for k, v in records]
                 self._producer.flush(timeout=self.send_timeout_s)
-                _check_future(future, self.send_timeout_s, what)
+                for future in futures:
+                    _check_future(future, self.send_timeout_s, what)
                 self._producer.commit_transaction()
                 return
             except Exception as exc:
