@@ -324,8 +324,9 @@ def pmf_epsilon(lower: int, probs: np.ndarray, interval: float, infinity_mass: f
     vectorized: with the losses l_1 > l_2 > ... in descending order, U_k = inf_mass +
     sum_{i<k} p_i and L_k = sum_{i<k} p_i e^{-l_i}, delta(eps) = U_k - e^eps L_k for eps in
     [l_k, l_{k-1}); the answer is log((U_k - delta) / L_k) at the first k where that value is
-    >= l_k. L_k is accumulated in logs, so losses beyond ~745 (tiny noise, huge budgets) do not
-    underflow. Negative FFT round-off is set to 0.
+    >= l_k. L_k is summed as e^-l_1 sum p_i e^(l_1 - l_i) when the loss range is under 700 and
+    in logs otherwise, so losses beyond ~745 (tiny noise, huge budgets) do not underflow to 0
+    (dp_accounting's loop then falls back to a cruder answer). Negative FFT round-off is set to 0.
     """
     if infinity_mass > delta:
         return math.inf
