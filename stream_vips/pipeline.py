@@ -209,7 +209,9 @@ class Application:
                 path = Path(cfg.privacy.ledger.path)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 ledger = FileLedger(path)
-            monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger)
+            stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
+            monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
+                                    prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride)
             if seeded and monitor.steps:
                 # a seeded run restarted on a ledger draws fresh noise: never the noise of earlier steps
                 engine_rng = np.random.default_rng(np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, monitor.steps)))

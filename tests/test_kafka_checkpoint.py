@@ -114,3 +114,59 @@ def test_checkpoint_refuses_another_family_and_sources_without_offsets(tmp_path)
 
     with pytest.raises(CheckpointError, match="no positions"):
         attach(_app(NoOffsets([]), MemoryLedger()), tmp_path / "d.npz")
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_crash_loop_with_prepaid_steps_pays_for_each_stream_position_once(tmp_path):
+    """A pipeline that crashes at the same record on every restart (checkpoint only at its first
+    commit, prepaid ledger steps) pays nothing more after the first crash: a restart takes no
+    step at a position the ledger already holds, so ledger positions strictly increase."""
+    from stream_vips.privacy.ledger import FileLedger
+
+    values = linreg_records(3000, seed=4)
+    cfg = {
+        "model": {"family": "linreg", "params": {"dim": 4}},
+        "privacy": {"noise_multiplier": 2.0, "epsilon": 50.0, "delta": 1e-5,
+                    "ledger": {"type": "file", "path": str(tmp_path / "ledger.jsonl"), "prepay_steps": 4}},
+        "sampling": {"reservoir": 500, "batch_size": 50},
+        "schedule": {"every_records": 100},
+        "metrics": {"enabled": False},
+        "runtime": {"on_halt": "exit", "poll_max_records": 130, "checkpoint_path": str(tmp_path / "c.npz"),
+                    "checkpoint_interval_s": 3600.0},
+    }
+
+    def life(crash_at: int | None) -> Application:
+        app = Application.from_config(config_from_dict(cfg, env={}), source=OffsetSource(values),
+                                      sink=MemorySink(), dead_letter=MemoryDeadLetterSink())
+
+        def progress(a: Application) -> None:
+            if crash_at is not None and a.reservoir.seen >= crash_at:
+                raise Crash("the same poison record again")
+
+        app.progress = progress
+        if crash_at is None:
+            app.run()
+        else:
+            with pytest.raises(Crash):
+                app.run()
+        return app
+
+    def ledger() -> tuple[list, list]:
+        with FileLedger(tmp_path / "ledger.jsonl") as led:
+            return led.events(), list(led._positions)
+
+    first = life(crash_at=2100)
+    paid, _ = ledger()
+    assert first.stats.updates == 18 and len(paid) == 20  # steps at 500..2200 (crash after 2210), prepaid in fours
+    for _ in range(3):
+        again = life(crash_at=2100)
+        assert again.stats.updates == 0 and again.stats.skipped_steps == 18  # 500..2200 replayed from the checkpoint
+        assert len(ledger()[0]) == len(paid)  # the crash loop costs nothing
+    final = life(crash_at=None)
+    events, positions = ledger()
+    assert all(b > a for a, b in zip(positions, positions[1:]))  # no position paid twice
+    assert positions[0] == 500 and final.stats.updates == 6  # 2500..3000: 2200..2400 were prepaid, unused
+    assert len(events) <= 26 + 3  # trigger positions 500..3000, plus at most prepay - 1 unused

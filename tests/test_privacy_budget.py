@@ -118,13 +118,60 @@ def test_unsupported_event_raises_and_records_nothing():
 
 def test_failed_append_admits_nothing():
     class FullDisk(MemoryLedger):
-        def append(self, event, position=None):
+        def append_many(self, entries):
             raise OSError(28, "No space left on device")
 
     monitor = BudgetMonitor(5.0, DELTA, RDP, FullDisk())
     with pytest.raises(OSError):
         monitor.admit(RDP_POOL[0])
     assert monitor.steps == 0 and monitor.spent() == 0.0
+
+
+class CountingLedger(MemoryLedger):
+    """Counts durable writes (one per append_many call)."""
+
+    writes = 0
+
+    def append_many(self, entries):
+        self.writes += 1
+        return super().append_many(entries)
+
+
+def test_prepaid_steps_write_once_per_k_steps_at_planned_positions():
+    ledger = CountingLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, prepay=4, stride=1000)
+    event = RDP_POOL[0]
+    steps = [monitor.admit(event, position=5000 + 1000 * i) for i in range(10)]
+    assert steps == list(range(10))
+    assert ledger.writes == 3 and len(ledger.events()) == 12  # 4 + 4 + 4: two prepaid, unused
+    assert ledger.last_position == 5000 + 1000 * 11  # the planned position of the last prepaid step
+    assert monitor.steps == 12 and monitor.spent() == RDP.epsilon([event] * 12, DELTA)  # charged
+    restarted = BudgetMonitor(50.0, DELTA, RDP, ledger, prepay=4, stride=1000)
+    assert restarted.admit(event, position=20_000) == 12  # a restart never reuses a step index
+
+
+def test_prepaid_steps_never_exceed_the_budget():
+    event = RDP_POOL[0]
+    one_by_one = BudgetMonitor(2.0, DELTA, RDP, MemoryLedger())
+    while one_by_one.admit(event) is not None:
+        pass
+    ledger = MemoryLedger()
+    prepaid = BudgetMonitor(2.0, DELTA, RDP, ledger, prepay=7, stride=10)
+    admitted = 0
+    while prepaid.admit(event, position=10 * admitted) is not None:
+        admitted += 1
+    assert admitted == one_by_one.steps == len(ledger.events())  # the last write was cut to fit
+    assert RDP.epsilon(ledger.events(), DELTA) <= 2.0
+
+
+def test_prepay_needs_a_stride():
+    """Without a fixed stride the positions of later steps are unknown, and a crash loop could
+    prepay again on every restart: one step per write."""
+    ledger = CountingLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, prepay=8)
+    for i in range(3):
+        monitor.admit(RDP_POOL[0], position=i)
+    assert ledger.writes == 3 and len(ledger.events()) == 3
 
 
 @pytest.mark.parametrize("budget, delta, word", [(0.0, DELTA, "budget"), (math.inf, DELTA, "budget"),

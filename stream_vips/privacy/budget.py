@@ -15,7 +15,7 @@ its noise is drawn (privacy rule 7 in docs/privacy.md).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from .accountant import Accountant
 
@@ -48,11 +48,18 @@ class BudgetMonitor:
     one accountant evaluation plus one headroom search).
     """
 
-    def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger) -> None:
+    def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger,
+                 prepay: int = 1, stride: int | None = None) -> None:
         if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
             raise ValueError(f"epsilon budget must be finite and > 0, got {epsilon_budget!r}")
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if isinstance(prepay, bool) or not isinstance(prepay, int) or prepay < 1:
+            raise ValueError(f"prepay must be an integer >= 1, got {prepay!r}")
+        self.prepay = prepay if stride else 1  # planned positions need a fixed stride
+        self.stride = stride
+        self._prepaid: deque[int] = deque()
+        self._prepaid_unit = None
         self.epsilon_budget = float(epsilon_budget)
         self.delta = float(delta)
         self.accountant = accountant
@@ -110,22 +117,40 @@ class BudgetMonitor:
         ``position`` is the stream position the step is taken at, recorded in the ledger so a
         restart from a checkpoint never pays twice at one position.
 
+        **Prepaid steps.** With ``prepay = k > 1`` (and a ``stride``: steps every ``stride``
+        arrivals, so their positions are known in advance) one durable write appends the next k
+        copies of the event at positions ``position + j * stride``, as far as the budget allows,
+        and the following admissions of the same event use them without I/O. The order of
+        privacy rule 7 holds for every step: each release's event is in the ledger before its
+        noise is drawn (earlier than needed, never later). A crash charges the unused prepaid
+        steps (at most k - 1): the ledger may over-count, never under-count, and the spent
+        epsilon reported includes them.
+
         Returns None when halted (now or before). An event the accountant cannot bound raises
         ``UnsupportedEvent`` (a configuration error, not a budget decision).
         """
         if self.halted:
             return None
-        self.prepare(event)
         unit = event.unit()
+        if self._prepaid:
+            if self._prepaid_unit == unit:
+                return self._prepaid.popleft()
+            self._prepaid.clear()  # another kind of event: the prepaid steps stay charged, unused
+        self.prepare(event)
         if event.count > self._fit_left:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
                        f"{self.epsilon_budget:g} at delta {self.delta:g}")
             return None
-        step = self.ledger.append(event, position=position)
-        self._counts[unit] = self._counts.get(unit, 0) + event.count
-        self._fit_left -= event.count
-        self._steps += 1
-        return step
+        k = min(self.prepay, self._fit_left // event.count)
+        stride = self.stride or 0
+        first = self.ledger.append_many(
+            [(event, None if position is None else position + j * stride) for j in range(k)])
+        self._counts[unit] = self._counts.get(unit, 0) + k * event.count
+        self._fit_left -= k * event.count
+        self._steps += k
+        self._prepaid.extend(range(first + 1, first + k))
+        self._prepaid_unit = unit
+        return first
 
     def _halt(self, reason: str) -> None:
         self.halted = True
