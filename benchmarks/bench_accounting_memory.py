@@ -9,8 +9,8 @@ imports included: numpy, scipy and dp_accounting alone are ~110 MB) and wall tim
 * ``report``: one epsilon report of a 10^6-step Poisson ledger (z = 1, q = 0.01) by a fresh
   accountant, and ``restart``: a budget monitor rebuilt from a ledger of 10^6 events (grouping,
   the spent epsilon, the headroom search ``prepare`` does before the first step). Target:
-  restart < 5 s. The same restart through a ``FileLedger`` file is timed as well: the ledger's
-  own replay (JSON lines and checksums, outside the accountant) is reported separately.
+  restart < 5 s, for the accounting alone and for what a pod pays: a ``FileLedger`` file of
+  10^6 lines replayed (streamed, one sha256 and one parse per line), then the accounting.
 * ``run_huge_budget``: the default pipeline with budget epsilon 1e4 (planned over 100 steps, so
   the noise is tiny and the losses huge) on 2 * 10^5 records: < 300 MB.
 * ``long_run``: the default pipeline configuration (linreg d = 5, Poisson/PLD, M = 10^4,
@@ -142,7 +142,8 @@ def child_restart(steps: int, file_ledger: bool) -> dict:
         t = time.perf_counter()
         monitor.prepare(event)  # the headroom search before the first step
         out["prepare_seconds"] = time.perf_counter() - t
-        out["seconds"] = out["monitor_seconds"] + out["prepare_seconds"]
+        out["seconds"] = out["monitor_seconds"] + out["prepare_seconds"] + out.get("ledger_replay_seconds", 0.0)
+        out["peak_rss_mb"] = peak_rss_mb()
         out["epsilon_spent"] = monitor.spent()
         out["accountant_evaluations"] = acct.evaluations
         if file_ledger:
@@ -260,7 +261,8 @@ def main() -> dict:
     print(json.dumps(report), flush=True)
     restart = run_child("restart", str(10**6), "0")
     restart.update(met(restart, TARGET_RESTART_S))
-    restart_file = run_child("restart", str(10**6), "1")
+    restart_file = run_child("restart", str(10**6), "1")  # what a pod pays: replay + accounting
+    restart_file.update(met(restart_file, TARGET_RESTART_S))
     print(json.dumps([restart, restart_file]), flush=True)
     huge = run_child("run_huge_budget", "200000")
     huge.update(met(huge, 60.0, TARGET_MB))
@@ -270,7 +272,8 @@ def main() -> dict:
         "machine": machine(),
         "plan": plans,
         "report_at_1e6_steps": report,
-        "restart_at_1e6_steps": {"memory_ledger": restart, "file_ledger (diagnosis: replay is the ledger's)": restart_file},
+        "restart_at_1e6_steps": {"memory_ledger (accounting only)": restart,
+                                 "file_ledger (replay of the file, then accounting)": restart_file},
         "run_epsilon_1e4_200k_records": huge,
     }
     if not args.skip_long:
@@ -280,7 +283,7 @@ def main() -> dict:
             long_run.update({"target": f"RSS growth after warm-up <= {TARGET_FLAT:.0%}", "met": bool(growth <= TARGET_FLAT)})
         result["long_run"] = long_run
         print(json.dumps(long_run), flush=True)
-    result["targets_met"] = (all(p["met"] for p in plans) and restart["met"] and huge["met"]
+    result["targets_met"] = (all(p["met"] for p in plans) and restart["met"] and restart_file["met"] and huge["met"]
                              and result.get("long_run", {}).get("met", True))
     path = Path(__file__).resolve().parent / "results" / "bench_accounting_memory.json"
     history = json.loads(path.read_text()).get("history", []) if path.exists() else [ISSUE_20]

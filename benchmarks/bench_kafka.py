@@ -8,8 +8,9 @@ times each, and the best round of each counts:
 * pipeline: ``Application`` from a Kafka-to-Kafka configuration with the deployment's runtime
   settings (k8s/base/app):
   KafkaSource in a consumer group with synchronous commits at most every 1 s, JSON decoding and
-  validation, reservoir, a private update every ``--every`` records with the Kafka ledger (a
-  transaction per step) and the Kafka model sink (the newest model at most every
+  validation, reservoir, a private update every ``--every`` records (default 1,000, the
+  configuration default) with the Kafka ledger (one transaction per ``prepay_steps`` steps, the
+  default for a plan of 10^5 steps) and the Kafka model sink (the newest model at most every
   ``publish_interval_s`` = 1 s, the default);
 * (diagnosis only) ``KafkaSource`` alone, and the pipeline with the decode worker
   (``runtime.decode_workers: 1``), which here shares two cores with the broker.
@@ -44,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 TARGET_RATIO = 0.8
+#: A deployment's plan (months at an update per 1,000 records); the ledger's default prepay is then
+#: 64 steps per transaction (planned_steps // 100, at most 64).
+PLANNED_STEPS = 100_000
 
 
 def produce_with_kcat(bootstrap: str, topic: str, n: int, partitions: int) -> None:
@@ -114,7 +118,8 @@ def pipeline(bootstrap: str, topic: str, n: int, every: int, round_no: int, deco
     tag = f"bench-{round_no}-{decode_workers}-{os.getpid()}"
     cfg = pipeline_config(bootstrap, input_topic=topic, model_topic=f"{tag}-models", dead_letter_topic=f"{tag}-dlq",
                           group_id=tag, reservoir=10_000, batch_size=1000, every_records=every,
-                          noise_multiplier=2.0, epsilon=5.0, source_options={"until_end": True})
+                          noise_multiplier=2.0, epsilon=1e4, planned_steps=PLANNED_STEPS,
+                          source_options={"until_end": True})
     cfg["runtime"].update(publish_interval_s=1.0, decode_workers=decode_workers)
     app = build_app({"config": cfg, "ledger_topic": f"{tag}-ledger", "ledger_id": tag})
     marks: dict[str, float] = {}
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--every", type=int, default=50_000, help="records between private updates")
+    ap.add_argument("--every", type=int, default=1_000,
+                    help="records between private updates (default: the configuration default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_kafka.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer_records_per_s": [round(x) for x in peer_rates],
         "pipeline_records_per_s": [round(x) for x in pipe_rates],
         "pipeline": {"every_records": args.every, "decode_workers": 0, "publish_interval_s": 1.0,
+                     "ledger": "kafka, transactional, prepay_steps default "
+                               f"({min(64, max(1, PLANNED_STEPS // 100))} steps per transaction at planned_steps {PLANNED_STEPS})",
                      "end_to_end_records_per_s": [round(run["end_to_end"]) for run in runs],
                      **{k: runs[-1][k] for k in ("updates", "published", "rejected")}},
         "diagnosis": {"kafka_source_only_records_per_s": [round(x) for x in src_rates],
@@ -200,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "kafka_python_crc32c_in_c": _crc32c_in_c(),
                     "load_avg_1m": os.getloadavg()[0]},
     }
+    out = Path(args.out)
+    if out.exists():  # keep earlier runs visible (the schedule changed from an update per 50,000 records)
+        old = json.loads(out.read_text())
+        history = old.pop("history", [])
+        result["history"] = [*history, {k: old[k] for k in ("pipeline", "targets", "peer_records_per_s",
+                                                              "pipeline_records_per_s") if k in old}]
     text = json.dumps(result, indent=2)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
