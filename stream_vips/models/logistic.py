@@ -93,6 +93,8 @@ _PG_SERIES_BELOW = 1e-4
 _MIN_FLOOR = float(np.finfo(float).tiny)
 #: Triangular products for the E-step, by arithmetic precision.
 _BLAS_TRMM = {"float64": blas.dtrmm, "float32": blas.strmm}
+#: Rows per E-step block: a block's work buffer (2048 x d) stays in cache between its passes.
+_E_STEP_ROWS = 2048
 #: Largest |x_j| accepted before clipping (rejects absurd inputs rather than silently shrinking).
 _MAX_ABS_INPUT = 1e6
 
@@ -165,6 +167,7 @@ class BayesianLogisticRegression(Model):
             raise ValueError(f"dtype must be one of {sorted(_BLAS_TRMM)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
         self._trmm = _BLAS_TRMM[dtype]
+        self._e_step_rows = _E_STEP_ROWS
         self._norm_inflation = 1.0 + self.dim * float(np.finfo(self.dtype).eps)
         self.s2_noise_std = 0.0
         self._alpha_shape, self._alpha_rate = self.a0, self.b0  # q(alpha) = prior before any data
@@ -213,7 +216,7 @@ class BayesianLogisticRegression(Model):
 
         Rows are re-clipped to norm 1 and labels mapped to {0, 1} (1 iff y > 1/2; NaN -> 0), both
         idempotent for parsed rows, so |y - 1/2| = 1/2 and the block bounds hold whatever the
-        reservoir holds; S2 is one symmetric rank-n product.
+        reservoir holds. S2 is accumulated block by block of rows (:meth:`_second_moment`).
         """
         X = np.asarray(batch["x"], dtype=self.dtype)
         y = (np.asarray(batch["y"], dtype=float) > 0.5).astype(float)
@@ -226,19 +229,33 @@ class BayesianLogisticRegression(Model):
         # clipped norm is <= 1 even in float32.
         norms = np.sqrt(np.einsum("ij,ij->i", X, X).astype(np.float64)) * self._norm_inflation
         f = clip_factors(norms, 1.0)
-        omega = pg_mean(f * np.sqrt(self._c2(X)))
-        Xw = X * (f * np.sqrt(omega)).astype(self.dtype)[:, None]
         s1 = ((y - 0.5) * f).astype(self.dtype) @ X
-        return {"s1": s1.astype(np.float64), "s2": (Xw.T @ Xw).astype(np.float64)}
+        return {"s1": s1.astype(np.float64), "s2": self._second_moment(X, f)}
 
-    def _c2(self, X: np.ndarray) -> np.ndarray:
-        """x^T Sigma x + (mu^T x)^2 for every row: Sigma = U^T U with U = R^-1 triangular, so
-        one triangular product U X^T (X^T read in place as a Fortran array) gives the first term."""
-        if X.shape[0] == 0:
-            return np.zeros(0)
-        UXt = self._trmm(1.0, self._sigma_factor, X.T, side=0, lower=1)
-        quad = np.einsum("ij,ij->j", UXt, UXt) + np.square(X @ self.mu.astype(self.dtype))
-        return quad.astype(np.float64)
+    def _second_moment(self, X: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """S2 = sum_n E[omega_n] f_n^2 x_n x_n^T with E[omega_n] = pg_mean(f_n c_n), in float64.
+
+        Work goes by blocks of rows through one small buffer, so a block's passes run in cache
+        and no n x d temporary is allocated: the buffer first holds (U x_n)^T for the block, so
+        c^2 / f^2 = ||U x||^2 + (mu^T x)^2 (Sigma = U^T U, one in-place triangular product), then
+        the weighted rows sqrt(E[omega_n]) f_n x_n, whose Gram matrix (numpy runs a symmetric
+        rank-k update for a product with its own transpose) is added to the sum. Same arithmetic
+        as one pass over the batch except the order of the final block sums.
+        """
+        n, d = X.shape
+        total = np.zeros((d, d), dtype=self.dtype)
+        rows = max(1, min(int(self._e_step_rows), n))
+        work = np.empty((rows, d), dtype=self.dtype)
+        for start in range(0, n, rows):
+            block, fb = X[start:start + rows], f[start:start + rows]
+            buf = work[: block.shape[0]]
+            np.copyto(buf, block)
+            UXt = self._trmm(1.0, self._sigma_factor, buf.T, side=0, lower=1, overwrite_b=1)
+            c2 = np.einsum("ij,ij->j", UXt, UXt) + np.square(block @ self._mu_work)
+            omega = pg_mean(fb * np.sqrt(c2.astype(np.float64)))
+            np.multiply(block, (fb * np.sqrt(omega)).astype(self.dtype)[:, None], out=buf)
+            total += buf.T @ buf
+        return total.astype(np.float64)
 
     # ------------------------------------------------------------------ protocol: M-step
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
@@ -291,6 +308,7 @@ class BayesianLogisticRegression(Model):
         self._sigma_factor = np.asfortranarray(U, dtype=self.dtype)
         self.Sigma = U.T @ U
         self.mu = U.T @ (U @ self._h)
+        self._mu_work = self.mu.astype(self.dtype)  # mu in the E-step's precision, once per update
 
     @property
     def alpha_mean(self) -> float:
