@@ -29,13 +29,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from stream_vips.errors import StreamVipsError
 from stream_vips.io import RawRecord
-from stream_vips.privacy.ledger import check_binding
+from stream_vips.learner import StateMismatch
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(StreamVipsError, RuntimeError):
     """A checkpoint that does not belong to this pipeline or cannot be read."""
 
 
@@ -101,16 +102,8 @@ class Checkpoint:
         self.writes = 0
 
     def save(self, app: Any, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Write the reservoir, model, trigger and ``offsets`` of ``app`` atomically."""
-        data = _pack({
-            "model_family": app.model.family,
-            "offsets": dict(offsets),
-            "reservoir": app.reservoir.get_state(),
-            "model": app.model.state(),
-            "trigger_pending": app.trigger.pending,
-            "ledger_id": None if app.engine.non_private else app.engine.monitor.ledger.ledger_id,
-            "ledger_steps": None if app.engine.non_private else app.engine.monitor.steps,
-        })
+        """Write the learner's state (:meth:`PrivateLearner.state`) and ``offsets`` atomically."""
+        data = _pack({**app.learner.state(), "offsets": dict(offsets)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -142,21 +135,16 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc}") from exc
 
     def restore(self, app: Any) -> dict[tuple[str, int], int] | None:
-        """Load the checkpoint into ``app`` (reservoir, model, trigger); returns its offsets."""
+        """Load the checkpoint into ``app``'s learner; returns its offsets (``None``: no checkpoint).
+        State of another family or layout raises :class:`CheckpointError`; state the ledger did
+        not pay for raises ``LedgerMismatch``."""
         state = self.load()
         if state is None:
             return None
-        if state["model_family"] != app.model.family:
-            raise CheckpointError(
-                f"checkpoint {self.path} is for family {state['model_family']!r}, not {app.model.family!r}")
-        if not app.engine.non_private:
-            check_binding(app.engine.monitor.ledger, f"checkpoint {self.path}", state["ledger_id"], state["ledger_steps"])
         try:
-            app.reservoir.set_state(state["reservoir"])
-            app.model.load_state(state["model"])
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint {self.path} does not fit this pipeline: {exc}") from exc
-        app.trigger.pending = state["trigger_pending"]
+            app.learner.load_state(state, what=f"checkpoint {self.path}")
+        except StateMismatch as exc:
+            raise CheckpointError(str(exc)) from exc
         app.metrics.reservoir_records.set(app.reservoir.size)
         return state["offsets"]
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import abc
-import importlib
 import inspect
 import math
 import os
@@ -38,27 +37,17 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from stream_vips.errors import ConfigError
+from stream_vips.models import MODEL_FAMILIES, model_class
+
+
 ENV_PREFIX = "STREAM_VIPS__"
-
-#: Model families: name -> module defining exactly one Model subclass with that ``family``.
-MODEL_FAMILIES: dict[str, str] = {
-    "linreg": "stream_vips.models.linreg",
-    "logistic": "stream_vips.models.logistic",
-    "lda": "stream_vips.models.lda",
-    "sep_mixture": "stream_vips.models.sep.mixture",
-    "sep_probit": "stream_vips.models.sep.probit",
-    "dpvi": "stream_vips.models.baselines.dpvi",
-    "sgld": "stream_vips.models.baselines.sgld",
-    "ops": "stream_vips.models.baselines.ops",
-}
-
 
 #: Model parameters that make the default configuration run (merged under the configured ones).
 DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
 
 
-class ConfigError(ValueError):
-    """A configuration problem; the message starts with the dotted key at fault."""
+
 
 
 @dataclass
@@ -335,23 +324,6 @@ def check_kwargs(target: Any, options: Mapping[str, Any], key: str) -> dict[str,
 
 # ---------------------------------------------------------------------------------------------
 # loading
-
-
-def model_class(family: str) -> type:
-    """The Model subclass registered for ``family`` (see :data:`MODEL_FAMILIES`)."""
-    from stream_vips.models.base import Model
-
-    if family not in MODEL_FAMILIES:
-        raise ConfigError(f"model.family: unknown family {family!r} (known: {', '.join(sorted(MODEL_FAMILIES))})")
-    module = importlib.import_module(MODEL_FAMILIES[family])
-    found = [
-        obj
-        for obj in vars(module).values()
-        if isinstance(obj, type) and issubclass(obj, Model) and getattr(obj, "family", None) == family
-    ]
-    if len(found) != 1:
-        raise ConfigError(f"model.family: module {module.__name__} defines {len(found)} models of family {family!r}")
-    return found[0]
 
 
 def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:

@@ -91,7 +91,7 @@ class InlineDecoder:
 def _serve(conn: Connection) -> None:
     """The worker: receive the model's family and parameters, build it, then decode batches
     until the pipeline closes the socket."""
-    from stream_vips.config import model_class
+    from stream_vips.models import model_class
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # the pipeline drains and closes the socket itself
         signal.signal(sig, signal.SIG_IGN)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +49,32 @@ class StepResult:
     step: int
     rho: float
     duration_s: float
+
+
+def allocation_weights(blocks: Sequence[Any], block_weights: Mapping[str, float] | None) -> dict[str, float]:
+    """The noise allocation a_k per block, normalised to sum a_k^2 = 1 (default: a_k
+    proportional to the block's bound C_k, i.e. noise z on the concatenated vector)."""
+    names = [b.name for b in blocks]
+    if block_weights is None:
+        w = np.array([float(b.bound) for b in blocks])
+    else:
+        missing = set(names) ^ set(block_weights)
+        if missing:
+            raise ValueError(f"block_weights must name exactly the blocks {names}, mismatch: {sorted(missing)}")
+        w = np.array([float(block_weights[n]) for n in names])
+        if np.any(~(w > 0)):
+            raise ValueError(f"block_weights must be > 0, got {dict(block_weights)}")
+    if not np.all(np.isfinite(w)) or np.any(~(w > 0)):  # unbounded blocks: refused by the engine
+        return {n: 1.0 / math.sqrt(len(names)) for n in names}
+    w = w / np.linalg.norm(w)
+    return dict(zip(names, map(float, w)))
+
+
+def allocation_diameter(model: Model, block_weights: Mapping[str, float] | None = None) -> float:
+    """The model's replace-one diameter (in units of the joint bound) for the noise allocation
+    the engine will actually use: a model that proves a tighter bound for a given allocation
+    (logistic regression) gets it, and accounting and calibration use the same number."""
+    return float(model.diameter(allocation_weights(model.blocks(), block_weights)))
 
 
 class PrivateEngine:
@@ -102,6 +128,7 @@ class PrivateEngine:
         self.delta = float(delta)  # only reported by non-private runs; private ones use the monitor's
         self.blocks = tuple(model.blocks())
         self._stds = self._block_stds(block_weights)
+        self.diameter = allocation_diameter(model, block_weights)
         self._local_steps = 0  # non-private mode has no ledger to count steps
         self.last_step: int | None = None
         capacity = reservoir.capacity
@@ -112,15 +139,8 @@ class PrivateEngine:
     def _block_stds(self, block_weights: Mapping[str, float] | None) -> dict[str, float]:
         names = [b.name for b in self.blocks]
         bounds = [b.bound for b in self.blocks]
-        weights = None
-        if block_weights is not None:
-            missing = set(names) ^ set(block_weights)
-            if missing:
-                raise ValueError(f"block_weights must name exactly the blocks {names}, mismatch: {sorted(missing)}")
-            w = np.array([float(block_weights[n]) for n in names])
-            if np.any(~(w > 0)):
-                raise ValueError(f"block_weights must be > 0, got {dict(block_weights)}")
-            weights = w / np.linalg.norm(w)
+        allocation = allocation_weights(self.blocks, block_weights)
+        weights = None if block_weights is None else [allocation[n] for n in names]
         if self.non_private:
             return {n: 0.0 for n in names}
         unbounded = [b.name for b in self.blocks if not (math.isfinite(b.bound) and b.bound > 0)]
@@ -149,7 +169,7 @@ class PrivateEngine:
             sampling_rate=self.q,
             sampling=self.sampler.name,
             adjacency=ADJACENCY,
-            diameter=float(self.model.diameter()),
+            diameter=self.diameter,
         )
 
     def privacy_report(self, steps: int, halted: bool) -> dict[str, Any]:
@@ -172,7 +192,7 @@ class PrivateEngine:
             halted=halted,
             seeded=self.seeded,
             adjacency=ADJACENCY,
-            diameter=float(self.model.diameter()),
+            diameter=self.diameter,
             ledger_id=self.monitor.ledger.ledger_id if private else None,
         )
 

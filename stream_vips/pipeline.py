@@ -32,36 +32,28 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from connectors import build_connector
-from stream_vips import messages
-from stream_vips.config import Config, ConfigError, model_class
+from stream_vips.config import Config, ConfigError
 from stream_vips.decoding import DecodedBatch, InlineDecoder, ProcessDecoder, decode_batch, make_decoder
-from stream_vips.engine import PrivateEngine
+from stream_vips.engine import StepResult
+from stream_vips.errors import StreamVipsError
 from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, RecordBatch, Sink, Source, values_of
+from stream_vips.learner import PrivateLearner
 from stream_vips.metrics import Metrics, MetricsServer
-from stream_vips.models.base import Model
-from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
-from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import FileLedger, MemoryLedger, check_binding
-from stream_vips.privacy.mechanisms import make_rng
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import make_sampler
-from stream_vips.schedule import Trigger
+from stream_vips.privacy.ledger import check_binding
 
 log = logging.getLogger("stream_vips.pipeline")
 
 
-class PublishError(RuntimeError):
+class PublishError(StreamVipsError, RuntimeError):
     """The model sink failed to deliver a message; the run stops rather than drop it."""
 
 
-class DeadLetterError(RuntimeError):
+class DeadLetterError(StreamVipsError, RuntimeError):
     """A dead letter was not delivered: the run stops without committing the source past it."""
 
 
@@ -82,26 +74,25 @@ class RunStats:
 
 
 class Application:
-    """A running stream_vips process assembled from parts (see :meth:`from_config`).
+    """The runtime around one :class:`~stream_vips.learner.PrivateLearner` (see :meth:`from_config`).
 
-    ``progress`` is called with the application once per loop iteration (the demo's progress
-    bar); ``metrics_address`` ``(host, port)`` starts the HTTP server for the duration of
-    :meth:`run` (port 0 binds a free port, see :attr:`metrics_port`).
+    It polls the source, keeps one batch in flight, dead-letters rejects, commits, answers
+    rebalances, checkpoints (through the source wrapper of :mod:`stream_vips.checkpoint`),
+    publishes messages the learner builds, serves metrics and handles signals; the learner does
+    everything private, and no I/O. ``progress`` is called with the application once per loop
+    iteration (the demo's progress bar); ``metrics_address`` ``(host, port)`` starts the HTTP
+    server for the duration of :meth:`run` (port 0 binds a free port, see :attr:`metrics_port`).
     """
 
     def __init__(
         self,
         *,
-        model: Model,
-        engine: PrivateEngine,
+        learner: PrivateLearner,
         source: Source,
         sink: Sink,
         dead_letter: DeadLetterSink,
-        trigger: Trigger,
-        model_id: str = "default",
         metrics: Metrics | None = None,
         metrics_address: tuple[str, int] | None = None,
-        ledger: Any = None,
         poll_max_records: int = 5000,
         poll_timeout_s: float = 0.2,
         on_halt: str = "stay",
@@ -118,17 +109,13 @@ class Application:
             raise ValueError(f"decode_workers must be 0 or 1, got {decode_workers!r}")
         if decode_workers and model_params is None:
             raise ValueError("decode_workers needs model_params: the worker builds its own model from them")
-        self.model = model
-        self.engine = engine
-        self.reservoir = engine.reservoir
+        self.learner = learner
         self.source = source
         self.sink = sink
         self.dead_letter = dead_letter
-        self.trigger = trigger
-        self.model_id = model_id
-        self.metrics = metrics or Metrics(model.family, engine.sampler.name, engine.accountant_name)
+        engine = learner.engine
+        self.metrics = metrics or Metrics(learner.model.family, engine.sampler.name, engine.accountant_name)
         self.metrics_address = metrics_address
-        self.ledger = ledger
         self.poll_max_records = int(poll_max_records)
         self.poll_timeout_s = float(poll_timeout_s)
         self.on_halt = on_halt
@@ -139,9 +126,8 @@ class Application:
         self.model_params = model_params
         self.dead_letter_max_bytes = int(dead_letter_max_bytes)
         self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
-        self._replay_until: int | None = None  # no step at stream positions <= this (paid before a crash)
         self._dead_letter_failure: Exception | None = None
-        self._decoder: InlineDecoder | ProcessDecoder = InlineDecoder(model)
+        self._decoder: InlineDecoder | ProcessDecoder = InlineDecoder(learner.model)
         self._inflight: collections.deque[tuple[Any, dict | None]] = collections.deque()  # (raws, positions after)
         self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")
@@ -151,79 +137,32 @@ class Application:
         self._server: MetricsServer | None = None
         self._metrics_port: int | None = None
         m = self.metrics
-        m.reservoir_capacity.set(self.reservoir.capacity)
+        m.reservoir_capacity.set(learner.reservoir.capacity)
         if not engine.non_private:
             m.epsilon_budget.set(engine.monitor.epsilon_budget)
             m.delta.set(engine.monitor.delta)
         m.epsilon_spent.set(engine.epsilon_spent())
 
+    # the learner's parts, for callers that look inside (tests, benchmarks, the demo)
+    model = property(lambda self: self.learner.model)
+    engine = property(lambda self: self.learner.engine)
+    reservoir = property(lambda self: self.learner.reservoir)
+    trigger = property(lambda self: self.learner.trigger)
+    ledger = property(lambda self: self.learner.ledger)
+    model_id = property(lambda self: self.learner.model_id)
+
     @classmethod
     def from_config(cls, config: Config, **parts: Any) -> "Application":
-        """Build every part from a validated :class:`~stream_vips.config.Config`.
+        """Build the learner and every connector from a validated :class:`~stream_vips.config.Config`.
 
         ``parts`` replace configured ones by name (``source``, ``sink``, ``dead_letter``,
         ``ledger``, ``progress``, ``metrics_address``): tests and the demo pass in-memory
-        connectors this way. A problem building a part raises ``ConfigError`` naming its section.
+        connectors this way. A problem building a part raises ``ConfigError`` naming its section;
+        state that the ledger did not pay for raises ``LedgerMismatch``.
         """
         cfg = config
+        learner = PrivateLearner.from_config(cfg, ledger=parts.pop("ledger", None))
         try:
-            model = model_class(cfg.model.family)(**cfg.model.params)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"model.params: {exc}") from exc
-        rng, seeded = make_rng(cfg.privacy.seed)
-        reservoir_rng, engine_rng = rng.spawn(2)
-        reservoir = Reservoir(model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
-        try:
-            sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
-        except ValueError as exc:
-            raise ConfigError(f"sampling: {exc}") from exc
-        parts_given = set(parts)
-        ledger = parts.pop("ledger", None)
-        if cfg.privacy.mode == "non_private":
-            monitor, z, accountant_name = None, 0.0, "none"
-        else:
-            q = sampler.rate(reservoir.capacity)
-            try:
-                accountant = make_accountant(cfg.privacy.accountant, sampler.name)
-                accountant.check(SubsampledGaussianEvent(1.0, q, sampler.name, diameter=float(model.diameter())))
-            except ValueError as exc:
-                raise ConfigError(f"privacy.accountant: {exc}") from exc
-            accountant_name = accountant.name
-            z = cfg.privacy.noise_multiplier
-            if z is None:
-                try:
-                    z = calibrate_noise_multiplier(
-                        cfg.privacy.epsilon, cfg.privacy.delta, q, cfg.privacy.planned_steps,
-                        sampler.name, accountant=accountant, diameter=float(model.diameter()),
-                        rtol=cfg.privacy.calibration_rtol,
-                    )
-                except ValueError as exc:
-                    raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
-            if ledger is None and cfg.privacy.ledger.type == "memory":
-                ledger = MemoryLedger()
-            elif ledger is None and cfg.privacy.ledger.type == "kafka":
-                from connectors.kafka import KafkaLedger
-
-                ledger = KafkaLedger(**{"ledger_id": cfg.model.id, **cfg.privacy.ledger.options})
-            elif ledger is None:
-                path = Path(cfg.privacy.ledger.path)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                ledger = FileLedger(path)
-            stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
-            monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
-                                    prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride)
-            if seeded and monitor.steps:
-                # a seeded run restarted on a ledger draws fresh noise: never the noise of earlier steps
-                engine_rng = np.random.default_rng(np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, monitor.steps)))
-        try:
-            try:
-                engine = PrivateEngine(
-                    model, reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
-                    accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
-                    non_private=cfg.privacy.mode == "non_private", delta=cfg.privacy.delta,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"privacy: {exc}") from exc
             connectors = {}
             for kind in ("source", "sink", "dead_letter"):
                 if kind in parts:
@@ -238,8 +177,7 @@ class Application:
                 "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None
             )
             app = cls(
-                model=model, engine=engine, trigger=Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds),
-                model_id=cfg.model.id, metrics_address=metrics_address, ledger=ledger,
+                learner=learner, metrics_address=metrics_address,
                 poll_max_records=cfg.runtime.poll_max_records, poll_timeout_s=cfg.runtime.poll_timeout_s,
                 on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads,
                 publish_interval_s=cfg.runtime.publish_interval_s, decode_workers=cfg.runtime.decode_workers,
@@ -256,8 +194,7 @@ class Application:
             app.check_published()
             return app
         except BaseException:
-            if ledger is not None and "ledger" not in parts_given:
-                ledger.close()  # release the ledger's lock when start-up fails
+            learner.close()  # release the ledger's lock when start-up fails
             raise
 
     # ------------------------------------------------------------------------------------------
@@ -381,16 +318,9 @@ class Application:
         return kept
 
     def restored(self, offsets: dict[tuple[str, int], int]) -> None:
-        """The reservoir, model and trigger were restored from a checkpoint taken at source
-        ``offsets``: records before them are in the reservoir already, and no step is taken at a
-        stream position where an earlier life already took one (its ledger entry paid for it;
-        a crash loop must not pay again)."""
+        """The learner was restored from a checkpoint taken at source ``offsets``: records before
+        them are in its reservoir already, so they are never taken again."""
         self._floors.update(offsets)
-        last = None if self.engine.non_private else self.engine.monitor.ledger.last_position
-        if last is not None and last > self.reservoir.seen:
-            self._replay_until = last
-            log.warning("restored at stream position %d; the ledger holds steps up to position %d: "
-                        "no step until the stream passes it", self.reservoir.seen, last)
 
     def check_published(self) -> None:
         """Refuse to start when the latest published model was not paid for by this ledger (a
@@ -401,7 +331,7 @@ class Application:
         message = latest(self.model_id)
         if not message or message.get("privacy", {}).get("accountant") == "none":
             return
-        check_binding(self.engine.monitor.ledger, f"the published model {self.model_id!r} version "
+        check_binding(self.learner.ledger, f"the published model {self.model_id!r} version "
                       f"{message.get('version')}", message["privacy"].get("ledger_id"), int(message["version"]) + 1)
 
     def _drain(self) -> bool:
@@ -436,7 +366,7 @@ class Application:
             self.metrics.consumer_lag.labels(topic=topic, partition=str(partition)).set(behind)
 
     def _time_due(self) -> bool:
-        return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()
+        return self.learner.time_due()
 
     # ------------------------------------------------------------------------------------------
 
@@ -445,40 +375,18 @@ class Application:
         self._apply(raws, decode_batch(self.model, values_of(raws)))
 
     def _apply(self, raws: Sequence[RawRecord], batch: DecodedBatch) -> None:
-        """Dead-letter the rejects and offer every arrival to the reservoir, stepping on the trigger.
-
-        Every arrival, valid or not, consumes a reservoir position and counts towards
-        ``every_records``: validity depends on the record's value, so membership and update
-        times must not (privacy rule 1 in docs/privacy.md). A rejected arrival only leaves an empty slot. After a
-        stop signal the rest of the batch still enters the reservoir (it is committed), but no
-        new step starts.
-        """
-        n, ok = len(raws), batch.ok
-        row_end = np.cumsum(ok)  # rows of accepted arrivals before position i+1
+        """Dead-letter the rejects and offer every arrival to the learner, which steps on its
+        trigger (after a stop signal the rest of the batch still enters the reservoir, since it
+        is committed, but no new step starts)."""
+        n = len(raws)
         self.stats.records += n
-        self.stats.accepted += int(row_end[-1]) if n else 0
+        self.stats.accepted += int(np.count_nonzero(batch.ok))
         self.metrics.records_consumed.inc(n)
         if batch.rejected:
             self._dead_letter(raws, batch.rejected)
-        start = 0
-        while start < n and not self.halted:
-            end = start + self._chunk(n - start)
-            lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
-            self.reservoir.add_batch({k: v[lo:hi] for k, v in batch.rows.items()}, accepted=ok[start:end])
-            self.trigger.observe(end - start)
-            start = end
-            if self.reservoir.full and self.trigger.due() and not self._stop.is_set():
-                self._step()
+        self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released)
+        self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)
-
-    def _chunk(self, remaining: int) -> int:
-        """Arrivals to add before the next possible update, so updates happen at exact positions."""
-        res, every = self.reservoir, self.trigger.every_records
-        if not res.full:
-            return min(remaining, res.capacity - res.seen)
-        if every is not None:
-            return min(remaining, max(1, every - self.trigger.pending))
-        return remaining
 
     def _dead_letter(self, raws: Sequence[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
         reasons = collections.Counter(reason for _, reason, _ in rejected)
@@ -489,17 +397,14 @@ class Application:
         self.stats.rejected.update(reasons)
 
     def _step(self) -> None:
-        if self._replay_until is not None:
-            if self.reservoir.seen <= self._replay_until:
-                self.trigger.reset()  # an earlier life took (and paid for) a step at or after here
-                self.stats.skipped_steps += 1
-                return
-            self._replay_until = None
-        result = self.engine.step()
-        self.trigger.reset()
-        if result is None:
-            self._halt()
-            return
+        """A time-triggered step (``every_seconds``)."""
+        result = self.learner.step()
+        if result is not None:
+            self._released(result)
+        self._after_steps()
+
+    def _released(self, result: StepResult) -> None:
+        """Metrics and (at most every ``publish_interval_s``) a message for one released step."""
         m = self.metrics
         m.updates.inc()
         m.update_duration.observe(result.duration_s)
@@ -509,20 +414,21 @@ class Application:
         if time.monotonic() - self._last_publish >= self.publish_interval_s:
             self._publish_latest()
 
+    def _after_steps(self) -> None:
+        self.stats.skipped_steps = self.learner.skipped_steps
+        if self.halted and not self.stats.halted:
+            self._halt()
+
     def _publish_latest(self, halted: bool = False) -> None:
-        """Publish the current model as version ``last_step`` with the ledger's epsilon."""
-        last = self.engine.last_step
-        if last is None:
+        """Publish the learner's newest model (version = its ledger step) with the ledger's epsilon."""
+        message = self.learner.message(halted=halted)
+        if message is None:
             return
-        privacy = self.engine.privacy_report(steps=last + 1, halted=halted)
-        message = messages.build_message(
-            self.model_id, self.model.family, self.model.hyperparameters(), last, self.model.state(), privacy
-        )
         self._publish(message)
         self._unpublished = False
         self._last_publish = time.monotonic()
-        self.metrics.epsilon_spent.set(privacy["epsilon_spent"])
-        self.metrics.model_version.set(last)
+        self.metrics.epsilon_spent.set(message["privacy"]["epsilon_spent"])
+        self.metrics.model_version.set(message["version"])
 
     def _publish(self, message: dict[str, Any]) -> None:
         try:

@@ -44,7 +44,7 @@ class FakeModel(Model):
     def blocks(self):
         return self._blocks
 
-    def diameter(self):
+    def diameter(self, weights=None):
         return self._diameter
 
     def clipped_sum(self, batch):

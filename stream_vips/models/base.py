@@ -62,8 +62,9 @@ class Model(ABC):
     def blocks(self) -> tuple[Block, ...]:
         """The statistics one step releases, with their per-record bounds."""
 
-    def diameter(self) -> float:
-        """Replace-one sensitivity of the joint release in units of its joint bound.
+    def diameter(self, weights: Mapping[str, float] | None = None) -> float:
+        """Replace-one sensitivity of the joint release in units of its joint bound, for the
+        engine's noise allocation ``weights`` (a_k per block, sum a_k^2 = 1; ``None``: unknown).
 
         Two records with contributions u, v of norm <= C move the sum by ||u - v|| <= 2C.
         A model that proves less (e.g. non-negative contributions: sqrt(2) C) overrides this.

@@ -301,8 +301,9 @@ class LDA(Model):
     def blocks(self) -> tuple[Block, ...]:
         return (Block("s", (self.n_topics, len(self.vocabulary)), self.clip_bound),)
 
-    def diameter(self) -> float:
-        """sqrt(2): clipped contributions are entrywise non-negative (proof in the class docstring)."""
+    def diameter(self, weights: Mapping[str, float] | None = None) -> float:
+        """sqrt(2) for any allocation (one block): clipped contributions are entrywise
+        non-negative (proof in the class docstring)."""
         return float(np.sqrt(2.0))
 
     def hyperparameters(self) -> dict[str, Any]:

@@ -35,22 +35,24 @@ import uuid
 import orjson
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+from stream_vips.errors import StreamVipsError
 
 from .events import event_from_dict
 
 log = logging.getLogger(__name__)
 
 
-class LedgerCorrupt(RuntimeError):
+class LedgerCorrupt(StreamVipsError, RuntimeError):
     """A ledger that cannot be trusted: refusing to start rather than under-count spending."""
 
 
-class LedgerLocked(RuntimeError):
+class LedgerLocked(StreamVipsError, RuntimeError):
     """Another process holds the ledger open for writing."""
 
 
-class LedgerMismatch(RuntimeError):
+class LedgerMismatch(StreamVipsError, RuntimeError):
     """State (a checkpoint, a published model) that this ledger did not pay for: the ledger was
     deleted, replaced or rolled back. Refusing to start rather than reset the spent budget."""
 
@@ -383,3 +385,28 @@ def check_binding(ledger: Ledger, what: str, ledger_id: str | None, step: int | 
         raise LedgerMismatch(
             f"{what} reflects {step} steps of ledger {ledger_id}, which holds only {held}: the ledger "
             "was rolled back; restore it, or run `stream-vips reset` to start a new budget deliberately")
+
+
+#: Ledger kinds: configuration ``privacy.ledger.type`` -> ``"module:Class"`` (imported on use).
+LEDGERS: dict[str, str] = {
+    "memory": "stream_vips.privacy.ledger:MemoryLedger",
+    "file": "stream_vips.privacy.ledger:FileLedger",
+    "kafka": "connectors.kafka:KafkaLedger",
+}
+
+
+def build_ledger(kind: str, path: str | os.PathLike, options: Mapping[str, Any], name: str) -> Ledger:
+    """Open the configured ledger: ``memory``; ``file`` at ``path`` (its directory is created);
+    ``kafka`` with ``options`` (a ledger ``name`` defaults to the model id)."""
+    import importlib
+
+    if kind not in LEDGERS:
+        raise ValueError(f"unknown ledger type {kind!r} (known: {', '.join(sorted(LEDGERS))})")
+    module, _, attr = LEDGERS[kind].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if kind == "memory":
+        return cls()
+    if kind == "file":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return cls(path)
+    return cls(**{"ledger_id": name, **options})

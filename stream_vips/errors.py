@@ -1,0 +1,16 @@
+"""The exception root: every error stream_vips raises on purpose is a :class:`StreamVipsError`.
+
+Each one also keeps the built-in base its callers have always caught (``ValueError`` for bad
+input and configuration, ``RuntimeError`` for a state that refuses to go on), so
+``except StreamVipsError`` catches everything of ours and ``except ValueError`` still works.
+"""
+
+from __future__ import annotations
+
+
+class StreamVipsError(Exception):
+    """Root of the errors stream_vips raises on purpose."""
+
+
+class ConfigError(StreamVipsError, ValueError):
+    """Bad configuration, raised at start; the message names the key."""

@@ -1,0 +1,361 @@
+"""PrivateLearner: the I/O-free core of stream_vips (model, reservoir, trigger, engine, messages).
+
+A learner takes records, keeps them in its bounded reservoir, takes private steps when its
+trigger fires, and builds model messages; it never polls, commits, publishes, serves metrics or
+handles signals (the runtime, :class:`stream_vips.pipeline.Application`, does). Everything that a
+checkpoint must persist is :meth:`PrivateLearner.state`, including the binding to the ledger
+that paid for it (privacy rule 11 in docs/privacy.md).
+
+Notebook use needs one import: the defaults keep the ledger in memory (``ledger_path=`` makes it
+durable), serve no metrics and stop when the budget is spent or the data ends.
+
+>>> import numpy as np
+>>> from stream_vips import PrivateLearner
+>>> rng = np.random.default_rng(0)
+>>> X = rng.uniform(-0.5, 0.5, size=(3000, 2))
+>>> y = X @ np.array([0.8, -0.4]) + 0.05 * rng.standard_normal(3000)
+>>> learner = PrivateLearner("linreg", dim=2, epsilon=2.0, reservoir=1000, batch_size=500,
+...                          every_records=250, planned_steps=9, seed=1)
+>>> learner = learner.learn_many((X, y))
+>>> learner.steps_taken, learner.epsilon_spent <= 2.0
+(9, True)
+>>> learner.privacy_report()["ledger_id"] == learner.ledger.ledger_id
+True
+>>> mean, variance = learner.posterior.model.predictive(np.array([[0.5, 0.5]]))
+>>> bool(abs(mean[0] - 0.2) < 0.1)
+True
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from stream_vips import messages
+from stream_vips.decoding import DecodedBatch, decode_batch
+from stream_vips.engine import PrivateEngine, StepResult, allocation_diameter
+from stream_vips.errors import StreamVipsError
+from stream_vips.models import model_class
+from stream_vips.models.base import Model
+from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import Ledger, build_ledger, check_binding
+from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.reservoir import Reservoir
+from stream_vips.sampling import make_sampler
+from stream_vips.schedule import Trigger
+
+log = logging.getLogger("stream_vips.learner")
+
+
+class StateMismatch(StreamVipsError, ValueError):
+    """A saved state that does not fit this learner (another family, layout or capacity)."""
+
+
+class PrivateLearner:
+    """One model family learning privately from records (see the module docstring).
+
+    Build it from keyword arguments (notebook defaults; anything a configuration file can say,
+    flattened: ``epsilon``, ``delta``, ``reservoir``, ``batch_size``, ``sampling``,
+    ``every_records``, ``every_seconds``, ``planned_steps``, ``noise_multiplier``, ``seed``,
+    ``ledger_path``, ``model_id`` and the family's own parameters), or from a validated
+    configuration with :meth:`from_config`.
+    """
+
+    def __init__(self, family: str | None = None, *, config: Any = None, ledger: Ledger | None = None,
+                 **options: Any) -> None:
+        from stream_vips.config import ConfigError, config_from_dict
+
+        if config is None:
+            if family is None:
+                raise ConfigError("model.family: required")
+            config = config_from_dict(_notebook_config(family, options), env={})
+        elif family is not None or options:
+            raise TypeError("pass either a configuration or a family with keyword options, not both")
+        self.config = config
+        cfg = config
+        try:
+            self.model: Model = model_class(cfg.model.family)(**cfg.model.params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model.params: {exc}") from exc
+        self.model_id = cfg.model.id
+        rng, seeded = make_rng(cfg.privacy.seed)
+        reservoir_rng, engine_rng = rng.spawn(2)
+        self.reservoir = Reservoir(self.model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
+        try:
+            sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
+        except ValueError as exc:
+            raise ConfigError(f"sampling: {exc}") from exc
+        self.trigger = Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds)
+        self.ledger: Ledger | None = None
+        self._owns_ledger = False
+        non_private = cfg.privacy.mode == "non_private"
+        try:
+            diameter = allocation_diameter(self.model, cfg.privacy.block_weights)
+        except ValueError as exc:
+            key = "privacy.block_weights" if "block_weights" in str(exc) else "model.family"
+            raise ConfigError(f"{key}: {exc}") from exc
+        monitor, z, accountant_name = None, 0.0, "none"
+        if not non_private:
+            q = sampler.rate(self.reservoir.capacity)
+            try:
+                accountant = make_accountant(cfg.privacy.accountant, sampler.name)
+                accountant.check(SubsampledGaussianEvent(1.0, q, sampler.name, diameter=diameter))
+            except ValueError as exc:
+                raise ConfigError(f"privacy.accountant: {exc}") from exc
+            accountant_name = accountant.name
+            z = cfg.privacy.noise_multiplier
+            if z is None:
+                try:
+                    z = calibrate_noise_multiplier(
+                        cfg.privacy.epsilon, cfg.privacy.delta, q, cfg.privacy.planned_steps, sampler.name,
+                        accountant=accountant, diameter=diameter, rtol=cfg.privacy.calibration_rtol)
+                except ValueError as exc:
+                    raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
+            if ledger is None:
+                ledger = build_ledger(cfg.privacy.ledger.type, cfg.privacy.ledger.path,
+                                      cfg.privacy.ledger.options, name=cfg.model.id)
+                self._owns_ledger = True
+            self.ledger = ledger
+            try:
+                stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
+                monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
+                                        prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride)
+                if seeded and monitor.steps:
+                    # a seeded run restarted on a ledger draws fresh noise, never the noise of earlier steps
+                    engine_rng = np.random.default_rng(
+                        np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, monitor.steps)))
+            except BaseException:
+                self.close()
+                raise
+        try:
+            self.engine = PrivateEngine(
+                self.model, self.reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
+                accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
+                non_private=non_private, delta=cfg.privacy.delta)
+        except ValueError as exc:
+            self.close()
+            raise ConfigError(f"privacy: {exc}") from exc
+        self.steps_taken = 0
+        self.skipped_steps = 0
+        self._replay_until: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, ledger: Ledger | None = None) -> "PrivateLearner":
+        """A learner from a validated :class:`~stream_vips.config.Config` (``ledger`` replaces the
+        configured one; the caller then owns it)."""
+        return cls(config=config, ledger=ledger)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def halted(self) -> bool:
+        """True once the budget refused a step: no more releases, ever."""
+        return self.engine.halted
+
+    @property
+    def epsilon_spent(self) -> float:
+        """epsilon of everything in the ledger (infinite for a non-private learner)."""
+        return self.engine.epsilon_spent()
+
+    @property
+    def last_step(self) -> int | None:
+        """Ledger step (message version) of the newest release, ``None`` before the first."""
+        return self.engine.last_step
+
+    @property
+    def posterior(self) -> Any:
+        """The current model as a posterior with predictive methods (built from its message, so
+        exactly what a reader of the model topic would get)."""
+        from stream_vips.client import posterior_from_message
+
+        message = self.message()
+        if message is None:
+            raise StreamVipsError("no private step has been taken yet: there is no released model "
+                                  f"(the reservoir holds {self.reservoir.size} of {self.reservoir.capacity} records)")
+        return posterior_from_message(message)
+
+    def privacy_report(self, halted: bool | None = None) -> dict[str, Any]:
+        """The ``privacy`` section of the newest model message."""
+        steps = 0 if self.last_step is None else self.last_step + 1
+        return self.engine.privacy_report(steps=steps, halted=self.halted if halted is None else halted)
+
+    def message(self, halted: bool | None = None) -> dict[str, Any] | None:
+        """The newest model as a message (schema model-message.v1), ``None`` before any step."""
+        last = self.last_step
+        if last is None:
+            return None
+        return messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(), last,
+                                      self.model.state(), self.privacy_report(halted))
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint persists: reservoir (rows, positions, RNG), model, trigger, and the
+        ledger id and step count that paid for them."""
+        private = not self.engine.non_private
+        return {
+            "model_family": self.model.family,
+            "reservoir": self.reservoir.get_state(),
+            "model": self.model.state(),
+            "trigger_pending": self.trigger.pending,
+            "ledger_id": self.ledger.ledger_id if private else None,
+            "ledger_steps": self.engine.monitor.steps if private else None,
+        }
+
+    def load_state(self, state: Mapping[str, Any], what: str = "saved state") -> None:
+        """Restore :meth:`state` (a checkpoint). Refuses state of another family or layout
+        (:class:`StateMismatch`) and state this ledger did not pay for (``LedgerMismatch``). No
+        step is then taken at a stream position where an earlier life took one: the ledger paid
+        for it (a crash loop must not pay again)."""
+        if state["model_family"] != self.model.family:
+            raise StateMismatch(f"{what} is for family {state['model_family']!r}, not {self.model.family!r}")
+        if not self.engine.non_private:
+            check_binding(self.ledger, what, state.get("ledger_id"), state.get("ledger_steps"))
+        try:
+            self.reservoir.set_state(state["reservoir"])
+            self.model.load_state(state["model"])
+        except ValueError as exc:
+            raise StateMismatch(f"{what} does not fit this learner: {exc}") from exc
+        self.trigger.pending = int(state["trigger_pending"])
+        last = None if self.engine.non_private else self.ledger.last_position
+        if last is not None and last > self.reservoir.seen:
+            self._replay_until = last
+            log.warning("restored at stream position %d; the ledger holds steps up to position %d: "
+                        "no step until the stream passes it", self.reservoir.seen, last)
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def feed(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]]) -> DecodedBatch:
+        """Decode (bytes) or validate (dicts) one batch of records and offer it; returns the
+        decoded batch, whose ``rejected`` lists ``(arrival, reason, detail)``."""
+        if len(values) and isinstance(values[0], (bytes, bytearray)):
+            batch = decode_batch(self.model, values)
+        else:
+            batch = _parse(self.model, values)
+        self.offer(batch)
+        return batch
+
+    def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
+        """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
+        alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
+        Returns the learner (river style)."""
+        for part in _chunks(records_of(data), chunk):
+            if self.halted:
+                break
+            self.feed(part)
+        return self
+
+    def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
+              on_step: Callable[[StepResult], None] | None = None) -> None:
+        """Offer every arrival of ``batch`` to the reservoir, stepping when the trigger fires.
+
+        Every arrival, valid or not, takes a reservoir position and counts towards
+        ``every_records``: validity depends on the record's value, so membership and update
+        times must not (privacy rule 1). A rejected arrival only leaves an empty slot. After
+        ``stop()`` the rest of the batch still enters the reservoir, but no new step starts.
+        """
+        ok = batch.ok
+        n = len(ok)
+        row_end = np.cumsum(ok)
+        start = 0
+        while start < n and not self.halted:
+            end = start + self._chunk(n - start)
+            lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
+            self.reservoir.add_batch({k: v[lo:hi] for k, v in batch.rows.items()}, accepted=ok[start:end])
+            self.trigger.observe(end - start)
+            start = end
+            if self.reservoir.full and self.trigger.due() and not stop():
+                result = self.step()
+                if result is not None and on_step is not None:
+                    on_step(result)
+
+    def time_due(self) -> bool:
+        """A time-based step is due (``every_seconds``) and the reservoir is full."""
+        return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()
+
+    def step(self) -> StepResult | None:
+        """One private step now; ``None`` when the budget refused it (then :attr:`halted`) or when
+        an earlier life already paid at this stream position (counted in :attr:`skipped_steps`)."""
+        if self._replay_until is not None:
+            if self.reservoir.seen <= self._replay_until:
+                self.trigger.reset()
+                self.skipped_steps += 1
+                return None
+            self._replay_until = None
+        result = self.engine.step()
+        self.trigger.reset()
+        if result is not None:
+            self.steps_taken += 1
+        return result
+
+    def _chunk(self, remaining: int) -> int:
+        """Arrivals to add before the next possible update, so updates happen at exact positions."""
+        res, every = self.reservoir, self.trigger.every_records
+        if not res.full:
+            return min(remaining, res.capacity - res.seen)
+        if every is not None:
+            return min(remaining, max(1, every - self.trigger.pending))
+        return remaining
+
+    def close(self) -> None:
+        """Release the ledger this learner opened (its file lock or its producer)."""
+        if self._owns_ledger and self.ledger is not None:
+            self.ledger.close()
+            self._owns_ledger = False
+
+
+def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Configuration data for keyword options, with notebook defaults: an in-memory ledger unless
+    ``ledger_path`` is given, no metrics, and a reservoir of at most the data the user has."""
+    o = dict(options)
+    privacy = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
+                                     "accountant", "block_weights", "mode") if k in o}
+    path = o.pop("ledger_path", None)
+    privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
+    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size") if k in o}
+    if "sampling" in o:
+        sampling["method"] = o.pop("sampling")
+    schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa") if k in o}
+    model_id = o.pop("model_id", "default")
+    return {"model": {"family": family, "id": model_id, "params": o}, "privacy": privacy, "sampling": sampling,
+            "schedule": schedule, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"}}
+
+
+def _parse(model: Model, objs: Sequence[Mapping[str, Any]]) -> DecodedBatch:
+    parsed = model.parse_batch(list(objs))
+    ok = np.zeros(len(objs), dtype=bool)
+    ok[np.asarray(parsed.accepted, dtype=np.intp)] = True
+    return DecodedBatch(ok, parsed.rows, sorted(parsed.rejected))
+
+
+def records_of(data: Any) -> Iterable[Mapping[str, Any]]:
+    """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame."""
+    if isinstance(data, tuple) and len(data) == 2:
+        X, y = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
+        if X.ndim != 2 or y.shape != (X.shape[0],):
+            raise ValueError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+        return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
+    if isinstance(data, np.ndarray):
+        if data.ndim != 2:
+            raise ValueError(f"X must be shaped (n, d), got {data.shape}")
+        return ({"x": xi} for xi in data.tolist())
+    if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
+        cols = [c for c in data.columns if c != "y"]
+        X = data[cols].to_numpy(dtype=float)
+        if "y" in data.columns:
+            return records_of((X, data["y"].to_numpy(dtype=float)))
+        return records_of(X)
+    return iter(data)
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    part: list[Any] = []
+    for item in items:
+        part.append(item)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
