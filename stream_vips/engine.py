@@ -18,6 +18,24 @@ The order inside :meth:`PrivateEngine.step` is the privacy argument (privacy rul
 ``non_private=True`` (configuration ``privacy.mode: non_private``) is the only way to run with
 z = 0: no events, no ledger, epsilon reported as infinite, and the report never claims privacy
 (``delta`` is then only echoed into the report).
+
+>>> from stream_vips.models.linreg import LinearRegression
+>>> from stream_vips.privacy.accountant import make_accountant
+>>> from stream_vips.privacy.budget import BudgetMonitor
+>>> from stream_vips.privacy.ledger import MemoryLedger
+>>> from stream_vips.reservoir import Reservoir
+>>> from stream_vips.sampling import make_sampler
+>>> model = LinearRegression(dim=2, dataset_size=100)
+>>> rng = np.random.default_rng(0)
+>>> reservoir = Reservoir(model.row_layout(), 100, rng)
+>>> reservoir.add_batch({"x": rng.uniform(-0.5, 0.5, (100, 2)), "y": rng.uniform(-1, 1, 100)})
+>>> ledger = MemoryLedger()
+>>> monitor = BudgetMonitor(10.0, 1e-5, make_accountant("auto", "fixed"), ledger)
+>>> engine = PrivateEngine(model, reservoir, make_sampler("fixed", 50, 100), monitor, noise_multiplier=5.0,
+...                        rng=rng, tau0=10.0, kappa=0.7, accountant_name="rdp")
+>>> result = engine.step()
+>>> result.step, len(ledger.events()), engine.event() == ledger.events()[0]
+(0, 1, True)
 """
 
 from __future__ import annotations
