@@ -3,16 +3,18 @@
 A record that fails a check is rejected with one reason code (the first failed check, in field
 order) and a human-readable detail; rejected records go to the dead-letter sink and never reach
 the reservoir. The checks are vectorized: a field is converted for the whole batch with one
-``np.asarray`` call, and only when that fails (a malformed record is present) does a per-record
-pass run to find the culprits.
+``np.asarray`` call; when a malformed record is present, C-level passes (``map`` over the batch
+into numpy masks) find the culprits, the good rows are still converted in one call, and only the
+rejected records get a per-record detail.
 
 JSON booleans count as numbers (0/1), as they do in Python and numpy. Python's ``json`` reads the
 non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_finite``.
 
-Decoding uses ``orjson`` when it is installed (about 3x faster on small records) and Python's
+Decoding uses ``orjson`` when it is installed (several times faster on small records) and Python's
 ``json`` for every document ``orjson`` refuses, so both accept exactly the same documents with the
 same values (``NaN``, long integers, UTF-16 input, BOMs and non-``bytes`` input all go through
-``json``), and every rejection detail is ``json``'s.
+``json``), and every rejection detail is ``json``'s. A batch is decoded by ``orjson`` in one pass
+that skips the documents it refuses; only those take the per-document ``json`` path.
 
 >>> batch = FieldBatch([{"x": [0.5, 1.0], "y": 2.0}, {"x": [1.0]}, "text"])
 >>> x = batch.vector("x", 2, max_abs=1e6)
@@ -24,7 +26,8 @@ same values (``NaN``, long integers, UTF-16 input, BOMs and non-``bytes`` input 
 from __future__ import annotations
 
 import json
-from itertools import chain
+import operator
+from itertools import chain, repeat
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -34,10 +37,13 @@ try:
 except ImportError:  # optional speed-up: json alone gives the same results
     _fast_loads = json.loads
 # orjson reads integers beyond 64 bits as floats (json keeps them exact, and validation rejects them
-# as out_of_range): a document with a run of 19+ digits goes to json, as does anything but bytes.
-# (Digits mapped to "0" and a substring test: several times faster than a regular expression.)
+# as out_of_range): a document with a run of 19+ digits that is not a fraction goes to json, as does
+# anything but bytes. (Digits mapped to "0" and substring counts: several times faster than a
+# regular expression.)
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
+_FRACTION_RUN = b"." + _LONG_RUN
+_DOT = ord(".")
 
 INVALID_JSON = "invalid_json"
 EMPTY_DOCUMENT = "empty_document"
@@ -63,6 +69,7 @@ REASONS = (
 
 _NUMBER = (int, float, bool)
 _NUMBER_SET = frozenset(_NUMBER)
+_LIST = frozenset((list,))
 _MISSING = object()
 
 
@@ -117,7 +124,7 @@ def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
 
 def _loads(raw: bytes | str) -> Any:
     """``orjson.loads`` where it accepts the document, else ``json.loads`` (which may raise)."""
-    if type(raw) is bytes and _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO):
+    if type(raw) is bytes and _no_long_integer(raw.translate(_DIGITS_AS_ZERO)):
         try:
             return _fast_loads(raw)
         except (ValueError, TypeError):
@@ -125,34 +132,128 @@ def _loads(raw: bytes | str) -> Any:
     return json.loads(raw)
 
 
+def _no_long_integer(text: bytes) -> bool:
+    """No 19+ digit run but fractions of fewer than 38 digits in ``text`` (digits mapped to 0)."""
+    return text.count(_LONG_RUN) == text.count(_FRACTION_RUN)
+
+
 def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> Decoded:
-    """Decode a batch of JSON documents; failures become ``(position, reason, detail)``."""
-    if (_fast_loads is not json.loads and raws and set(map(type, raws)) == {bytes}
-            and (max_bytes is None or max(map(len, raws)) <= max_bytes)
-            and _LONG_RUN not in b"\n".join(raws).translate(_DIGITS_AS_ZERO)):
-        try:  # the common batch: every document goes to orjson, which accepts them all
-            return Decoded(list(map(_fast_loads, raws)), list(range(len(raws))), [])
+    """Decode a batch of JSON documents; failures become ``(position, reason, detail)``.
+
+    The results are those of :func:`decode_one` applied to each document alone. Documents that
+    ``orjson`` may read (bytes, within ``max_bytes``, no long integer) go through it in one
+    C-level pass that resumes after each document it refuses; only the refused and the excluded
+    documents take the per-document ``json`` path, so a few bad records in a large batch cost
+    about what they would alone instead of slowing down the whole batch.
+    """
+    n = len(raws)
+    if _fast_loads is json.loads or not n:
+        return _decode_reference(raws, range(n), max_bytes)
+    fast = _orjson_candidates(raws, max_bytes)
+    fast_idx = np.flatnonzero(fast)
+    docs = raws if fast_idx.size == n else list(map(raws.__getitem__, fast_idx.tolist()))
+    values, failed = _orjson_resuming(docs)
+    slow = np.flatnonzero(~fast)
+    if failed:
+        keep = np.ones(fast_idx.size, dtype=bool)
+        keep[failed] = False
+        slow = np.union1d(slow, fast_idx[failed])
+        fast_idx = fast_idx[keep]
+    if not slow.size:
+        return Decoded(values, fast_idx.tolist(), [])
+    rescued = _decode_reference(raws, slow.tolist(), max_bytes)
+    if not rescued.index:
+        return Decoded(values, fast_idx.tolist(), rescued.rejected)
+    # json accepted some documents orjson refused (NaN, long integers, ...): merge by position
+    index = np.concatenate([fast_idx, np.asarray(rescued.index, dtype=fast_idx.dtype)])
+    order = np.argsort(index, kind="stable")
+    merged = values + rescued.values
+    return Decoded(list(map(merged.__getitem__, order.tolist())), index[order].tolist(), rescued.rejected)
+
+
+def _orjson_candidates(raws: Sequence[Any], max_bytes: int | None) -> np.ndarray:
+    """Mask of the documents ``orjson`` may decode: bytes, within ``max_bytes``, no long integer.
+
+    orjson reads integers beyond 64 bits as floats where json keeps them exact, so a digit run of
+    19 or more that is not a fraction (directly after a ``.``) sends its document to json. Long
+    fractions are safe: orjson rounds them exactly as ``float()`` does. One translate of the
+    joined batch and two substring counts decide for the whole batch; only a batch with a
+    suspicious run locates it.
+    """
+    n = len(raws)
+    types = list(map(type, raws))
+    if set(types) == {bytes}:
+        ok, docs = np.ones(n, dtype=bool), raws
+    else:  # str, bytearray, ...: json decides these
+        ok = np.fromiter(map(operator.is_, types, repeat(bytes)), dtype=bool, count=n)
+        docs = list(raws)
+        for i in np.flatnonzero(~ok).tolist():
+            docs[i] = b""
+    if max_bytes is not None:
+        big = np.fromiter(map(len, docs), dtype=np.int64, count=n) > max_bytes
+        if big.any():
+            ok &= ~big
+            docs = list(docs)
+            for i in np.flatnonzero(big).tolist():
+                docs[i] = b""
+    text = b"\n".join(docs).translate(_DIGITS_AS_ZERO)
+    if not _no_long_integer(text):
+        ok &= ~_long_integer_documents(text, docs)
+    return ok
+
+
+def _long_integer_documents(text: bytes, docs: Sequence[bytes]) -> np.ndarray:
+    """Mask of documents holding a 19+ digit run not directly after ``.`` (``text``: the joined
+    batch with every digit mapped to ``0``). A fraction of 38+ digits counts too (conservative)."""
+    hits = []
+    pos = text.find(_LONG_RUN)
+    while pos >= 0:  # one step per long run in the batch, not per document
+        if pos == 0 or text[pos - 1] != _DOT:
+            hits.append(pos)
+        pos = text.find(_LONG_RUN, pos + len(_LONG_RUN))
+    ends = np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)) + 1)
+    mask = np.zeros(len(docs), dtype=bool)
+    mask[np.searchsorted(ends, np.asarray(hits, dtype=np.int64), side="right")] = True
+    return mask
+
+
+def _orjson_resuming(docs: Sequence[bytes]) -> tuple[list[Any], list[int]]:
+    """orjson over ``docs``: the decoded values and the positions it refused, in order.
+
+    ``list.extend(map(...))`` runs at C speed and keeps what it appended before an exception,
+    so after a refusal the same iterator resumes with the next document. Should an interpreter
+    drop the partial items, the counts disagree and a plain loop decides instead.
+    """
+    loads, values, failed = _fast_loads, [], []
+    it = iter(docs)
+    while True:
+        try:
+            values.extend(map(loads, it))
+            break
         except (ValueError, TypeError):
-            pass  # some document needs json or is rejected: decide record by record
+            failed.append(len(values) + len(failed))
+    if len(values) + len(failed) == len(docs):
+        return values, failed
+    values, failed = [], []  # pragma: no cover - CPython keeps the partial items
+    for i, raw in enumerate(docs):
+        try:
+            values.append(loads(raw))
+        except (ValueError, TypeError):
+            failed.append(i)
+    return values, failed
+
+
+def _decode_reference(raws: Sequence[Any], positions: Sequence[int] | range, max_bytes: int | None) -> Decoded:
+    """The per-document path: :func:`decode_one` on each position, failures collected."""
     values: list[Any] = []
     index: list[int] = []
     rejected: list[tuple[int, str, str]] = []
-    fast, digits_as_zero = _fast_loads, _DIGITS_AS_ZERO
-    for i, raw in enumerate(raws):
-        if max_bytes is not None and len(raw) > max_bytes:
-            exc = _too_large(raw, max_bytes)
+    for i in positions:
+        try:
+            values.append(decode_one(raws[i], max_bytes))
+        except RecordRejected as exc:
             rejected.append((i, exc.reason, exc.detail))
             continue
-        try:  # _loads() inlined: this is the per-record hot path
-            values.append(fast(raw) if type(raw) is bytes and _LONG_RUN not in raw.translate(digits_as_zero)
-                          else json.loads(raw))
-        except (ValueError, TypeError):
-            try:
-                values.append(json.loads(raw))
-            except _DECODE_ERRORS as err:
-                exc = _decode_failure(raw, err)
-                rejected.append((i, exc.reason, exc.detail))
-                continue
         index.append(i)
     return Decoded(values, index, rejected)
 
@@ -171,9 +272,14 @@ class FieldBatch:
         self.n = len(self.objs)
         self._bad = np.zeros(self.n, dtype=bool)
         self._reasons: dict[int, tuple[str, str]] = {}
-        not_obj = [i for i, o in enumerate(self.objs) if type(o) is not dict]
-        for i in not_obj:
-            self._reject(i, NOT_OBJECT, f"record is a JSON {_json_type(self.objs[i])}, expected an object")
+        self._dicts = self.objs  # the records, non-objects replaced by {} so field lookups run in C
+        types = list(map(type, self.objs))
+        if set(types) - {dict}:
+            is_dict = np.fromiter(map(operator.is_, types, repeat(dict)), dtype=bool, count=self.n)
+            self._dicts = list(self.objs)
+            for i in np.flatnonzero(~is_dict).tolist():
+                self._reject(i, NOT_OBJECT, f"record is a JSON {_json_type(self.objs[i])}, expected an object")
+                self._dicts[i] = {}
 
     def _reject(self, i: int, reason: str, detail: str) -> None:
         if not self._bad[i]:
@@ -181,16 +287,20 @@ class FieldBatch:
             self._reasons[i] = (reason, detail)
 
     def _values(self, name: str) -> list[Any]:
-        return [o.get(name, _MISSING) if type(o) is dict else _MISSING for o in self.objs]
+        return list(map(dict.get, self._dicts, repeat(name), repeat(_MISSING)))
 
-    def _present(self, i: int, name: str, v: Any) -> bool:
-        """Whether record ``i`` is still accepted and has field ``name`` (a missing one is rejected)."""
-        if self._bad[i]:
-            return False
-        if v is _MISSING:
+    def _classify(self, name: str, vals: list[Any], allowed: frozenset[type], expected: str) -> np.ndarray:
+        """Reject live records whose field is missing or not of an ``allowed`` type (masks built
+        in C; details per rejected record); returns the mask of live records that passed."""
+        n = self.n
+        missing = np.fromiter(map(operator.is_, vals, repeat(_MISSING)), dtype=bool, count=n)
+        typed = np.fromiter(map(allowed.__contains__, map(type, vals)), dtype=bool, count=n)
+        live = ~self._bad
+        for i in np.flatnonzero(live & missing).tolist():
             self._reject(i, MISSING_FIELD, f"record has no {name!r} field")
-            return False
-        return True
+        for i in np.flatnonzero(live & ~missing & ~typed).tolist():
+            self._reject(i, WRONG_TYPE, f"{name!r} must be {expected}, got {_json_type(vals[i])}")
+        return live & typed
 
     def _check_numbers(self, name: str, arr: np.ndarray, max_abs: float | None) -> None:
         flat = arr.reshape(self.n, int(np.prod(arr.shape[1:], dtype=np.int64)))
@@ -218,15 +328,10 @@ class FieldBatch:
         """Field ``name`` as an (n,) float64 array of finite numbers with |value| <= max_abs."""
         vals = self._values(name)
         arr = _numeric_scalars(vals)
-        if arr is None:
+        if arr is None:  # a malformed record: classify in C, convert the numbers at once
             arr = np.zeros(self.n)
-            for i, v in enumerate(vals):
-                if not self._present(i, name, v):
-                    continue
-                if type(v) not in _NUMBER:
-                    self._reject(i, WRONG_TYPE, f"{name!r} must be a number, got {_json_type(v)}")
-                else:
-                    arr[i] = self._float(i, name, v)
+            numeric = np.flatnonzero(self._classify(name, vals, _NUMBER_SET, "a number"))
+            self._convert(name, arr, numeric, vals)
         arr[self._bad] = 0.0
         self._check_numbers(name, arr, max_abs)
         arr[self._bad] = 0.0
@@ -246,33 +351,39 @@ class FieldBatch:
         return y
 
     def _slow_vector(self, name: str, vals: list[Any], dim: int) -> np.ndarray:
-        """The batch has a malformed record: classify shapes per record, convert the rest at once."""
+        """The batch has a malformed record: type, length and element checks run as C-level
+        passes over the batch; only rejected records get a per-record detail."""
         arr = np.zeros((self.n, dim))
-        shaped = []
-        for i, v in enumerate(vals):
-            if not self._present(i, name, v):
-                continue
-            if type(v) is not list:
-                self._reject(i, WRONG_TYPE, f"{name!r} must be an array of {dim} numbers, got {_json_type(v)}")
-            elif len(v) != dim:
-                self._reject(i, WRONG_SHAPE, f"{name!r} has {len(v)} entries, expected {dim}")
-            else:
-                shaped.append(i)
-        numeric = []
-        for i in shaped:
-            v = vals[i]
-            if all(type(e) in _NUMBER for e in v):
-                numeric.append(i)
-            else:
-                kind = next(_json_type(e) for e in v if type(e) not in _NUMBER)
-                self._reject(i, WRONG_TYPE, f"{name!r} must contain only numbers, found {kind}")
-        sub = _numeric_rows([vals[i] for i in numeric], dim)
-        if sub is not None:
-            arr[numeric] = sub
-        else:  # integers beyond float range
-            for i in numeric:
-                arr[i] = [self._float(i, name, e) for e in vals[i]]
+        lists = np.flatnonzero(self._classify(name, vals, _LIST, f"an array of {dim} numbers"))
+        rows = list(map(vals.__getitem__, lists.tolist()))
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        for j in np.flatnonzero(lengths != dim).tolist():
+            self._reject(int(lists[j]), WRONG_SHAPE, f"{name!r} has {lengths[j]} entries, expected {dim}")
+        shaped = np.flatnonzero(lengths == dim)
+        if shaped.size < len(rows):
+            rows = list(map(rows.__getitem__, shaped.tolist()))
+        if dim and rows and not set(map(type, chain.from_iterable(rows))) <= _NUMBER_SET:
+            flat = chain.from_iterable(rows)
+            numbers = np.fromiter(map(_NUMBER_SET.__contains__, map(type, flat)), dtype=bool,
+                                  count=len(rows) * dim).reshape(len(rows), dim).all(axis=1)
+            for j in np.flatnonzero(~numbers).tolist():
+                kind = next(_json_type(e) for e in rows[j] if type(e) not in _NUMBER)
+                self._reject(int(lists[shaped[j]]), WRONG_TYPE, f"{name!r} must contain only numbers, found {kind}")
+            shaped = shaped[numbers]
+        self._convert(name, arr, lists[shaped], vals)
         return arr
+
+    def _convert(self, name: str, arr: np.ndarray, idx: np.ndarray, vals: list[Any]) -> None:
+        """``arr[idx] = vals[idx]`` as floats in one call; record by record only when an integer
+        is beyond float range (it is rejected as out_of_range)."""
+        if not idx.size:
+            return
+        sub = list(map(vals.__getitem__, idx.tolist()))
+        try:
+            arr[idx] = np.asarray(sub, dtype=np.float64).reshape((idx.size, *arr.shape[1:]))
+        except (OverflowError, ValueError, TypeError):
+            for i, v in zip(idx.tolist(), sub):
+                arr[i] = [self._float(i, name, e) for e in v] if type(v) is list else self._float(i, name, v)
 
     def _float(self, i: int, name: str, v: Any) -> float:
         try:

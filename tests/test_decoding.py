@@ -134,3 +134,37 @@ def test_run_tunes_the_garbage_collector_only_while_it_runs(tmp_path):
     app.run()
     assert seen and all(t0 >= 20 * 64 and frozen > 0 for t0, frozen in seen)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+_TRICKY = [b'{"x": [NaN, 1, 2], "y": 1}', b'{"x": [1, 2, 3], "y": 123456789012345678901}', b"[" * 5000,
+           b'{"x": [1, 2, 3], "x": [0.5, 0, 0], "y": 0}', b'{"x": [1, 2, "3"], "y": 1}', b'{"x": [1, 2], "y": 1}',
+           b'{"x": [1, 2, 3], "y": 0.5}', b'\xff{"x": [1, 2, 3], "y": 1}', b'{"x": [1, 2, ' + b"9" * 400 + b'], "y": 1}',
+           b'{"x": [1, 2, 3], "y": Infinity}', b"", b'{"x": [0.' + b"3" * 30 + b", 0, 0], \"y\": 1}"]
+
+
+@pytest.mark.parametrize("family, params", [("linreg", LINREG), ("logistic", {"dim": 3, "dataset_size": 1000})])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_batch_with_one_percent_bad_records_gives_what_each_record_gives_alone(family, params, seed, monkeypatch):
+    """Whole-batch decoding and validation (orjson in one pass, per-document json only for the bad
+    ones) gives the rows and the (arrival, reason, detail) rejections of the per-record reference:
+    every record decoded by json and validated on its own."""
+    from stream_vips import records
+    from stream_vips.decoding import decode_batch
+
+    rng = np.random.default_rng(seed)
+    values = SyntheticRegressionSource(dimension=3, seed=seed, malformed_fraction=0.01).generate(5000)
+    if family == "logistic":
+        values = [v.replace(b'"y": -', b'"y": ').split(b'"y": ')[0] + b'"y": %d}' % (i % 2) if b'"y": ' in v else v
+                  for i, v in enumerate(values)]
+    for i, k in zip(rng.choice(5000, size=len(_TRICKY), replace=False).tolist(), range(len(_TRICKY))):
+        values[i] = _TRICKY[k]
+    model = model_class(family)(**params)
+    got = decode_batch(model, values)
+    with monkeypatch.context() as m:
+        m.setattr(records, "_fast_loads", json.loads)
+        alone = [decode_batch(model, [v]) for v in values]
+    np.testing.assert_array_equal(got.ok, [a.ok[0] for a in alone])
+    assert got.rejected == [(i, reason, detail) for i, a in enumerate(alone) for _, reason, detail in a.rejected]
+    for key in got.rows:
+        np.testing.assert_array_equal(got.rows[key], np.concatenate([a.rows[key] for a in alone]))
+    assert 0.005 < 1 - got.ok.mean() < 0.05 and len({reason for _, reason, _ in got.rejected}) >= 5

@@ -245,3 +245,178 @@ def test_a_deeply_nested_document_is_rejected_not_raised():
     assert decoded.rejected[0][2] == "document nested too deeply"
     with pytest.raises(RecordRejected, match="nested too deeply"):
         decode_one(deep)
+
+
+# -- a few bad records cost only themselves: the batch path equals the per-record reference -----
+
+#: Documents orjson refuses or must not read, or that validation rejects, mixed into clean batches.
+BAD_POOL = [doc for doc in TRICKY if doc not in (b'{"x": [0.5, 1.0], "y": 2}',)] + [
+    b'{"x": [[1, 2], {"a": [3]}], "y": {"z": [null]}}',  # nested
+    b'{"x": [' + b"9" * 30 + b', 1], "y": 1}', b'{"x": [1, 2], "y": -9999999999999999999}',
+    b'{"x": [1, 2], "y": 99999999999999999999}', b'{"x": [' + b"7" * 400 + b', 0], "y": 1}',
+    b'{"x": [1e00000000000000000001, 2], "y": 1}', b'{"x": [1, 2], "y": 1e-00000000000000000000001}',
+    b'{"x": [0.' + b"1234567890" * 4 + b', 2], "y": 1}',  # a 40-digit fraction
+    b'{"x": [1, 2], "y": 12345678901234567890.25}',
+    b'{"s": "\xff\xfe", "x": [1, 2], "y": 1}', b"\x80", b'{"x": [1, 2], "y": "\xc3"}',  # not UTF-8
+    b'{"x": [1, 2], "x": [3, 4], "y": 1}', b'{"y": 1, "y": NaN, "x": [1, 2]}',  # duplicate keys
+    b'{"x": [NaN, 1], "y": 1}', b'{"x": [1, 2], "y": -Infinity}', b'{"x": [Infinity, 1], "y": 1}',
+    b"[" * 3000 + b"]" * 3000, b'{"a":' * 250 + b"1" + b"}" * 250, b"[" * 100_000,  # deep nesting
+    b'{"x": ["1.5", 2], "y": 1}', b'{"x": [1, null], "y": 1}', b'{"x": [1, 2, 3], "y": 1}', b'{"x": 1, "y": 1}',
+    b'{"y": 1}', b'{"x": [1, 2]}', b'{"x": [true, false], "y": false}', b'{"x": [1e7, 2], "y": 1}',
+    b'{"x": [1, 2], "y": 1} {"x": [1, 2], "y": 1}', b'1, 2', b'{"x": [1, 2], "y": 1}]',
+]
+
+
+def _clean_line(rng: np.random.Generator) -> bytes:
+    """A valid record whose floats often have 19+ digit fractions (small magnitudes)."""
+    x = rng.standard_normal(2) * 10.0 ** rng.integers(-7, 3, size=2)
+    doc = {"x": x.tolist(), "y": float(rng.standard_normal() * 10.0 ** rng.integers(-7, 3))}
+    if rng.random() < 0.1:
+        doc["note"] = f"v{rng.integers(10**9)}.{rng.integers(10**18)}{rng.integers(10**9)}"  # digits in a string
+    if rng.random() < 0.1:
+        doc["id"] = int(rng.integers(-10**17, 10**17))
+    return json.dumps(doc).encode()
+
+
+def _mixed_batch(seed: int, n: int, bad_fraction: float) -> list:
+    rng = np.random.default_rng(seed)
+    batch = [_clean_line(rng) for _ in range(n)]
+    bad = np.flatnonzero(rng.random(n) < bad_fraction)
+    order = rng.permutation(len(BAD_POOL))  # cycles through the pool: every kind once enough are bad
+    for j, i in enumerate(bad.tolist()):
+        batch[i] = BAD_POOL[order[j % len(BAD_POOL)]]
+    return batch
+
+
+_KIND = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _reference_fields(obj, dim: int = 2, max_abs: float = 1e6):
+    """The documented checks written out for one record (an independent spec of FieldBatch's
+    vector("x", dim) then scalar("y")): ('ok', x, y) or (reason, detail) of the first failure."""
+    if type(obj) is not dict:
+        return records.NOT_OBJECT, f"record is a JSON {_KIND.get(type(obj), 'number')}, expected an object"
+    out = {}
+    for name in ("x", "y"):
+        if name not in obj:
+            return records.MISSING_FIELD, f"record has no {name!r} field"
+        v = obj[name]
+        if name == "x":
+            if type(v) is not list:
+                return records.WRONG_TYPE, f"'x' must be an array of {dim} numbers, got {_KIND.get(type(v), 'number')}"
+            if len(v) != dim:
+                return records.WRONG_SHAPE, f"'x' has {len(v)} entries, expected {dim}"
+            other = [e for e in v if type(e) not in (int, float, bool)]
+            if other:
+                return records.WRONG_TYPE, f"'x' must contain only numbers, found {_KIND[type(other[0])]}"
+            elements = v
+        else:
+            if type(v) not in (int, float, bool):
+                return records.WRONG_TYPE, f"'y' must be a number, got {_KIND.get(type(v), 'number')}"
+            elements = [v]
+        try:
+            floats = [float(e) for e in elements]
+        except OverflowError:
+            return records.OUT_OF_RANGE, f"{name!r} has an integer too large for a float"
+        if not all(np.isfinite(floats)):
+            return records.NON_FINITE, f"{name!r} contains NaN or infinity"
+        if max(map(abs, floats)) > max_abs:
+            return records.OUT_OF_RANGE, f"{name!r} has a value beyond +-{max_abs:g}"
+        out[name] = floats
+    return "ok", out["x"], out["y"][0]
+
+
+def _reference_record(raw, monkeypatch):
+    """One record alone through the per-record reference: json's decode_one, then the spec."""
+    with monkeypatch.context() as m:
+        m.setattr(records, "_fast_loads", json.loads)
+        try:
+            obj = decode_one(raw)
+        except RecordRejected as exc:
+            return exc.reason, exc.detail
+    return _reference_fields(obj)
+
+
+@pytest.mark.parametrize("seed, n, bad_fraction", [(0, 2000, 0.01), (1, 2000, 0.01), (2, 5000, 0.01),
+                                                   (3, 800, 0.2), (4, 300, 0.0), (5, 200, 1.0)])
+def test_batch_with_bad_records_decodes_and_validates_as_each_record_alone(seed, n, bad_fraction, monkeypatch):
+    """Same accepted rows (same floats) and the same (index, reason, detail) rejections as the
+    per-record reference: json decoding and validation of every record on its own."""
+    raws = _mixed_batch(seed, n, bad_fraction)
+    decoded = _assert_same_decoding(raws, monkeypatch)  # against json over the batch
+    batch = FieldBatch(decoded.values)
+    x, y = batch.vector("x", 2, max_abs=1e6), batch.scalar("y", max_abs=1e6)
+    position = np.asarray(decoded.index, dtype=np.intp)
+    got = {int(position[i]): ("ok", x[i].tolist(), y[i]) for i in batch.accepted().tolist()}
+    got.update({i: (reason, detail) for i, reason, detail in decoded.rejected})
+    got.update({int(position[i]): (reason, detail) for i, reason, detail in batch.rejected()})
+    expected = {i: _reference_record(raw, monkeypatch) for i, raw in enumerate(raws)}
+    assert sorted(got) == list(range(n))
+    for i in range(n):
+        a, b = got[i], expected[i]
+        assert a[0] == b[0] and a[1:] == b[1:] or (a[0] == "ok" and _same(a, b)), (i, raws[i], a, b)
+    reasons = {v[0] for v in got.values()}
+    if 0 < bad_fraction < 1:
+        assert "ok" in reasons and len(reasons) >= 3
+    if n * bad_fraction >= len(BAD_POOL):  # the pool's kinds all show up
+        assert {"ok", records.INVALID_JSON, records.EMPTY_DOCUMENT, records.NOT_OBJECT, records.MISSING_FIELD,
+                records.WRONG_TYPE, records.WRONG_SHAPE, records.NON_FINITE, records.OUT_OF_RANGE} <= reasons
+
+
+def test_only_the_bad_documents_take_the_per_document_path(monkeypatch):
+    """A clean batch (floats with 19+ digit fractions included) is decoded by orjson alone; with
+    bad documents, exactly those reach the per-document json path (the rest stays one C pass)."""
+    pytest.importorskip("orjson")
+    seen = []
+    reference = records._decode_reference
+
+    def spy(raws, positions, max_bytes):
+        seen.append(list(positions))
+        return reference(raws, positions, max_bytes)
+
+    monkeypatch.setattr(records, "_decode_reference", spy)
+    rng = np.random.default_rng(7)
+    clean = [_clean_line(rng) for _ in range(3000)]
+    assert sum(b"0" * 19 in raw.translate(records._DIGITS_AS_ZERO) for raw in clean) > 100  # long fractions
+    decode_json(clean)
+    assert seen == []
+    batch = list(clean)
+    bad = {17: b'{"x": [NaN, 1], "y": 1}', 1000: b"{", 1001: b'{"y": 123456789012345678901}',
+           2999: '{"x": [1, 2], "y": 1}', 500: b'{"x": [1, 2], "y": 1}' + b" " * 200}
+    for i, doc in bad.items():
+        batch[i] = doc
+    decoded = decode_json(batch, max_bytes=200)
+    assert seen == [sorted(bad)]
+    assert [i for i, _, _ in decoded.rejected] == [500, 1000]
+    assert decoded.index == [i for i in range(3000) if i not in (500, 1000)]
+
+
+@pytest.mark.parametrize("doc, orjson_reads_it", [
+    (b'{"y": 0.0001234567890123456789}', True), (b'{"y": -0.000000000000000000000001}', True),
+    (b'{"s": "a.12345678901234567890"}', True), (b'{"y": 123.4567890123456789012e3}', True),
+    (b'{"y": 12345678901234567890}', False), (b'{"y": -1234567890123456789}', False),
+    (b'{"y": 1e-0000000000000000000001}', False), (b'{"y": 0.' + b"1" * 38 + b"}", False),
+    (b'{"s": "12345678901234567890"}', False), (b"1234567890123456789", False), ("{}", False),
+])
+def test_which_documents_orjson_may_read(doc, orjson_reads_it):
+    """orjson reads integers beyond 64 bits as floats: a 19+ digit run that is not a fraction (or a
+    fraction of 38+ digits, conservatively) goes to json, in a batch as alone."""
+    batch = [b'{"x": [0.5]}', doc, b'{"x": [0.25]}']
+    assert records._orjson_candidates(batch, None).tolist() == [True, orjson_reads_it, True]
+    assert records._orjson_candidates([doc], None).tolist() == [orjson_reads_it]
+
+
+long_fraction = st.builds(
+    lambda sign, whole, frac, exp: f"{sign}{whole}.{frac}{exp}".encode(),
+    st.sampled_from(["", "-"]), st.integers(0, 10**17), st.text("0123456789", min_size=15, max_size=45),
+    st.sampled_from(["", "e-5", "E+12", "e-300", "e307", "e-320", "e308"]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(long_fraction, min_size=1, max_size=6))
+def test_long_fractions_decode_exactly_as_json(numbers):
+    """Long fractions are left to orjson: its values must be json's, bit for bit."""
+    raws = [b'{"y": ' + num + b"}" for num in numbers] + [b"[" + b", ".join(numbers) + b"]"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _assert_same_decoding(raws, monkeypatch)
