@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from stream_vips.errors import StreamVipsError
-from stream_vips.io import RawRecord
+from stream_vips.io import LagReporting, RawRecord, SeekableSource
 from stream_vips.learner import StateMismatch
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
@@ -178,11 +178,14 @@ class CheckpointingSource:
         """Checkpoint and commit whatever the interval (a graceful stop, a halt)."""
         positions = self.inner.positions() if positions is None else dict(positions)
         self.checkpoint.save(self.app, positions)
-        getattr(self.inner, "commit_now", self.inner.commit)(positions)  # the interval is ours
+        self.inner.commit_now(positions)  # the interval is ours
         self._last = time.monotonic()
 
     def positions(self) -> dict[tuple[str, int], int]:
         return self.inner.positions()
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        self.inner.seek(offsets)
 
     @property
     def before_revoke(self) -> Callable[[], Mapping[tuple[str, int], int] | None] | None:
@@ -203,8 +206,7 @@ class CheckpointingSource:
 
     def lag(self) -> dict[tuple[str, int], int]:
         """The wrapped source's lag per partition ({} when it does not know it)."""
-        lag = getattr(self.inner, "lag", None)
-        return {} if lag is None else lag()
+        return self.inner.lag() if isinstance(self.inner, LagReporting) else {}
 
     def pause(self) -> None:
         self.inner.pause()
@@ -226,9 +228,9 @@ def attach(app: Any, path: str | os.PathLike, interval_s: float = 0.0) -> Checkp
     Call after building the application and before ``run()``. The source must offer
     ``positions()`` and ``seek(offsets)`` (:class:`connectors.kafka.KafkaSource` does).
     """
-    for name in ("positions", "seek"):
-        if not callable(getattr(app.source, name, None)):
-            raise CheckpointError(f"source {type(app.source).__name__} has no {name}(); cannot checkpoint offsets")
+    if not isinstance(app.source, SeekableSource):
+        raise CheckpointError(f"source {type(app.source).__name__} has no positions(), seek() and commit_now(); "
+                              "cannot checkpoint offsets")
     ckpt = Checkpoint(path)
     offsets = ckpt.restore(app)
     if offsets is not None:

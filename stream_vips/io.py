@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence, overload
+from typing import Any, Callable, Mapping, Protocol, Sequence, overload, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,7 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class SeekableSource(Source, Protocol):
     """A source with offsets (Kafka): the pipeline commits it at the positions after the batches
     it has applied, which may lag what ``poll()`` returned by the batch in flight."""
@@ -171,7 +172,27 @@ class SeekableSource(Source, Protocol):
         """Mark the records before ``positions`` (default: all returned so far) as processed."""
         ...
 
+    def commit_now(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Like ``commit`` but now, whatever the commit interval (a graceful stop)."""
+        ...
 
+
+@runtime_checkable
+class RebalancingSource(Protocol):
+    """A source whose partitions can be revoked (Kafka): before giving them up it calls
+    ``before_revoke()``, which finishes the batch in flight and returns the positions to commit."""
+
+    before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None
+
+
+@runtime_checkable
+class LagReporting(Protocol):
+    """A source that knows how far behind each partition it is (for the consumer-lag metric)."""
+
+    def lag(self) -> dict[tuple[str, int], int]: ...
+
+
+@runtime_checkable
 class Sink(Protocol):
     """Publishes model messages (keyed by model id)."""
 

@@ -41,7 +41,8 @@ from stream_vips.config import Config, ConfigError
 from stream_vips.decoding import DecodedBatch, InlineDecoder, ProcessDecoder, decode_batch, make_decoder
 from stream_vips.engine import StepResult
 from stream_vips.errors import StreamVipsError
-from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, RecordBatch, Sink, Source, values_of
+from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
+                            SeekableSource, Sink, Source, values_of)
 from stream_vips.learner import PrivateLearner
 from stream_vips.metrics import Metrics, MetricsServer
 from stream_vips.privacy.ledger import check_binding
@@ -223,7 +224,7 @@ class Application:
             if not self.engine.non_private and not self.halted:
                 self.engine.monitor.prepare(self.engine.event())  # the accountant's search, before consuming
             self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {})
-            if hasattr(self.source, "before_revoke"):
+            if isinstance(self.source, RebalancingSource):
                 self.source.before_revoke = self._before_revoke
             with _blas_limit(self.blas_threads), _gc_tuned(self.poll_max_records):
                 self.metrics.set_ready(True)
@@ -266,8 +267,7 @@ class Application:
 
     def _positions(self) -> dict | None:
         """The source's positions after everything it returned so far (None: it has none)."""
-        positions = getattr(self.source, "positions", None)
-        return None if positions is None else positions()
+        return self.source.positions() if isinstance(self.source, SeekableSource) else None
 
     def _apply_next(self) -> None:
         """Apply the oldest batch in flight (once halted it is dropped: updates have ended)."""
@@ -282,9 +282,7 @@ class Application:
         flight), after every dead letter of those batches is confirmed; ``final`` commits (and
         checkpoints) now, whatever the source's interval."""
         self._confirm_dead_letters()
-        commit = getattr(self.source, "commit_now", None) if final else None
-        if commit is None:
-            commit = self.source.commit
+        commit = self.source.commit_now if final and isinstance(self.source, SeekableSource) else self.source.commit
         if self._applied is not None:
             commit(self._applied)
         elif not self._inflight:
@@ -325,10 +323,9 @@ class Application:
     def check_published(self) -> None:
         """Refuse to start when the latest published model was not paid for by this ledger (a
         deleted, replaced or rolled-back ledger); raises ``LedgerMismatch``."""
-        latest = getattr(self.sink, "latest", None)
-        if self.engine.non_private or latest is None:
+        if self.engine.non_private:
             return
-        message = latest(self.model_id)
+        message = self.sink.latest(self.model_id)
         if not message or message.get("privacy", {}).get("accountant") == "none":
             return
         check_binding(self.learner.ledger, f"the published model {self.model_id!r} version "
@@ -359,10 +356,9 @@ class Application:
 
     def _export_lag(self) -> None:
         """Set ``consumer_lag_records`` for sources that know their lag (Kafka); a count only."""
-        lag = getattr(self.source, "lag", None)
-        if lag is None:
+        if not isinstance(self.source, LagReporting):
             return
-        for (topic, partition), behind in lag().items():
+        for (topic, partition), behind in self.source.lag().items():
             self.metrics.consumer_lag.labels(topic=topic, partition=str(partition)).set(behind)
 
     def _time_due(self) -> bool:
@@ -445,7 +441,7 @@ class Application:
         self.stats.halted = True
         self.metrics.halted.set(1)
         self.metrics.epsilon_spent.set(self.engine.epsilon_spent())
-        reason = getattr(self.engine.monitor, "halt_reason", None)
+        reason = self.engine.monitor.halt_reason
         log.warning("privacy budget exhausted, updates halted: %s", reason)
         self.source.pause()
         if self.engine.last_step is not None:
@@ -483,7 +479,7 @@ class Application:
             ("sink close", self.sink.close),
             ("dead-letter close", self.dead_letter.close),
             ("decoder close", self._decoder.close),
-            ("ledger close", getattr(self.ledger, "close", lambda: None)),
+            ("ledger close", self.ledger.close if self.ledger is not None else lambda: None),
         ):
             try:
                 action()

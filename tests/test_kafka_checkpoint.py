@@ -38,6 +38,8 @@ class OffsetSource:
     def commit(self, positions=None) -> None:
         self.committed = self.pos if positions is None else positions[("t", 0)]
 
+    commit_now = commit
+
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...

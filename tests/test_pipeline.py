@@ -311,6 +311,8 @@ class SeekableSource(MemorySource):
     def commit(self, positions=None):
         super().commit()
 
+    commit_now = commit
+
 
 def test_checkpoint_path_restores_the_reservoir_and_seeks_the_source(tmp_path):
     lines = synthetic_lines(900)
