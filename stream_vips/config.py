@@ -103,9 +103,15 @@ class PrivacyConfig:
 
 @dataclass
 class SamplingConfig:
+    """``max_rejected_fraction``: no release while more than this fraction of the reservoir's
+    slots hold rejected arrivals (empty slots): a step would spend budget on (almost) nothing, as
+    with a wrong ``dim``. Updates then halt with the top rejection reasons. Validity and
+    rejection counts are public (privacy rule 1), so the check costs no privacy."""
+
     method: Literal["poisson", "fixed"] = "poisson"
     reservoir: int = 10_000
     batch_size: int = 1_000
+    max_rejected_fraction: float = 0.5
 
     @property
     def q(self) -> float:
@@ -388,6 +394,7 @@ def _validate(cfg: Config) -> None:
         ("privacy.calibration_rtol", 0 < p.calibration_rtol < 0.5, "must be in (0, 0.5)"),
         ("sampling.reservoir", s.reservoir >= 1, "must be >= 1"),
         ("sampling.batch_size", 1 <= s.batch_size <= s.reservoir, "must be in [1, sampling.reservoir]"),
+        ("sampling.max_rejected_fraction", 0 <= s.max_rejected_fraction <= 1, "must be in [0, 1]"),
         ("schedule.every_records", sch.every_records is None or sch.every_records >= 1, "must be >= 1 or null"),
         ("schedule.every_seconds", sch.every_seconds is None or sch.every_seconds > 0, "must be > 0 or null"),
         ("schedule", sch.every_records is not None or sch.every_seconds is not None,

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -141,6 +142,9 @@ class PrivateLearner:
             raise ConfigError(f"privacy: {exc}") from exc
         self.steps_taken = 0
         self.skipped_steps = 0
+        self.rejected: collections.Counter = collections.Counter()  # reasons of rejected arrivals (public)
+        self.max_rejected_fraction = cfg.sampling.max_rejected_fraction
+        self._refused: str | None = None
         self._replay_until: int | None = None
 
     @classmethod
@@ -153,8 +157,16 @@ class PrivateLearner:
 
     @property
     def halted(self) -> bool:
-        """True once the budget refused a step: no more releases, ever."""
-        return self.engine.halted
+        """True once a step was refused (the budget is spent, or the reservoir holds mostly
+        rejected arrivals): no more releases, ever."""
+        return self.engine.halted or self._refused is not None
+
+    @property
+    def halt_reason(self) -> str | None:
+        """Why updates halted (``None`` while they go on)."""
+        if self._refused is not None:
+            return self._refused
+        return self.engine.monitor.halt_reason if self.engine.halted else None
 
     @property
     def epsilon_spent(self) -> float:
@@ -258,6 +270,7 @@ class PrivateLearner:
         """
         ok = batch.ok
         n = len(ok)
+        self.rejected.update(reason for _, reason, _ in batch.rejected)
         row_end = np.cumsum(ok)
         start = 0
         while start < n and not self.halted:
@@ -284,6 +297,15 @@ class PrivateLearner:
                 self.skipped_steps += 1
                 return None
             self._replay_until = None
+        if self.engine.non_private is False and not self.engine.halted:
+            empty = 1.0 - float(np.mean(self.reservoir.valid)) if self.reservoir.size else 0.0
+            if empty > self.max_rejected_fraction:
+                top = ", ".join(f"{reason} ({count})" for reason, count in self.rejected.most_common(3))
+                self._refused = (f"{empty:.0%} of the reservoir's slots hold rejected arrivals (more than "
+                                 f"sampling.max_rejected_fraction = {self.max_rejected_fraction:g}); a step would "
+                                 f"spend budget on almost nothing; top rejection reasons: {top or 'none recorded'}")
+                log.error("updates halted before spending: %s", self._refused)
+                return None
         result = self.engine.step()
         self.trigger.reset()
         if result is not None:
@@ -314,7 +336,7 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
                                      "accountant", "block_weights", "mode") if k in o}
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
-    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size") if k in o}
+    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction") if k in o}
     if "sampling" in o:
         sampling["method"] = o.pop("sampling")
     schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa") if k in o}

@@ -70,6 +70,7 @@ class RunStats:
     duplicates: int = 0  # records dropped because this process had already applied their offsets
     published: int = 0
     halted: bool = False
+    halt_reason: str | None = None
     stopped_by_signal: bool = False
     last_message: dict[str, Any] | None = None
 
@@ -207,7 +208,7 @@ class Application:
 
     @property
     def halted(self) -> bool:
-        return self.engine.halted
+        return self.learner.halted
 
     def stop(self) -> None:
         """Ask the run loop to finish the step in flight and shut down (thread/signal safe)."""
@@ -437,12 +438,13 @@ class Application:
         self.stats.last_message = message
 
     def _halt(self) -> None:
-        """Budget spent: no more updates; the last model stays published, marked halted."""
+        """No more updates (the budget is spent, or the reservoir holds mostly rejected arrivals):
+        the last model stays published, marked halted."""
         self.stats.halted = True
+        self.stats.halt_reason = self.learner.halt_reason
         self.metrics.halted.set(1)
         self.metrics.epsilon_spent.set(self.engine.epsilon_spent())
-        reason = self.engine.monitor.halt_reason
-        log.warning("privacy budget exhausted, updates halted: %s", reason)
+        log.warning("updates halted: %s", self.stats.halt_reason)
         self.source.pause()
         if self.engine.last_step is not None:
             self._publish_latest(halted=True)
