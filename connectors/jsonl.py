@@ -52,6 +52,13 @@ class JsonlSource(PausableSource):
     def commit(self) -> None:
         """Files have no consumer offsets; progress is the read position."""
 
+    def total(self) -> int | None:
+        """Non-blank lines in the file (``None`` when following: the file grows)."""
+        if self.follow:
+            return None
+        with open(self.path, "rb") as fh:
+            return sum(1 for raw in fh if raw.strip())
+
     @property
     def exhausted(self) -> bool:
         return self._eof and not self.follow

@@ -37,6 +37,11 @@ class MemorySource(PausableSource):
         self.closed = False
         self.put(values)
 
+    def total(self) -> int | None:
+        """Records queued in all, once :meth:`finish` (or ``finite=True``) closed the queue."""
+        with self._lock:
+            return self._delivered + len(self._queue) if self._finished else None
+
     def put(self, values: Iterable[Any]) -> None:
         """Append records to the queue."""
         with self._lock:

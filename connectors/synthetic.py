@@ -88,6 +88,10 @@ class _SyntheticSource(PausableSource):
     def _clean(self, n: int) -> list[bytes]:
         raise NotImplementedError
 
+    def total(self) -> int | None:
+        """``count`` (``None``: endless)."""
+        return self.count
+
     def generate(self, n: int) -> list[bytes]:
         """The next ``n`` records as JSON lines (advances the generator)."""
         lines = self._clean(n)

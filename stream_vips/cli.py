@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "plan": "stream_vips.plan",
     "inspect": "stream_vips.inspect",
     "reset": "stream_vips.reset",
+    "fit": "stream_vips.fit",
 }
 
 
@@ -32,23 +33,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="YAML configuration (default: built-in defaults)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides runtime.log_level")
+    p.add_argument("--json-summary", metavar="FILE", help="also write the final summary as JSON to FILE (- for stdout)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line while running")
     return p
 
 
 EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted or signalled); 1 a model could not be
-published; 2 bad configuration; 3 the privacy state refuses the start (a ledger that is
-corrupt, locked by another process, or does not hold the steps that the checkpoint or the
-published model reflect: restore it, or start a new budget with `stream-vips reset`); 4 a dead
-letter was not delivered (nothing was committed past it)"""
+published; 2 bad configuration (the message names the key, e.g. metrics.port when the port is
+busy); 3 the privacy state refuses the start (a ledger that is corrupt, locked by another
+process, or does not hold the steps that the checkpoint or the published model reflect: restore
+it, or start a new budget with `stream-vips reset`); 4 a dead letter was not delivered (nothing
+was committed past it); 5 a connector failed past its retry deadline (e.g. the Kafka broker
+unreachable)"""
 
 
 def run(args: argparse.Namespace) -> int:
     """``stream-vips run``: see :data:`EXIT_CODES`."""
+    import json
+    import time
+
+    from stream_vips import console
     from stream_vips.config import ConfigError, load_config
+    from stream_vips.errors import StreamVipsError
     from stream_vips.logsafety import guard_client_logging
     from stream_vips.pipeline import Application, DeadLetterError, PublishError
     from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch
 
+    def say(line: str) -> None:
+        print(f"stream-vips: {line}", file=sys.stderr)
+
+    started = time.monotonic()
     try:
         config = load_config(args.config)
         logging.basicConfig(level=args.log_level or config.runtime.log_level, stream=sys.stderr,
@@ -56,24 +70,59 @@ def run(args: argparse.Namespace) -> int:
         guard_client_logging()  # the Kafka client logs raw record bytes at DEBUG otherwise
         app = Application.from_config(config)
     except ConfigError as exc:
-        print(f"stream-vips: configuration error: {exc}", file=sys.stderr)
+        say(f"configuration error: {exc}")
         return 2
     except (LedgerCorrupt, LedgerLocked, LedgerMismatch) as exc:
-        print(f"stream-vips: refusing to start: {exc}", file=sys.stderr)
+        say(f"refusing to start: {exc}")
         return 3
+    except Exception as exc:
+        if _connector_failure(exc):
+            say(f"cannot start: {type(exc).__name__}: {exc}")
+            return 5
+        raise
+    for warning in console.budget_warnings(app, config):
+        say(f"warning: {warning}")
+    progress = None if args.no_progress else console.Progress()
+    app.progress = progress
+
+    def on_start(app: Application) -> None:
+        print("\n".join(console.startup_lines(app, config)), file=sys.stderr)
+
     try:
-        stats = app.run()
+        stats = app.run(on_start=on_start)
+    except ConfigError as exc:
+        say(f"configuration error: {exc}")
+        return 2
     except PublishError as exc:
-        print(f"stream-vips: {exc}; stopped (the ledger still holds every released step)", file=sys.stderr)
+        say(f"{exc}; stopped (the ledger still holds every released step)")
         return 1
     except DeadLetterError as exc:
-        print(f"stream-vips: {exc}", file=sys.stderr)
+        say(str(exc))
         return 4
-    rejected = sum(stats.rejected.values())
-    print(f"stream-vips: stopped: {stats.records} records ({rejected} rejected), {stats.updates} updates, "
-          f"epsilon {app.engine.epsilon_spent():.6g}, halted {stats.halted}"
-          f"{' (signal)' if stats.stopped_by_signal else ''}", file=sys.stderr)
+    except (StreamVipsError, Exception) as exc:
+        if _connector_failure(exc):
+            say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
+            return 5
+        raise
+    finally:
+        if progress is not None:
+            progress.finish(app)
+    summary = console.summary(app, stats, time.monotonic() - started)
+    print(console.format_summary(summary), file=sys.stderr)
+    if args.json_summary:
+        text = json.dumps(summary, indent=2)
+        if args.json_summary == "-":
+            print(text)
+        else:
+            with open(args.json_summary, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
     return 0
+
+
+def _connector_failure(exc: BaseException) -> bool:
+    """A Kafka connector or client error (the broker unreachable past a retry deadline)."""
+    return any(cls.__module__.split(".")[0] == "kafka" or cls.__name__ == "KafkaConnectorError"
+               for cls in type(exc).__mro__)
 
 
 def _unavailable(name: str, subparsers: argparse._SubParsersAction, exc: Exception) -> None:

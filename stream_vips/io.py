@@ -186,6 +186,16 @@ class RebalancingSource(Protocol):
 
 
 @runtime_checkable
+class FiniteSource(Protocol):
+    """A source that knows how many records it will deliver in all (a file, a list), so a run can
+    warn at start when the data cannot reach the planned steps."""
+
+    def total(self) -> int | None:
+        """Records this source delivers from start to end (``None``: not known)."""
+        ...
+
+
+@runtime_checkable
 class LagReporting(Protocol):
     """A source that knows how far behind each partition it is (for the consumer-lag metric)."""
 

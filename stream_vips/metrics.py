@@ -126,6 +126,24 @@ def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def port_free(host: str, port: int) -> None:
+    """Raise ``ConfigError`` naming ``metrics.port`` when ``host:port`` cannot be bound now (a
+    start fails before it creates a ledger or anything else; port 0 always binds)."""
+    import socket
+
+    from stream_vips.errors import ConfigError
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"metrics.port: cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+
 class MetricsServer:
     """Serves a :class:`Metrics` over HTTP from a daemon thread. ``port=0`` binds a free port."""
 

@@ -44,7 +44,7 @@ from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
                             SeekableSource, Sink, Source, values_of)
 from stream_vips.learner import PrivateLearner
-from stream_vips.metrics import Metrics, MetricsServer
+from stream_vips.metrics import Metrics, MetricsServer, port_free
 from stream_vips.privacy.ledger import check_binding
 
 log = logging.getLogger("stream_vips.pipeline")
@@ -163,6 +163,8 @@ class Application:
         state that the ledger did not pay for raises ``LedgerMismatch``.
         """
         cfg = config
+        if "metrics_address" not in parts and cfg.metrics.enabled:
+            port_free(cfg.metrics.host, cfg.metrics.port)  # before anything is created: nothing left behind
         learner = PrivateLearner.from_config(cfg, ledger=parts.pop("ledger", None))
         try:
             connectors = {}
@@ -214,16 +216,24 @@ class Application:
         """Ask the run loop to finish the step in flight and shut down (thread/signal safe)."""
         self._stop.set()
 
-    def run(self) -> RunStats:
+    def run(self, on_start: Callable[["Application"], None] | None = None) -> RunStats:
         """Consume until the source is exhausted, a signal arrives, or (``on_halt: exit``) the
-        budget is spent. Always flushes and closes the source, sinks and ledger."""
+        budget is spent. Always flushes and closes the source, sinks and ledger. ``on_start`` is
+        called once the metrics server is bound (its real port known), before consuming."""
         restore = self._install_signal_handlers()
         try:
             if self.metrics_address is not None:
-                self._server = MetricsServer(self.metrics, *self.metrics_address)
+                try:
+                    self._server = MetricsServer(self.metrics, *self.metrics_address)
+                except OSError as exc:
+                    host, port = self.metrics_address
+                    raise ConfigError(f"metrics.port: cannot serve metrics on {host}:{port}: "
+                                      f"{exc.strerror or exc}") from exc
                 self._metrics_port = self._server.port
             if not self.engine.non_private and not self.halted:
                 self.engine.monitor.prepare(self.engine.event())  # the accountant's search, before consuming
+            if on_start is not None:
+                on_start(self)
             self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {})
             if isinstance(self.source, RebalancingSource):
                 self.source.before_revoke = self._before_revoke
