@@ -37,10 +37,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from stream_vips import records
+from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Model
 
 
-class DecoderError(RuntimeError):
+class DecoderError(StreamVipsError, RuntimeError):
     """The decode worker failed or exited; the run stops rather than skip records."""
 
 

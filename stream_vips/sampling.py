@@ -23,8 +23,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from stream_vips.errors import StreamVipsError
 
-class ReservoirNotFull(RuntimeError):
+
+class ReservoirNotFull(StreamVipsError, RuntimeError):
     """Sampling was requested before the reservoir held M records."""
 
 

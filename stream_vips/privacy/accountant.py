@@ -32,12 +32,14 @@ import numpy as np
 from scipy import fft as sp_fft
 from scipy import signal
 
+from stream_vips.errors import StreamVipsError
+
 from .events import PureDpEvent, SubsampledGaussianEvent
 
 Counts = Mapping[SubsampledGaussianEvent, int]
 
 
-class UnsupportedEvent(ValueError):
+class UnsupportedEvent(StreamVipsError, ValueError):
     """An event (or sampling/adjacency combination) this accountant cannot bound soundly."""
 
 

@@ -25,11 +25,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from stream_vips.errors import StreamVipsError
+
 SAMPLINGS = ("poisson", "fixed")
 ADJACENCIES = ("replace_one", "add_remove")
 
 
-class UnknownEvent(ValueError):
+class UnknownEvent(StreamVipsError, ValueError):
     """A serialized event whose type, version or fields this code does not know."""
 
 

@@ -49,13 +49,14 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 from scipy.special import expit
 
+from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.mechanisms import clip_rows
 
 
-class SgldConditionError(ValueError):
+class SgldConditionError(StreamVipsError, ValueError):
     """The configured DP-SGLD parameters violate the paper's privacy condition."""
 
 
