@@ -17,6 +17,7 @@ reading costs no privacy budget.
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -45,8 +46,16 @@ class PublishedModel:
     model: Model
 
     @property
+    def private(self) -> bool:
+        """Whether the message claims a privacy guarantee (false for a non-private baseline)."""
+        return messages.is_private(self.message)
+
+    @property
     def epsilon_spent(self) -> float:
-        return float(self.privacy["epsilon_spent"])
+        """epsilon of the releases behind this model; infinite for a non-private run (its message
+        carries ``epsilon_spent: null`` and ``private: false``: no guarantee at all)."""
+        value = self.privacy.get("epsilon_spent")
+        return math.inf if value is None or not self.private else float(value)
 
 
 def check_message(msg: Any) -> dict[str, Any]:

@@ -13,6 +13,18 @@ with dtype and shape, so a float64 round trip is bit-exact.
 1.0
 >>> decode_state(msg)["shift"].tolist()
 [0.5, -1.0]
+
+A run without noise (``privacy.mode: non_private``) claims no guarantee. Its report carries
+``"private": false`` and ``null`` epsilon and budget, never a made-up number (JSON has no
+infinity):
+
+>>> baseline = privacy_report(epsilon_spent=float("inf"), delta=1e-5, epsilon_budget=float("inf"),
+...                           accountant="none", sampling="poisson", q=1.0, noise_multiplier=0.0,
+...                           steps=3, halted=False, seeded=True, private=False)
+>>> baseline["private"], baseline["epsilon_spent"], baseline["epsilon_budget"]
+(False, None, None)
+>>> is_private(loads(dumps(build_message("m1", "linreg", {"dim": 2}, 2, {"shift": np.zeros(2)}, baseline))))
+False
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import resources
@@ -105,14 +118,27 @@ def privacy_report(
     adjacency: str = "replace_one",
     diameter: float = 2.0,
     ledger_id: str | None = None,
+    private: bool = True,
 ) -> dict[str, Any]:
     """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, privacy rule 2 in
-    docs/privacy.md)."""
+    docs/privacy.md).
+
+    ``private=False`` is a non-private run (z = 0, no ledger): it claims no guarantee, so
+    ``epsilon_spent`` and ``epsilon_budget`` are ``None`` (JSON null) whatever was passed, the
+    accountant is ``"none"`` and ``"private": false`` says so; ``delta`` is echoed from the
+    configuration only. A private report carries ``"private": true``.
+    """
+    if private:
+        eps, budget, acct = float(epsilon_spent), float(epsilon_budget), str(accountant)
+    else:
+        if float(noise_multiplier) != 0.0:
+            raise ValueError(f"a non-private report has noise multiplier 0, got {noise_multiplier!r}")
+        eps, budget, acct, ledger_id = None, None, "none", None
     return {
-        "epsilon_spent": float(epsilon_spent),
+        "epsilon_spent": eps,
         "delta": float(delta),
-        "epsilon_budget": float(epsilon_budget),
-        "accountant": str(accountant),
+        "epsilon_budget": budget,
+        "accountant": acct,
         "sampling": str(sampling),
         "q": float(q),
         "noise_multiplier": float(noise_multiplier),
@@ -122,8 +148,21 @@ def privacy_report(
         "steps": int(steps),
         "halted": bool(halted),
         "seeded": bool(seeded),
+        "private": bool(private),
         **({"ledger_id": str(ledger_id)} if ledger_id is not None else {}),
     }
+
+
+def is_private(msg: Mapping[str, Any]) -> bool:
+    """Whether a message claims a differential-privacy guarantee: ``privacy.private`` when present;
+    messages from before the flag existed are private unless their epsilon is not a finite number
+    (the old non-private report carried infinity, which strict JSON cannot hold)."""
+    privacy = msg["privacy"]
+    flag = privacy.get("private")
+    if flag is not None:
+        return bool(flag)
+    eps = privacy.get("epsilon_spent")
+    return isinstance(eps, (int, float)) and math.isfinite(eps)
 
 
 def build_message(

@@ -68,3 +68,21 @@ def test_schema_version_and_schema_errors_are_named():
         check_message({**msg, "schema_version": 7})
     with pytest.raises(messages.MessageError, match="privacy"):
         check_message({k: v for k, v in msg.items() if k != "privacy"})
+
+
+def test_client_reads_non_private_messages_with_null_epsilon():
+    import math
+
+    model = LinearRegression(dim=2, dataset_size=10)
+    report = messages.privacy_report(epsilon_spent=math.inf, delta=1e-5, epsilon_budget=math.inf,
+                                     accountant="none", sampling="poisson", q=1.0, noise_multiplier=0.0,
+                                     steps=1, halted=False, seeded=True, private=False)
+    msg = messages.loads(messages.dumps(messages.build_message("np", "linreg", model.hyperparameters(), 0,
+                                                               model.state(), report)))
+    published = posterior_from_message(check_message(msg))
+    assert published.private is False and published.epsilon_spent == math.inf
+    private = posterior_from_message(messages.build_message("p", "linreg", model.hyperparameters(), 0,
+                                                            model.state(), _report()))
+    assert private.private is True and private.epsilon_spent == 0.5
+    legacy = dict(private.message, privacy={k: v for k, v in private.privacy.items() if k != "private"})
+    assert posterior_from_message(check_message(legacy)).private is True

@@ -287,3 +287,31 @@ def test_reader_rebuilds_the_model_from_a_published_message():
     X = np.array([[0.2, 0.1], [-0.3, 0.4]])
     for a, b in zip(reader.predictive(X), m.predictive(X)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_default_allocation_serves_the_posterior_mean():
+    """The default allocation minimises the first-order error of the posterior mean
+    std_xy^2 + std_xx^2 ||w||^2 (||w|| = B / R) over the xx/xy split, whatever R and B, and gives
+    the y^2 block the budget share 1 / (d + 1); bound-proportional weights do worse when B != R."""
+    from stream_vips.models.linreg import default_block_weights
+
+    for d, R, B in ((3, 1.0, 1.0), (10, 1.0, 2.0), (5, 0.5, 3.0)):
+        w = default_block_weights(d, R, B, gamma=True)
+        assert sum(v * v for v in w.values()) == pytest.approx(1.0)
+        assert w["yy"] ** 2 == pytest.approx(1.0 / (d + 1))
+
+        def error(a_xx: float, a_xy: float) -> float:
+            return (R * B / a_xy) ** 2 + (R * R / a_xx) ** 2 * (B / R) ** 2
+
+        share = 1.0 - w["yy"] ** 2  # what xx and xy share
+        grid = np.linspace(0.01, 0.99, 981) * share
+        best = min(error(np.sqrt(s), np.sqrt(share - s)) for s in grid)
+        assert error(w["xx"], w["xy"]) <= best * (1 + 1e-9)
+        C = np.array([R * R, R * B, B * B])
+        old = C / np.linalg.norm(C)  # bound-proportional
+        if B != R:
+            assert error(old[0], old[1]) > error(w["xx"] * np.sqrt((old[0] ** 2 + old[1] ** 2) / share),
+                                                 w["xy"] * np.sqrt((old[0] ** 2 + old[1] ** 2) / share))
+    model = LinearRegression(dim=4, dataset_size=10, noise="gamma")
+    assert model.default_block_weights() == default_block_weights(4, gamma=True)
+    assert set(LinearRegression(dim=4, dataset_size=10).default_block_weights()) == {"xx", "xy"}

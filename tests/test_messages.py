@@ -112,3 +112,54 @@ def test_dumps_is_strict_json_and_schema_is_valid_2020_12():
         dumps(msg)
     assert schema()["$schema"].endswith("2020-12/schema")
     assert all("description" in p for p in schema()["$defs"]["privacy"]["properties"].values())
+
+
+def non_private_report(**kw):
+    base = dict(epsilon_spent=float("inf"), delta=1e-5, epsilon_budget=float("inf"), accountant="none",
+                sampling="poisson", q=1.0, noise_multiplier=0.0, steps=4, halted=False, seeded=True,
+                private=False)
+    base.update(kw)
+    return privacy_report(**base)
+
+
+def test_non_private_message_carries_null_epsilon_and_a_flag_through_strict_json():
+    from stream_vips.messages import is_private
+
+    rep = non_private_report()
+    assert rep["epsilon_spent"] is None and rep["epsilon_budget"] is None and rep["private"] is False
+    assert rep["accountant"] == "none" and "ledger_id" not in non_private_report(ledger_id="abc")
+    msg = build_message("m", "linreg", {"dim": 1}, 3, {"shift": np.zeros(1)}, rep)
+    back = loads(dumps(msg))  # strict JSON: infinity would raise here
+    assert back["privacy"]["epsilon_spent"] is None and not is_private(back)
+    with pytest.raises(ValueError, match="noise multiplier 0"):
+        non_private_report(noise_multiplier=1.0)
+
+
+def test_private_messages_are_unchanged_except_the_private_flag():
+    from stream_vips.messages import is_private
+
+    msg, _ = message()
+    assert msg["privacy"]["private"] is True and is_private(msg)
+    legacy = copy.deepcopy(msg)
+    del legacy["privacy"]["private"]  # messages written before the flag existed stay valid and private
+    assert is_private(validate_message(legacy))
+
+
+def test_schema_ties_null_epsilon_to_the_non_private_flag():
+    msg, _ = message()
+    for field in ("epsilon_spent", "epsilon_budget"):
+        broken = copy.deepcopy(msg)
+        broken["privacy"][field] = None  # a private message must say what it spent
+        with pytest.raises(MessageError, match=field):
+            validate_message(broken)
+    np_msg = build_message("m", "linreg", {"dim": 1}, 0, {"shift": np.zeros(1)}, non_private_report())
+    for field, value in (("epsilon_spent", 0.5), ("epsilon_budget", 1.0), ("noise_multiplier", 2.0),
+                         ("accountant", "pld")):
+        broken = copy.deepcopy(np_msg)
+        broken["privacy"][field] = value  # a non-private message never carries a guarantee's numbers
+        with pytest.raises(MessageError):
+            validate_message(broken)
+    broken = copy.deepcopy(np_msg)
+    broken["privacy"]["ledger_id"] = "x"
+    with pytest.raises(MessageError):
+        validate_message(broken)

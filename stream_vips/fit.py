@@ -1,0 +1,454 @@
+"""``fit``: private Bayesian inference on a finite data set, spending the whole budget.
+
+A stream service keeps a bounded reservoir and waits for records that keep arriving; a finite
+data set has all its records at once. Under replace-one adjacency the number of records N is
+public (privacy rule 1 in docs/privacy.md), so the whole data set can be the reservoir
+(M = N) and every setting can be chosen from public quantities only: N, the dimension d, the
+family, epsilon and delta. :func:`fit_settings` is that rule (derived in docs/fit.md from
+synthetic data; never from the accuracy of the data being fitted), :func:`fit` runs the
+pipeline once over the data with those settings, calibrates the noise multiplier so that the
+planned steps spend the whole budget (up to the calibration tolerance) and returns the final
+model message, its posterior and a report of what was spent and why each setting was chosen.
+
+``non_private=True`` is the baseline without noise: its message says ``"private": false`` and
+carries ``epsilon_spent: null`` (no guarantee, and no made-up number).
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> X = np.hstack([rng.uniform(-0.5, 0.5, (2000, 2)), np.full((2000, 1), 0.5)])
+>>> y = (X @ np.array([3.0, -2.0, 0.2]) + 0.3 * rng.logistic(size=2000) > 0).astype(float)
+>>> result = fit((X, y), "logistic", epsilon=1.0, delta=1e-5, seed=0)
+>>> result.report["privacy"]["epsilon_spent"] <= 1.0 < result.report["privacy"]["epsilon_spent"] * 1.01
+True
+>>> result.settings.steps, result.settings.q
+(2, 1.0)
+>>> baseline = fit((X, y), "logistic", non_private=True, seed=0)
+>>> baseline.message["privacy"]["private"], baseline.message["privacy"]["epsilon_spent"]
+(False, None)
+>>> p = result.posterior.model.predict_proba(np.array([[0.5, -0.5, 0.5]]))
+>>> bool(p[0] > 0.9)
+True
+
+Command line: ``stream-vips fit --family logistic --epsilon 1 --delta 1e-5 --out model.json
+data.jsonl`` (``--non-private`` for the baseline); see ``stream-vips fit --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from stream_vips import messages
+
+#: Families :func:`fit_settings` has a rule for.
+FAMILIES = ("linreg", "logistic")
+#: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
+CALIBRATION_RTOL = 1e-3
+#: Version of the settings rule (reported with every fit).
+RULE_VERSION = "fit_settings/1"
+
+#: Logistic rule constants, chosen on synthetic data by benchmarks/fit_rule_evidence.py (docs/fit.md).
+LOGISTIC_STEPS = 2
+LOGISTIC_KAPPA = 1.0
+LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.0}
+#: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
+NON_PRIVATE_LOGISTIC_STEPS = 30
+NON_PRIVATE_KAPPA = 0.51
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything :func:`fit` configures, all from public quantities (N, d, family, epsilon, delta).
+
+    ``q`` is the Poisson sampling rate over the whole data set (the reservoir), ``steps`` the
+    number of private releases (the noise multiplier is calibrated so that they spend the whole
+    budget), ``tau0``/``kappa`` the step sizes rho_t = (tau0 + t)^-kappa of the M-step blend,
+    ``block_weights`` the noise allocation across released blocks (``None``: proportional to
+    the bounds), ``model_params`` extra family parameters, and ``why`` one sentence per choice.
+    """
+
+    family: str
+    n: int
+    d: int
+    epsilon: float | None
+    delta: float
+    q: float
+    steps: int
+    tau0: float
+    kappa: float
+    block_weights: dict[str, float] | None
+    model_params: dict[str, Any] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+    rule: str = RULE_VERSION
+
+    @property
+    def batch_size(self) -> int:
+        """Expected batch size q * N (the configuration's ``sampling.batch_size``)."""
+        return max(1, int(round(self.q * self.n)))
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["batch_size"] = self.batch_size
+        return out
+
+
+def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, *,
+                 non_private: bool = False) -> Settings:
+    """The settings rule: public quantities in, :class:`Settings` out (docs/fit.md explains it).
+
+    * Every family: Poisson rate q = 1, i.e. each step uses the whole data set. For Gaussian
+      noise much larger than the sensitivity (every useful budget), subsampling at rate q
+      amplifies privacy by about q, which is exactly offset by the q times smaller batch it
+      normalises by, so it buys no accuracy and adds sampling noise (docs/fit.md, "Why q = 1").
+    * ``linreg`` (conjugate): one step with rho = 1. Its statistics do not depend on the
+      current posterior, so T releases averaged are worth no more than one release with the
+      whole budget; one step gives the exact posterior of the noisy statistics. The noise is
+      allocated by :func:`stream_vips.models.linreg.default_block_weights`.
+    * ``logistic`` (the E-step depends on the current posterior): ``LOGISTIC_STEPS`` steps,
+      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), equal allocation weights for
+      s1 and s2; chosen on synthetic data (benchmarks/fit_rule_evidence.py). Non-private:
+      ``NON_PRIVATE_LOGISTIC_STEPS`` damped fixed-point steps (kappa = 0.51), no noise to average.
+
+    >>> s = fit_settings("linreg", n=1000, d=5, epsilon=1.0, delta=1e-5)
+    >>> s.steps, s.q, s.tau0, s.kappa
+    (1, 1.0, 1.0, 1.0)
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if isinstance(d, bool) or int(d) != d or d < 1:
+        raise ValueError(f"d must be a positive integer, got {d!r}")
+    if not non_private and not (epsilon is not None and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    why = {"q": "q = 1: the whole data set every step; subsampling's amplification (about q) is cancelled "
+                "by its q times smaller normaliser when the noise is large, and it adds sampling noise"}
+    if family == "linreg":
+        from stream_vips.models.linreg import default_block_weights
+
+        why["steps"] = ("1 step, rho = 1: conjugate, the statistics do not depend on the posterior, so one "
+                        "release with the whole budget is the exact posterior of the noisy statistics")
+        why["block_weights"] = ("linreg default allocation: equal shares for xx and xy (equal influence on the "
+                                "posterior mean), 1/(d + 1) of the budget for yy (noise precision only)")
+        return Settings(family, int(n), int(d), None if non_private else float(epsilon), float(delta), 1.0, 1,
+                        1.0, 1.0, None, why=why)
+    if non_private:
+        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
+                        "no noise to average, so steps serve convergence only")
+        return Settings(family, int(n), int(d), None, float(delta), 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0,
+                        NON_PRIVATE_KAPPA, None, why=why)
+    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
+                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
+                    "budget (benchmarks/fit_rule_evidence.py)")
+    why["block_weights"] = ("s1 and s2 weighted equally (a_1 = a_2): best of s2/s1 in {0.5, 1, 2, 4} on synthetic "
+                            "data; s2 (the precision) gets more than its bound-proportional share")
+    return Settings(family, int(n), int(d), float(epsilon), float(delta), 1.0, LOGISTIC_STEPS, 1.0,
+                    LOGISTIC_KAPPA, dict(LOGISTIC_WEIGHTS), why=why)
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns: the posterior (as a reader rebuilds it from the message), the
+    final model message (schema model-message.v1), the report and the settings used."""
+
+    posterior: Any
+    message: dict[str, Any]
+    report: dict[str, Any]
+    settings: Settings
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        import orjson
+
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    except ImportError:  # pragma: no cover - orjson is a dependency, json is the fallback
+        return json.dumps(obj, default=lambda o: o.tolist()).encode()
+
+
+def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_column: str | None = None) -> list[bytes]:
+    """The data as JSON records (bytes), one per arrival: a list/iterable of dicts (or of bytes
+    or str lines), numpy ``(X, y)`` or ``X``, or a pandas DataFrame (``y_column``, default
+    ``"y"`` when present; ``x_columns``, default all the other columns)."""
+    if hasattr(data, "to_numpy") and hasattr(data, "columns"):
+        y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
+        cols = list(x_columns) if x_columns is not None else [c for c in data.columns if c != y_name]
+        X = data[cols].to_numpy(dtype=float)
+        data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
+    elif x_columns is not None or y_column is not None:
+        raise TypeError("x_columns and y_column apply to a pandas DataFrame only")
+    if isinstance(data, tuple) and len(data) == 2:
+        X, y = np.ascontiguousarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
+        if X.ndim != 2 or y.shape != (X.shape[0],):
+            raise ValueError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+        return [_dumps({"x": xi, "y": yi}) for xi, yi in zip(X, y.tolist())]
+    if isinstance(data, np.ndarray):
+        if data.ndim != 2:
+            raise ValueError(f"X must be shaped (n, d), got {data.shape}")
+        return [_dumps({"x": xi}) for xi in np.ascontiguousarray(data, dtype=float)]
+    out = []
+    for rec in data:
+        if isinstance(rec, (bytes, bytearray)):
+            out.append(bytes(rec))
+        elif isinstance(rec, str):
+            out.append(rec.encode("utf-8"))
+        else:
+            out.append(_dumps(rec))
+    return out
+
+
+def infer_dim(encoded: Sequence[bytes]) -> int:
+    """d from the first record whose ``x`` is a list (the record layout is public configuration)."""
+    for raw in encoded:
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("x"), list) and obj["x"]:
+            return len(obj["x"])
+    raise ValueError("cannot infer the dimension: no record has a non-empty list 'x' (pass dim=...)")
+
+
+# -------------------------------------------------------------------------------------- pipeline
+
+
+def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private: bool, seed: int | None,
+            ledger_path: str | None, model_id: str) -> dict[str, Any]:
+    """Pipeline configuration for one fit: the whole data set as the reservoir, a step whenever
+    the previous one is done (time trigger), exit when the planned steps are done or the budget
+    refuses one, no metrics server."""
+    privacy: dict[str, Any] = {
+        "mode": "non_private" if non_private else "private",
+        "epsilon": 1.0 if non_private else settings.epsilon,
+        "delta": settings.delta, "planned_steps": settings.steps, "accountant": "pld", "seed": seed,
+        "calibration_rtol": CALIBRATION_RTOL, "block_weights": settings.block_weights,
+        "ledger": {"type": "file", "path": str(ledger_path), "prepay_steps": 1} if ledger_path else {"type": "memory"},
+    }
+    return {
+        "model": {"family": settings.family, "id": model_id, "params": {**settings.model_params, **model_params}},
+        "privacy": privacy,
+        "sampling": {"method": "poisson", "reservoir": settings.n, "batch_size": settings.batch_size},
+        "schedule": {"every_records": None, "every_seconds": 1e-9, "tau0": settings.tau0, "kappa": settings.kappa},
+        "source": {"type": "memory"}, "sink": {"type": "memory"}, "dead_letter": {"type": "memory"},
+        "metrics": {"enabled": False},
+        "runtime": {"poll_max_records": 10_000, "poll_timeout_s": 0.0, "on_halt": "exit",
+                    "publish_interval_s": 1e9, "blas_threads": None},
+    }
+
+
+def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int) -> tuple[dict | None, Any]:
+    """The only place that touches the pipeline: run ``config`` over ``encoded`` until ``steps``
+    releases (or a budget halt); returns the last published message and the run's statistics."""
+    from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
+    from stream_vips.config import config_from_dict
+    from stream_vips.pipeline import Application
+
+    sink = MemorySink()
+
+    def stop_after_planned_steps(app: Any) -> None:
+        if app.stats.updates >= steps:
+            app.stop()
+
+    app = Application.from_config(
+        config_from_dict(config, env={}), source=MemorySource(encoded, finite=False), sink=sink,
+        dead_letter=MemoryDeadLetterSink(), progress=stop_after_planned_steps,
+        **({"ledger": _memory_ledger()} if config["privacy"]["ledger"]["type"] == "memory" else {}))
+    stats = app.run()
+    return (sink.messages[-1][1] if sink.messages else None), stats
+
+
+def _memory_ledger() -> Any:
+    from stream_vips.privacy.ledger import MemoryLedger
+
+    return MemoryLedger()
+
+
+def _non_private_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The message of a non-private run with a report that claims nothing: ``"private": false``
+    and null epsilon (the engine's own report carries infinity, which strict JSON refuses)."""
+    p = message["privacy"]
+    report = messages.privacy_report(
+        epsilon_spent=math.inf, delta=p["delta"], epsilon_budget=math.inf, accountant="none",
+        sampling=p["sampling"], q=p["q"], noise_multiplier=0.0, steps=p["steps"], halted=p["halted"],
+        seeded=p["seeded"], adjacency=p["adjacency"], diameter=p.get("diameter", 2.0), private=False)
+    return messages.validate_message({**message, "privacy": report})
+
+
+# ------------------------------------------------------------------------------------------- fit
+
+
+def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, non_private: bool = False,
+        seed: int | None = None, steps: int | None = None, x_columns: Sequence[str] | None = None,
+        y_column: str | None = None, ledger_path: str | None = None, settings: Settings | None = None,
+        model_id: str = "fit", **model_params: Any) -> FitResult:
+    """Fit ``family`` to the finite data set ``data`` with (epsilon, delta)-DP, spending the budget.
+
+    ``data``: a list or iterable of records (dicts as the family parses them, or JSON lines),
+    numpy ``(X, y)``, or a pandas DataFrame (``x_columns``/``y_column``). N (the number of
+    records, valid or not) and d are public; the settings come from :func:`fit_settings`
+    (``steps`` overrides its step count, ``settings`` replaces the rule entirely: only pass
+    settings chosen without looking at this data's accuracy). ``model_params`` go to the family
+    (e.g. ``noise="gamma"``, ``x_bound``, ``y_bound`` for linreg); ``dim`` and ``dataset_size``
+    default to d and N. ``seed`` fixes the noise (reported as ``seeded: true``: reproduction,
+    no guarantee); ``ledger_path`` keeps the privacy ledger in a file. Raises ``ValueError``
+    when no record is valid.
+    """
+    started = time.perf_counter()
+    encoded = encode_records(data, x_columns=x_columns, y_column=y_column)
+    n = len(encoded)
+    if n == 0:
+        raise ValueError("fit needs at least one record")
+    d = int(model_params.get("dim") or infer_dim(encoded))
+    if settings is None:
+        settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
+    elif (settings.family, settings.n) != (family, n):
+        raise ValueError(f"settings are for {settings.family!r} with n = {settings.n}, not {family!r} with n = {n}")
+    if steps is not None:
+        settings = dataclasses.replace(settings, steps=int(steps),
+                                       why={**settings.why, "steps": f"{steps} steps: set by the caller"})
+    if family == "linreg" and settings.block_weights is None and not non_private:
+        from stream_vips.models.linreg import default_block_weights
+
+        gamma = model_params.get("noise", "known") == "gamma"
+        settings = dataclasses.replace(settings, block_weights=default_block_weights(
+            d, float(model_params.get("x_bound", 1.0)), float(model_params.get("y_bound", 1.0)), gamma=gamma))
+    params = {"dim": d, "dataset_size": n, **model_params}
+    config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
+                     model_id=model_id)
+    message, stats = _run_pipeline(config, encoded, settings.steps)
+    if stats.accepted == 0 or message is None:
+        raise ValueError(f"no model: none of the {n} records was valid for {family!r} "
+                         f"(rejected: {dict(stats.rejected)})")
+    if non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
+        message = _non_private_message(message)
+    from stream_vips.client import posterior_from_message
+
+    posterior = posterior_from_message(message)
+    report = _report(settings, message, stats, n, non_private, time.perf_counter() - started)
+    return FitResult(posterior=posterior, message=message, report=report, settings=settings)
+
+
+def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, non_private: bool,
+            seconds: float) -> dict[str, Any]:
+    """Privacy report of the final message plus the budget's use and the settings with reasons."""
+    p = message["privacy"]
+    if non_private:
+        budget = {"private": False, "epsilon_budget": None, "epsilon_spent": None,
+                  "note": "non-private baseline: no noise, no guarantee"}
+    else:
+        spent, total = float(p["epsilon_spent"]), float(p["epsilon_budget"])
+        budget = {"private": True, "epsilon_budget": total, "epsilon_spent": spent, "fraction_spent": spent / total,
+                  "delta": float(p["delta"]), "noise_multiplier": float(p["noise_multiplier"]),
+                  "calibration_rtol": CALIBRATION_RTOL,
+                  "how": (f"z calibrated with calibrate_noise_multiplier (PLD, Poisson q = {settings.q:g}, "
+                          f"replace-one, diameter {float(p['diameter']):.4g}) so that {settings.steps} steps "
+                          "spend the whole budget")}
+    return {
+        "privacy": dict(p),
+        "budget": budget,
+        "records": n,
+        "accepted": int(stats.accepted),
+        "rejected": dict(stats.rejected),
+        "steps_taken": int(stats.updates),
+        "settings": settings.as_dict(),
+        "why": dict(settings.why),
+        "seconds": seconds,
+    }
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def _param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The ``fit`` subcommand."""
+    p = subparsers.add_parser(
+        "fit", help="fit a model to a finite JSONL data set, spending the whole privacy budget",
+        description="Fit a model privately to a finite data set (one JSON record per line). The whole data "
+                    "set is the reservoir; settings come from N, d, the family, epsilon and delta only "
+                    "(docs/fit.md), and the noise is calibrated to spend the whole budget.",
+        epilog="exit codes: 0 a model was written; 1 no model (no valid record); 2 bad arguments or input")
+    p.add_argument("data", metavar="DATA.jsonl", help="records, one JSON object per line ('-': stdin)")
+    p.add_argument("--family", required=True, choices=FAMILIES)
+    p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1)")
+    p.add_argument("--delta", type=float, default=1e-5, help="privacy budget delta (default 1e-5)")
+    p.add_argument("--non-private", action="store_true", help="baseline without noise (no guarantee; the "
+                   "message says private: false and epsilon_spent: null)")
+    p.add_argument("--out", metavar="MODEL.json", required=True, help="write the final model message here")
+    p.add_argument("--seed", type=int, default=None, help="fix the noise (reproduction only: reported as seeded)")
+    p.add_argument("--steps", type=int, default=None, help="override the rule's number of steps")
+    p.add_argument("--ledger", metavar="PATH", default=None, help="keep the privacy ledger in this file")
+    p.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                   help="a model parameter (JSON value), e.g. --param noise='\"gamma\"' --param y_bound=2")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """``stream-vips fit``."""
+    try:
+        if args.data == "-":
+            lines = sys.stdin.buffer.read().splitlines()
+        else:
+            lines = Path(args.data).read_bytes().splitlines()
+    except OSError as exc:
+        print(f"stream-vips fit: cannot read {args.data}: {exc}", file=sys.stderr)
+        return 2
+    lines = [line for line in lines if line.strip()]
+    try:
+        result = fit(lines, args.family, args.epsilon, args.delta, non_private=args.non_private, seed=args.seed,
+                     steps=args.steps, ledger_path=args.ledger, **dict(args.param))
+    except ValueError as exc:
+        print(f"stream-vips fit: {exc}", file=sys.stderr)
+        return 1 if str(exc).startswith("no model") else 2
+    except Exception as exc:
+        from stream_vips.errors import ConfigError
+
+        if isinstance(exc, ConfigError):
+            print(f"stream-vips fit: {exc}", file=sys.stderr)
+            return 2
+        raise
+    Path(args.out).write_bytes(messages.dumps(result.message) + b"\n")
+    print(summary(result), file=sys.stderr)
+    return 0
+
+
+def summary(result: FitResult) -> str:
+    """A few lines for a human: N, the settings, z and the budget spent."""
+    r, s = result.report, result.settings
+    lines = [f"stream-vips fit: {s.family}, N = {r['records']} records ({r['accepted']} valid), d = {s.d}",
+             f"  settings ({s.rule}): q = {s.q:g} (batch {s.batch_size}), {s.steps} steps, "
+             f"rho_t = ({s.tau0:g} + t)^-{s.kappa:g}, block weights {s.block_weights}"]
+    b = r["budget"]
+    if b["private"]:
+        lines.append(f"  z = {b['noise_multiplier']:.4g}; epsilon spent {b['epsilon_spent']:.6g} of "
+                     f"{b['epsilon_budget']:g} ({100 * b['fraction_spent']:.2f}%), delta {b['delta']:g}")
+    else:
+        lines.append("  NON-PRIVATE baseline: no noise, no privacy guarantee (epsilon_spent: null)")
+    if r["rejected"]:
+        lines.append(f"  rejected records: {r['rejected']}")
+    for key, why in r["why"].items():
+        lines.append(f"  why {key}: {why}")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""``stream_vips.fit``: settings from public quantities, the whole budget spent, the baseline."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import numpy as np
+import pytest
+
+from stream_vips import messages
+from stream_vips.client import check_message, posterior_from_message
+from stream_vips.privacy.accountant import calibrate_noise_multiplier
+
+fitmod = importlib.import_module("stream_vips.fit")
+fit, fit_settings = fitmod.fit, fitmod.fit_settings
+RTOL = fitmod.CALIBRATION_RTOL
+
+
+def logistic_data(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.hstack([rng.uniform(-0.5, 0.5, (n, 2)), np.full((n, 1), 0.5)])
+    y = (X @ np.array([3.0, -2.0, 0.2]) + 0.3 * rng.logistic(size=n) > 0).astype(float)
+    return X, y
+
+
+def linreg_data(n: int = 400, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-0.5, 0.5, (n, 3))
+    y = np.clip(X @ np.array([0.8, -0.5, 0.3]) + 0.1 * rng.standard_normal(n), -1, 1)
+    return X, y
+
+
+def test_private_fit_spends_the_whole_budget_in_the_planned_steps():
+    X, y = logistic_data()
+    res = fit((X, y), "logistic", epsilon=0.7, delta=1e-6, seed=3)
+    b = res.report["budget"]
+    # calibration returns z with eps(z) <= budget < eps(z / (1 + rtol)); locally eps ~ z^-k with
+    # k <= 2 for the Gaussian mechanism, so the spent epsilon is at least budget / (1 + rtol)^2
+    assert 0.7 / (1 + RTOL) ** 2 <= b["epsilon_spent"] <= 0.7
+    assert b["fraction_spent"] == pytest.approx(b["epsilon_spent"] / 0.7)
+    assert res.report["steps_taken"] == res.settings.steps == res.message["privacy"]["steps"]
+    assert res.message["privacy"]["private"] is True and res.message["privacy"]["seeded"] is True
+    assert res.message["privacy"]["q"] == 1.0 and res.message["hyperparameters"]["dataset_size"] == len(y)
+    assert set(res.report["why"]) >= {"q", "steps", "block_weights"}
+
+
+def test_the_noise_multiplier_is_the_projects_calibration_for_the_chosen_steps():
+    X, y = linreg_data()
+    res = fit((X, y), "linreg", epsilon=1.0, delta=1e-5, seed=0)
+    p = res.message["privacy"]
+    z = calibrate_noise_multiplier(1.0, 1e-5, 1.0, res.settings.steps, "poisson", diameter=p["diameter"], rtol=RTOL)
+    assert p["noise_multiplier"] == pytest.approx(z, rel=1e-12)
+
+
+def test_non_private_baseline_says_so_with_null_epsilon_and_strict_json():
+    X, y = logistic_data()
+    res = fit((X, y), "logistic", non_private=True, seed=0)
+    p = res.message["privacy"]
+    assert p["private"] is False and p["epsilon_spent"] is None and p["epsilon_budget"] is None
+    assert p["noise_multiplier"] == 0.0 and p["accountant"] == "none"
+    back = check_message(messages.loads(messages.dumps(res.message)))  # infinity would not survive
+    assert posterior_from_message(back).epsilon_spent == math.inf
+    assert res.report["budget"]["private"] is False
+
+
+def test_non_private_linreg_fit_is_the_exact_conjugate_posterior():
+    # q = 1, one step, rho = 1 and no noise: the natural parameters are the batch posterior's
+    X, y = linreg_data()
+    res = fit((X, y), "linreg", non_private=True, noise="gamma")
+    state = messages.decode_state(res.message)
+    np.testing.assert_allclose(state["precision"], np.eye(3) + X.T @ X, rtol=1e-12)
+    np.testing.assert_allclose(state["shift"], X.T @ y, rtol=1e-12, atol=1e-12)
+    assert float(state["quadratic"]) == pytest.approx(2.0 + y @ y, rel=1e-12)
+    assert float(state["shape"]) == pytest.approx(1.0 + len(y) / 2)
+
+
+def test_private_linreg_is_noisy_and_uses_the_accuracy_allocation():
+    from stream_vips.models.linreg import default_block_weights
+
+    X, y = linreg_data()
+    res = fit((X, y), "linreg", seed=0, noise="gamma")
+    assert res.settings.block_weights == default_block_weights(3, gamma=True)
+    exact = np.eye(3) + X.T @ X
+    assert not np.allclose(messages.decode_state(res.message)["precision"], exact)
+
+
+def test_fit_settings_uses_public_quantities_only():
+    a = fit_settings("logistic", 1000, 10, 1.0, 1e-5)
+    assert a == fit_settings("logistic", 1000, 10, 1.0, 1e-5)
+    assert (a.q, a.steps, a.tau0, a.kappa) == (1.0, fitmod.LOGISTIC_STEPS, 1.0, fitmod.LOGISTIC_KAPPA)
+    assert a.batch_size == 1000
+    lin = fit_settings("linreg", 50, 2, 1.0, 1e-5)
+    assert (lin.steps, lin.q, lin.tau0, lin.kappa) == (1, 1.0, 1.0, 1.0)
+    assert fit_settings("logistic", 1000, 10, None, 1e-5, non_private=True).steps == fitmod.NON_PRIVATE_LOGISTIC_STEPS
+    with pytest.raises(ValueError, match="lda"):
+        fit_settings("lda", 100, 3, 1.0, 1e-5)
+    with pytest.raises(ValueError, match="epsilon"):
+        fit_settings("logistic", 100, 3, math.inf, 1e-5)
+
+
+def test_every_input_form_gives_the_same_model():
+    pd = pytest.importorskip("pandas")
+    X, y = logistic_data(300)
+    records = [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)]
+    frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(label=y, junk=0.0)
+    results = [
+        fit((X, y), "logistic", seed=5),
+        fit(records, "logistic", seed=5),
+        fit(iter(records), "logistic", seed=5),
+        fit([json.dumps(r) for r in records], "logistic", seed=5),
+        fit(frame, "logistic", seed=5, x_columns=["a", "b", "c"], y_column="label"),
+    ]
+    first = messages.decode_state(results[0].message)
+    for res in results[1:]:
+        for k, v in messages.decode_state(res.message).items():
+            np.testing.assert_array_equal(v, first[k])
+
+
+def test_invalid_records_count_in_n_and_an_all_invalid_set_gives_no_model():
+    X, y = logistic_data(200)
+    records = [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)] + [{"x": [1, 2]}, b"not json"]
+    res = fit(records, "logistic", seed=0)
+    assert res.report["records"] == 202 and res.report["accepted"] == 200
+    assert sum(res.report["rejected"].values()) == 2
+    assert res.message["hyperparameters"]["dataset_size"] == 202  # N is arrivals, valid or not (public)
+    with pytest.raises(ValueError, match="no model"):
+        fit([{"x": [1.0, 2.0, 3.0], "y": 7}] * 5, "logistic", seed=0)
+
+
+def test_file_ledger_holds_every_step(tmp_path):
+    from stream_vips.privacy.ledger import FileLedger
+
+    X, y = logistic_data(200)
+    path = tmp_path / "ledger.jsonl"
+    res = fit((X, y), "logistic", seed=0, ledger_path=str(path))
+    ledger = FileLedger(str(path))
+    try:
+        assert len(ledger.events()) == res.settings.steps
+        assert ledger.ledger_id == res.message["privacy"]["ledger_id"]
+    finally:
+        ledger.close()
+
+
+def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
+    from stream_vips.cli import main
+
+    X, y = logistic_data(300)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(yi)}) + "\n" for xi, yi in zip(X, y)))
+    out = tmp_path / "model.json"
+    assert main(["fit", "--family", "logistic", "--epsilon", "0.5", "--delta", "1e-6", "--seed", "1",
+                 "--out", str(out), str(data)]) == 0
+    msg = check_message(json.loads(out.read_text()))
+    assert 0.5 / (1 + RTOL) ** 2 <= msg["privacy"]["epsilon_spent"] <= 0.5
+    err = capsys.readouterr().err
+    assert "N = 300" in err and "epsilon spent" in err and "z = " in err
+    base = tmp_path / "base.json"
+    assert main(["fit", "--family", "logistic", "--non-private", "--out", str(base), str(data)]) == 0
+    baseline = posterior_from_message(check_message(json.loads(base.read_text())))
+    assert baseline.private is False and "NON-PRIVATE" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"x": [1, 2, 3], "y": 5}\n')
+    assert main(["fit", "--family", "logistic", "--out", str(tmp_path / "none.json"), str(empty)]) == 1
+    assert not (tmp_path / "none.json").exists()
