@@ -1,0 +1,55 @@
+"""Kafka connectors (kafka-python): record source, model sink, dead-letter sink and durable ledger.
+
+* :mod:`.connection` -- :class:`KafkaConnection`: bootstrap servers, security settings (unset
+  ones from ``STREAM_VIPS_KAFKA_<NAME>`` environment variables), reconnect backoff and client id
+  prefix, turned into kafka-python's keyword arguments in one place; the connector errors.
+* :mod:`.admin` -- :func:`ensure_topic` (create, or check an existing topic's settings and
+  replication), :func:`read_topic` (every committed record).
+* :mod:`.source` -- :class:`KafkaSource`, a consumer-group member with manual offset commits,
+  bounded polls and a keep-alive during long updates.
+* :mod:`.sink` -- :class:`KafkaModelSink`, model messages on a compacted topic keyed by model id,
+  chunked in one transaction when too large (:class:`Reassembler` puts them together).
+* :mod:`.dead_letters` -- :class:`KafkaDeadLetterSink`, rejected records with their original
+  bytes and the reason and source position in headers.
+* :mod:`.ledger` -- :class:`KafkaLedger`, the privacy ledger on a compacted topic written by a
+  transactional producer.
+
+Every connector takes its connection settings as flat keyword arguments (the configuration
+keys) or as one ``connection: KafkaConnection``. Importing the package guards the Kafka client's
+loggers (:func:`stream_vips.logsafety.guard_client_logging`).
+"""
+
+from connectors.kafka.admin import ensure_topic, read_topic
+from connectors.kafka.connection import (ENV_PREFIX, SECURITY_KEYS, KafkaConnection, KafkaConnectorError,
+                                         KafkaPublishError, _servers, security_options)
+from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record
+from connectors.kafka.ledger import KafkaLedger
+from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
+                                   Reassembler, chunk_info, chunk_payload)
+from connectors.kafka.source import KafkaSource, _SeekListener
+
+__all__ = [
+    "CHUNK_HEADER",
+    "ENV_PREFIX",
+    "MESSAGE_ID_HEADER",
+    "RECORD_OVERHEAD",
+    "SECURITY_KEYS",
+    "SHA256_HEADER",
+    "KafkaConnection",
+    "KafkaConnectorError",
+    "KafkaDeadLetterSink",
+    "KafkaLedger",
+    "KafkaModelSink",
+    "KafkaPublishError",
+    "KafkaSource",
+    "Reassembler",
+    "chunk_info",
+    "chunk_payload",
+    "dead_letter_from_record",
+    "ensure_topic",
+    "read_topic",
+    "security_options",
+    # private names that stream_vips.client and the tests import from here
+    "_SeekListener",
+    "_servers",
+]

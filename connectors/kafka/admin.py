@@ -1,0 +1,139 @@
+"""Topic administration and reading shared by the Kafka connectors: create or check a topic's
+settings (:func:`ensure_topic`), read a topic's committed records (:func:`read_topic`), and the
+helpers that classify send failures."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from connectors.kafka.connection import KafkaConnectorError, KafkaPublishError, _servers
+
+
+def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitions: int = 1,
+                 replication_factor: int = 1, configs: Mapping[str, str] | None = None,
+                 create: bool = True, security: Mapping[str, Any] | None = None,
+                 min_replication: int = 1) -> dict[str, str]:
+    """Create ``topic`` with ``configs`` if allowed and missing, else check its settings.
+
+    An existing topic with fewer than ``min_replication`` replicas on some partition is refused
+    too (the ledger's durability rule).
+
+    An existing topic whose value for one of ``configs`` differs raises
+    :class:`KafkaConnectorError` naming the setting (a model topic that is not compacted would
+    lose nothing at first and the history later; refusing to start is the safe answer). Returns
+    the topic's effective settings for the checked keys.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    wanted = {k: str(v) for k, v in (configs or {}).items()}
+    admin = KafkaAdminClient(bootstrap_servers=_servers(bootstrap_servers), **dict(security or {}))
+    try:
+        existing = set(admin.list_topics())
+        if topic not in existing:
+            if not create:
+                raise KafkaConnectorError(f"topic {topic!r} does not exist and create_topic is false")
+            try:
+                admin.create_topics([NewTopic(topic, partitions, replication_factor, topic_configs=wanted)])
+            except TopicAlreadyExistsError:
+                pass  # created concurrently: check its settings below
+            except KafkaError as exc:
+                raise KafkaConnectorError(f"cannot create topic {topic!r} with replication factor "
+                                          f"{replication_factor}: {type(exc).__name__}") from exc
+        if not wanted:
+            return {}
+        deadline = time.monotonic() + 10.0
+        while True:  # a topic created a moment ago may be described with no settings at all yet
+            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            actual = _config_values(res, topic)
+            if actual or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        replicas = min_replication if min_replication <= 1 else min(
+            (len(p.get("replica_nodes", ())) for t in admin.describe_topics([topic]) for p in t.get("partitions", ())),
+            default=0)
+    finally:
+        admin.close()
+    if replicas < min_replication:
+        raise KafkaConnectorError(f"topic {topic!r} has {replicas} replica(s) on some partition; "
+                                  f"at least {min_replication} are needed")
+    wrong = {k: (v, actual.get(k)) for k, v in wanted.items() if k in _CHECKED and not _same(k, v, actual.get(k))}
+    if wrong:
+        detail = ", ".join(f"{k}={have!r} (needs {want!r})" for k, (want, have) in sorted(wrong.items()))
+        raise KafkaConnectorError(f"topic {topic!r} exists with incompatible settings: {detail}")
+    return {k: actual.get(k) for k in wanted}
+
+
+_CHECKED = ("cleanup.policy", "max.message.bytes", "min.insync.replicas")
+_AT_LEAST = ("max.message.bytes", "min.insync.replicas")  # a larger value serves as well
+
+
+def _same(key: str, want: str, have: str | None) -> bool:
+    if have is None:
+        return False
+    if key in _AT_LEAST:
+        return int(have) >= int(want)
+    return set(have.split(",")) == set(want.split(","))
+
+
+def _config_values(response: Any, topic: str) -> dict[str, str]:
+    """``{name: value}`` for ``topic`` from kafka-python's describe_configs result."""
+    entries = response.get("topic", {}).get(topic, {})
+    return {name: entry.get("value") for name, entry in entries.items()}
+
+
+def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapping[str, Any] | None = None,
+               timeout_s: float = 30.0, settle_s: float = 5.0) -> list[Any]:
+    """Every committed record of ``topic`` from the beginning to the current end, per partition
+    in offset order (partitions one after another).
+
+    A transaction's commit markers reach a partition shortly after the producer's commit
+    returns; until then the committed end stops before it. So once the committed end is reached,
+    reading goes on (for at most ``settle_s``) until it reaches the partitions' high watermarks,
+    which a transaction that is still open, not just committed, keeps it from doing."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None,
+                             enable_auto_commit=False, isolation_level="read_committed", **dict(security or {}))
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if parts is None:
+            raise KafkaConnectorError(f"topic {topic!r} does not exist")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out: dict[Any, list] = {tp: [] for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise KafkaConnectorError(f"reading topic {topic!r} to its end took over {timeout_s}s")
+            for tp, recs in consumer.poll(timeout_ms=500).items():
+                out[tp].extend(recs)
+        settled = time.monotonic() + settle_s
+        while time.monotonic() < settled and any(
+                consumer.position(tp) < (consumer.highwater(tp) or 0) for tp in tps):
+            for tp, recs in consumer.poll(timeout_ms=100).items():
+                out[tp].extend(recs)
+        return [r for tp in tps for r in out[tp]]
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _retriable(exc: BaseException) -> bool:
+    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout)."""
+    from kafka.errors import KafkaTimeoutError
+
+    cause = exc.__cause__ or exc
+    return isinstance(cause, KafkaTimeoutError) or bool(getattr(cause, "retriable", False))
+
+
+def _check_future(future: Any, timeout_s: float, what: str) -> Any:
+    """The result of a send ``future``; :class:`KafkaPublishError` naming ``what`` if it failed."""
+    try:
+        return future.get(timeout=timeout_s)
+    except Exception as exc:
+        raise KafkaPublishError(f"{what} was not acknowledged: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,155 @@
+"""How every Kafka connector connects: one :class:`KafkaConnection` (servers, security, reconnect
+backoff, client ids) and the errors the connectors raise.
+
+Security settings (``security_protocol``, ``sasl_mechanism``, ``sasl_username``,
+``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``) that are not given fall back
+to ``STREAM_VIPS_KAFKA_<NAME>`` environment variables (so secrets need not live in the YAML file).
+Every long-lived client reconnects with at most ``reconnect_backoff_max_ms`` (default 1 s, the
+Java client's default; kafka-python's own 30 s would stall recovery for half a minute after a
+broker restart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from stream_vips.logsafety import guard_client_logging
+
+#: One logger for the whole package: log lines keep the name ``connectors.kafka``.
+log = logging.getLogger(__package__)
+guard_client_logging()  # the client logs record bytes at DEBUG; every user of these connectors is guarded
+
+SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
+                 "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+ENV_PREFIX = "STREAM_VIPS_KAFKA_"
+
+
+class KafkaConnectorError(RuntimeError):
+    """A Kafka connector cannot do what its configuration asks (names the topic and setting)."""
+
+
+class KafkaPublishError(KafkaConnectorError):
+    """A send was not acknowledged by the broker; nothing is dropped silently."""
+
+
+def security_options(options: Mapping[str, Any] | None = None,
+                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kafka-python keyword arguments for the security settings (options, else environment)."""
+    env = os.environ if env is None else env
+    given = dict(options or {})
+    out: dict[str, Any] = {}
+    for key in SECURITY_KEYS:
+        value = given.get(key)
+        if value is None:
+            value = env.get(ENV_PREFIX + key.upper())
+        if value is None:
+            continue
+        name = {"sasl_username": "sasl_plain_username", "sasl_password": "sasl_plain_password"}.get(key, key)
+        out[name] = value
+    protocol = out.setdefault("security_protocol", "PLAINTEXT")
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise KafkaConnectorError(f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {protocol!r}")
+    if protocol.startswith("SASL"):
+        if "sasl_mechanism" not in out:
+            raise KafkaConnectorError(f"security_protocol {protocol} needs sasl_mechanism (e.g. PLAIN, SCRAM-SHA-512)")
+        if out["sasl_mechanism"] in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+                out.get("sasl_plain_username") and out.get("sasl_plain_password")):
+            raise KafkaConnectorError(
+                f"sasl_mechanism {out['sasl_mechanism']} needs sasl_username and sasl_password "
+                f"(options or {ENV_PREFIX}SASL_USERNAME / {ENV_PREFIX}SASL_PASSWORD)")
+    return out
+
+
+def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
+    servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+    servers = [s.strip() for part in servers for s in part.split(",") if s.strip()]
+    if not servers:
+        raise KafkaConnectorError("bootstrap_servers is empty")
+    return servers
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Where and how a process's Kafka clients connect, shared by its connectors.
+
+    Resolved once, when built: unset security settings are read from the environment and
+    checked (:func:`security_options`), so :attr:`servers` and :attr:`security` are what every
+    client gets. A connector's client id is ``<client_id_prefix>-<role>`` unless it is given one.
+    """
+
+    bootstrap_servers: str | list[str]
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    reconnect_backoff_max_ms: int = 1000
+    client_id_prefix: str = "stream-vips"
+    #: kafka-python's security keyword arguments (environment fallbacks applied).
+    security: dict[str, Any] = field(init=False, repr=False, compare=False)
+    #: The bootstrap servers as a list of ``host:port``.
+    servers: list[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in SECURITY_KEYS}))
+        object.__setattr__(self, "servers", _servers(self.bootstrap_servers))
+
+    def client_id(self, role: str) -> str:
+        """The client id of a connector's client with this ``role`` (e.g. ``source``)."""
+        return f"{self.client_id_prefix}-{role}"
+
+    def client_options(self, client_id: str) -> dict[str, Any]:
+        """kafka-python keyword arguments for a connector's long-lived client named ``client_id``."""
+        return {"bootstrap_servers": self.servers, "client_id": client_id,
+                "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms, **self.security}
+
+
+#: Connection settings a connector takes as flat arguments after its own ones.
+_TRAILING = ("reconnect_backoff_max_ms", *SECURITY_KEYS)
+
+
+def takes_connection(init: Callable[..., None]) -> Callable[..., None]:
+    """Let a connector's ``__init__(self, ..., *, connection)`` also take the connection settings
+    as flat arguments, where they stood before :class:`KafkaConnection` existed:
+    ``bootstrap_servers`` first, ``reconnect_backoff_max_ms`` and the security settings last.
+
+    Configuration files use the flat names and ``stream_vips.config`` checks them against the
+    constructor's signature, so the wrapper publishes that signature with its annotations.
+    ``bootstrap_servers`` stays required there (a configuration file cannot hold a connection
+    object); a call may leave it out only when it gives ``connection``. Flat settings and a
+    ``connection`` are not mixed.
+    """
+    defaults = {f.name: inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(KafkaConnection)}
+    hints = typing.get_type_hints(KafkaConnection)
+    own = [p for p in inspect.signature(init).parameters.values() if p.name != "connection"]
+    flat = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults[name],
+                              annotation=hints[name]) for name in ("bootstrap_servers", *_TRAILING)]
+    connection = inspect.Parameter("connection", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation=KafkaConnection | None)
+    signature = inspect.Signature([own[0], flat[0], *own[1:], *flat[1:], connection], return_annotation=None)
+
+    @functools.wraps(init)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        given = {p.name: arguments.pop(p.name) for p in flat if p.name in arguments}
+        chosen = arguments.pop("connection", None)
+        if chosen is None:
+            chosen = KafkaConnection(**given)
+        elif given:
+            raise KafkaConnectorError(f"give either connection or {', '.join(given)}, not both")
+        init(**arguments, connection=chosen)
+
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**init.__annotations__, **{p.name: p.annotation for p in flat},
+                               "connection": connection.annotation}
+    return wrapper

@@ -1,0 +1,157 @@
+"""Kafka privacy ledger: :class:`KafkaLedger` keeps privacy events on a compacted topic, one key
+per step, written by a transactional producer and confirmed before ``append`` returns (privacy
+rule 7 in docs/privacy.md). Opening it fences any older writer with the same ledger name and
+replays the committed events."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from connectors.kafka.admin import _check_future, _retriable, ensure_topic, read_topic
+from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
+from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
+                                        replay_lines)
+
+
+class KafkaLedger(LedgerSteps):
+    """The privacy ledger on a compacted Kafka topic (the Ledger protocol).
+
+    Each event is the same checksummed line as :class:`~stream_vips.privacy.ledger.FileLedger`
+    writes, keyed ``<name>/<step, 12 digits>`` so compaction never merges two steps; the genesis
+    line (the ledger's random id) is keyed ``<name>/genesis`` and written when the name has no
+    records yet. Every append is its own transaction of the producer whose ``transactional.id``
+    is derived from the name; ``append`` returns only after the commit is acknowledged
+    (``acks=all``), so the event is durable before any noise is drawn or any model message is
+    sent. Opening the ledger initialises that transactional id, which fences an older process
+    still holding it (its next append fails) and aborts whatever it left open, then replays the
+    committed events; steps must run 0, 1, ... without a gap, else :class:`LedgerCorrupt`.
+
+    **Durability.** The topic is created with ``replication_factor`` (default 3) and
+    ``min.insync.replicas`` = ``min_insync_replicas`` (default 2), and an existing topic with
+    weaker settings is refused: with one replica, a lost broker disk resets the budget. Only
+    ``allow_weak_durability: true`` (single-broker tests and development) accepts less. ``name``
+    was called ``ledger_id`` before ledgers had a genesis id; both spellings are accepted.
+    Connection settings come flat or as one ``connection``; the client id is
+    ``<prefix>-ledger-<name>``, the transactional id always ``stream-vips-ledger-<name>`` (it is
+    what fences an older writer).
+    """
+
+    @takes_connection
+    def __init__(
+        self,
+        topic: str = "stream-vips-ledger",
+        name: str | None = None,
+        ledger_id: str | None = None,
+        create_topic: bool = True,
+        replication_factor: int = 3,
+        min_insync_replicas: int = 2,
+        allow_weak_durability: bool = False,
+        supersedes: Sequence[str] = (),
+        send_timeout_s: float = 30.0,
+        append_timeout_s: float = 120.0,
+        *,
+        connection: KafkaConnection,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        name = name or ledger_id or "default"
+        if "/" in name:
+            raise KafkaConnectorError(f"ledger name must not contain '/', got {name!r}")
+        if not allow_weak_durability and (replication_factor < 3 or min_insync_replicas < 2):
+            raise KafkaConnectorError(
+                f"ledger topic {topic!r}: replication_factor {replication_factor} / min_insync_replicas "
+                f"{min_insync_replicas} is weaker than 3 / 2; a lost broker would reset the budget "
+                "(allow_weak_durability: true accepts it for tests and development)")
+        self.append_timeout_s = float(append_timeout_s)
+        self.topic = topic
+        self.name = name
+        self.send_timeout_s = float(send_timeout_s)
+        self._connection = connection
+        ensure_topic(connection.servers, topic, partitions=1, replication_factor=replication_factor,
+                     configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
+                     create=create_topic, security=connection.security,
+                     min_replication=1 if allow_weak_durability else 3)
+        self._producer = KafkaProducer(
+            **connection.client_options(connection.client_id(f"ledger-{name}")), acks="all",
+            enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0)
+        self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+        self._failed: Exception | None = None
+        genesis, self._events, self._positions = self._replay()
+        if genesis is None:
+            genesis = new_genesis(supersedes)
+            self._commit([(f"{name}/genesis".encode(), encode_genesis(genesis).rstrip(b"\n"))], "ledger genesis")
+            log.info("ledger %s/%s created with id %s", topic, name, genesis["ledger_id"])
+        elif supersedes:
+            raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
+        self._genesis = genesis
+
+    def _replay(self) -> tuple[dict | None, list, list]:
+        prefix = f"{self.name}/".encode()
+        genesis_key = prefix + b"genesis"
+        genesis_line, lines = None, []
+        for rec in read_topic(self._connection.servers, self.topic, security=self._connection.security,
+                              timeout_s=self.send_timeout_s):
+            if rec.key == genesis_key:
+                genesis_line = rec.value
+            elif rec.key is not None and rec.key.startswith(prefix):
+                lines.append(rec.value)
+        if genesis_line is None and not lines:
+            return None, [], []
+        where = f"ledger topic {self.topic!r} name {self.name!r}"
+        if genesis_line is not None:
+            lines.insert(0, genesis_line)
+        genesis, events, positions = replay_lines(lines, where)
+        if genesis_line is None:
+            log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
+        return genesis, events, positions
+
+    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+        """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
+        ``read_committed`` replay sees all or none); transient failures are retried for
+        ``append_timeout_s``. Returns the first step.
+
+        A retry reuses the step numbers only after the failed transaction was aborted. When the
+        outcome is unknown (the abort fails, e.g. the commit itself was interrupted) the ledger
+        refuses further appends: a restart replays what was committed, so a step number is never
+        used twice.
+        """
+        first = len(self._events)
+        records = [(f"{self.name}/{first + i:012d}".encode(), encode_line(first + i, e, p).rstrip(b"\n"))
+                   for i, (e, p) in enumerate(entries)]
+        what = f"ledger events for steps {first}..{first + len(records) - 1}"
+        self._commit(records, what)
+        return self._record(entries)
+
+    def _commit(self, records: Sequence[tuple[bytes, bytes]], what: str) -> None:
+        if self._failed is not None:
+            raise KafkaPublishError(
+                f"ledger {self.name!r} refused further appends after a failed one ({self._failed}); "
+                "restart to replay what was committed")
+        deadline = time.monotonic() + self.append_timeout_s
+        while True:
+            try:
+                self._producer.begin_transaction()
+                futures = [self._producer.send(self.topic, value=v, key=k, partition=0) for k, v in records]
+                self._producer.flush(timeout=self.send_timeout_s)
+                for future in futures:
+                    _check_future(future, self.send_timeout_s, what)
+                self._producer.commit_transaction()
+                return
+            except Exception as exc:
+                error = exc if isinstance(exc, KafkaPublishError) else KafkaPublishError(
+                    f"{what} was not committed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc.__cause__ if isinstance(exc, KafkaPublishError) else exc
+                try:
+                    self._producer.abort_transaction()
+                except Exception as abort_exc:
+                    log.error("aborting the ledger transaction failed (%s): outcome of %s unknown", abort_exc, what)
+                    self._failed = error
+                    raise error from exc
+                if not _retriable(error) or time.monotonic() >= deadline:
+                    raise error from exc
+                log.warning("%s; retrying", error)
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        self._producer.close(timeout=self.send_timeout_s)

@@ -1,0 +1,381 @@
+"""Kafka record source: :class:`KafkaSource`, a consumer-group member with manual offset commits
+and bounded polls, and the rebalance listener that commits before partitions are revoked.
+
+While an update runs long (no ``poll()`` for ``long_update_s``) a keep-alive thread pauses the
+assigned partitions and keeps polling, so the member is not evicted for exceeding
+``max.poll.interval.ms``; the next ``poll()`` resumes them. ``pause()`` (budget halted) pauses
+everything for good while polling keeps the membership alive. ``group_instance_id`` turns on
+static membership (a restart within the session timeout causes no rebalance).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+from operator import attrgetter
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from connectors.kafka.admin import _retriable
+from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
+from stream_vips.io import RawRecord, RecordBatch
+
+
+class KafkaSource:
+    """Records from Kafka topics as :class:`RawRecord` (origin: topic, partition, offset, timestamp).
+
+    ``commit()`` marks every record returned by ``poll()`` so far as processed and commits those
+    offsets (manual commits only: a record counts as processed when the pipeline says so), at
+    most every ``commit_interval_s``: a synchronous commit round trip per poll batch costs more
+    than the batch's records, and a deferred commit only means that more records are consumed
+    again after a crash (at-least-once), never that one is skipped. Marked offsets are always
+    committed by :meth:`commit_now`, :meth:`pause`, :meth:`close`, before partitions are revoked,
+    and on an idle poll once the interval has passed; while paused every ``commit()`` is
+    immediate. ``commit_interval_s=0`` commits on every call. ``until_end=True``
+    makes the source exhausted once it has caught up with the end offsets (batch jobs,
+    benchmarks). :meth:`seek` overrides the committed offsets, e.g. from a reservoir checkpoint.
+
+    A pipeline that keeps a polled batch in flight (decoding in a worker process while it polls
+    the next) passes the :meth:`positions` after that batch to ``commit(positions)``, and sets
+    ``before_revoke`` to a callable that finishes the batch in flight and returns the positions
+    after it: the rebalance listener calls it (on kafka-python's IO thread, while ``poll()``
+    waits; not during a keep-alive poll) before committing and giving partitions up, so a clean
+    rebalance still hands over exactly the records processed. Offsets are only ever committed
+    for partitions this member holds.
+
+    Connection settings come flat (``bootstrap_servers``, security, ``reconnect_backoff_max_ms``)
+    or as one ``connection`` (:func:`~connectors.kafka.connection.takes_connection`); the client
+    id defaults to ``<prefix>-source``.
+    """
+
+    @takes_connection
+    def __init__(
+        self,
+        topics: str | list[str],
+        group_id: str = "stream-vips",
+        group_instance_id: str | None = None,
+        auto_offset_reset: str = "earliest",
+        session_timeout_ms: int = 45_000,
+        max_poll_interval_ms: int = 300_000,
+        heartbeat_interval_ms: int = 3_000,
+        long_update_s: float = 1.0,
+        fetch_max_bytes: int = 52_428_800,
+        max_partition_fetch_bytes: int = 1_048_576,
+        until_end: bool = False,
+        commit_timeout_s: float = 120.0,
+        commit_interval_s: float = 1.0,
+        client_id: str | None = None,
+        *,
+        connection: KafkaConnection,
+    ) -> None:
+        from kafka import KafkaConsumer
+
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self.topics:
+            raise KafkaConnectorError("topics is empty")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise KafkaConnectorError(f"auto_offset_reset must be earliest or latest, got {auto_offset_reset!r}")
+        if long_update_s <= 0 or long_update_s * 1000 >= max_poll_interval_ms:
+            raise KafkaConnectorError("long_update_s must be > 0 and below max_poll_interval_ms")
+        if not commit_interval_s >= 0:
+            raise KafkaConnectorError(f"commit_interval_s must be >= 0, got {commit_interval_s!r}")
+        self.group_id = group_id
+        self.until_end = bool(until_end)
+        self.commit_timeout_ms = int(commit_timeout_s * 1000)
+        self.commit_interval_s = float(commit_interval_s)
+        self.long_update_s = float(long_update_s)
+        self._consumer = KafkaConsumer(
+            **connection.client_options(client_id or connection.client_id("source")), group_id=group_id,
+            group_instance_id=group_instance_id, enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            isolation_level="read_committed", session_timeout_ms=session_timeout_ms,
+            max_poll_interval_ms=max_poll_interval_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+            fetch_max_bytes=fetch_max_bytes, max_partition_fetch_bytes=max_partition_fetch_bytes,
+        )
+        self._lock = threading.RLock()
+        self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last returned record
+        self._seek: dict[Any, int] = {}  # applied once, at the partition's next assignment
+        self.duplicates_dropped = 0
+        self._done: dict[Any, int] = {}  # offsets marked processed by commit()
+        self._committed: dict[Any, int] = {}  # offsets the broker acknowledged
+        self._last_commit = float("-inf")
+        self._halted = False  # pause() until resume()
+        self._long_paused = False  # paused by the keep-alive thread during a long update
+        self._last_poll = time.monotonic()
+        self._caught_up = False
+        self._closed = threading.Event()
+        self.before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
+        self._polling_thread: int | None = None  # set while poll() (not the keep-alive) is in the consumer's poll
+        self._consumer.subscribe(self.topics, listener=_SeekListener(self))
+        self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
+        self._keepalive.start()
+
+    # -- the Source protocol -------------------------------------------------------------------
+
+    def poll(self, max_records: int, timeout_s: float) -> Sequence[RawRecord]:
+        with self._lock:
+            if self._long_paused and not self._halted:
+                self._consumer.resume(*self._consumer.assignment())
+            self._long_paused = False
+            self._polling_thread = threading.get_ident()
+            try:
+                batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+            finally:
+                self._polling_thread = None
+            if self._halted:  # pause() from a rebalance callback during this poll
+                self._consumer.pause(*self._consumer.assignment())
+            segments = []
+            for tp, recs in batches.items():
+                floor = self._next.get(tp)
+                if recs and floor is not None and recs[0].offset < floor:
+                    recs = self._above_floor(tp, recs, floor)
+                if recs:
+                    segments.append((recs, partial(_origin, tp.topic, tp.partition)))
+                    self._next[tp] = recs[-1].offset + 1
+            out = RecordBatch(segments, _VALUE)
+            if not out:
+                if self._due():
+                    self._flush()  # idle: do not leave processed records uncommitted
+                if self.until_end:
+                    self._caught_up = self._at_end()
+            self._last_poll = time.monotonic()
+            return out if out else []
+
+    def _above_floor(self, tp: Any, recs: list, floor: int) -> list:
+        """Drop records this process already returned (a partition given back after a rebalance,
+        an eviction or a failed commit resumes at the last commit, which can be behind): a record
+        must never reach the reservoir twice."""
+        cut = next((i for i, r in enumerate(recs) if r.offset >= floor), len(recs))
+        self.duplicates_dropped += cut
+        log.warning("%s/%d: dropped %d records at offsets %d..%d already returned in this process",
+                    tp.topic, tp.partition, cut, recs[0].offset, recs[cut - 1].offset)
+        return recs[cut:]
+
+    def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Mark every record returned so far (or those before ``positions``, from
+        :meth:`positions`) as processed; commit the offsets after them if ``commit_interval_s``
+        has passed since the last commit (or the source is paused)."""
+        with self._lock:
+            self._mark(positions)
+            if self._halted or self._due():
+                self._flush()
+            self._last_poll = time.monotonic()
+
+    def commit_now(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Like :meth:`commit` but commit now (e.g. right after a checkpoint that reflects these
+        offsets)."""
+        with self._lock:
+            self._mark(positions)
+            self._flush()
+            self._last_poll = time.monotonic()
+
+    def _mark(self, positions: Mapping[tuple[str, int], int] | None) -> None:
+        if positions is None:
+            self._done.update(self._next)
+            return
+        from kafka.structs import TopicPartition
+
+        self._done.update({TopicPartition(t, p): off for (t, p), off in positions.items()})
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._last_commit >= self.commit_interval_s
+
+    def _pending(self) -> dict[Any, Any]:
+        """Marked offsets of held partitions that the broker does not have yet, as commit offsets."""
+        from kafka.structs import OffsetAndMetadata
+
+        held = self._consumer.assignment()
+        return {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._done.items()
+                if tp in held and self._committed.get(tp) != off}
+
+    def _flush(self) -> None:
+        """Synchronously commit the marked offsets the broker does not have yet (caller holds the lock).
+
+        Retriable failures (a broker restarting) are retried for ``commit_timeout_s``. A commit
+        refused because the group rebalanced is logged, not raised: the partition's new owner
+        resumes from the last committed offset (at-least-once).
+        """
+        from kafka.errors import CommitFailedError, KafkaError
+
+        offsets = self._pending()
+        if not offsets:
+            return
+        self._last_commit = time.monotonic()
+        deadline = time.monotonic() + self.commit_timeout_ms / 1000
+        while True:
+            try:
+                self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
+            except CommitFailedError as exc:
+                log.warning("offset commit refused after a rebalance: %s", exc)
+                return
+            except KafkaError as exc:
+                if not _retriable(exc) or time.monotonic() >= deadline:
+                    raise
+                log.warning("offset commit failed (%s); retrying", exc)
+                time.sleep(0.5)
+                continue
+            self._committed.update({tp: meta.offset for tp, meta in offsets.items()})
+            return
+
+    def pause(self) -> None:
+        from kafka.errors import KafkaError
+
+        if self._polling_thread not in (None, threading.get_ident()):
+            self._halted = True  # from a rebalance callback while poll() holds the lock: poll() pauses
+            return
+        with self._lock:
+            self._halted = True
+            self._consumer.pause(*self._consumer.assignment())
+            try:
+                self._flush()
+            except KafkaError as exc:  # the marked offsets stay pending for the next commit or close
+                log.warning("offset commit on pause failed: %s", exc)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._halted = False
+            self._long_paused = False
+            self._consumer.resume(*self._consumer.assignment())
+
+    @property
+    def exhausted(self) -> bool:
+        return self.until_end and self._caught_up
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            try:
+                self._flush()
+            finally:
+                self._consumer.close(autocommit=False)
+        self._keepalive.join(timeout=5)
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """``{(topic, partition): next offset}`` after every record returned so far."""
+        with self._lock:
+            return {(tp.topic, tp.partition): off for tp, off in self._next.items()}
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Start these partitions at these offsets (a checkpoint's) now or at their next
+        assignment, once: a later assignment resumes at the committed offset, and records below
+        what this process already returned are dropped (:meth:`_above_floor`)."""
+        from kafka.structs import TopicPartition
+
+        with self._lock:
+            self._seek = {TopicPartition(t, p): int(o) for (t, p), o in offsets.items()}
+            self._next.update(self._seek)
+            for tp in self._consumer.assignment():
+                if tp in self._seek:
+                    self._consumer.seek(tp, self._seek.pop(tp))
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records behind the end of each assigned partition, from the high watermarks of the last
+        fetch responses (no extra request; partitions not fetched yet are left out). For the
+        ``consumer_lag_records`` gauge."""
+        with self._lock:
+            out = {}
+            for tp in self._consumer.assignment():
+                high = self._consumer.highwater(tp)
+                if high is not None:
+                    out[(tp.topic, tp.partition)] = max(0, high - self._next.get(tp, 0))
+            return out
+
+    def paused_partitions(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return {(tp.topic, tp.partition) for tp in self._consumer.paused()}
+
+    def _at_end(self) -> bool:
+        from kafka.errors import KafkaError
+
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        try:
+            ends = self._consumer.end_offsets(list(assigned))
+        except KafkaError:  # broker unreachable right now: not known to be at the end
+            return False
+        return all(self._consumer.position(tp) >= ends[tp] for tp in assigned)
+
+    def _keepalive_loop(self) -> None:
+        while not self._closed.wait(self.long_update_s / 2):
+            if time.monotonic() - self._last_poll < self.long_update_s:
+                continue
+            if not self._lock.acquire(blocking=False):
+                continue  # the pipeline is polling or committing right now
+            try:
+                if self._closed.is_set():
+                    return
+                if not self._long_paused:
+                    self._consumer.pause(*self._consumer.assignment())
+                    self._long_paused = True
+                self._consumer.poll(timeout_ms=0)  # paused: fetches nothing, keeps the member alive
+            except Exception as exc:  # the pipeline's next poll() reports real failures
+                log.debug("keep-alive poll failed: %s", exc)
+            finally:
+                self._lock.release()
+
+
+_VALUE = attrgetter("value")
+
+
+def _origin(topic: str, partition: int, record: Any) -> dict[str, Any]:
+    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp}
+
+
+def _listener_base() -> type:
+    from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+
+    return AsyncConsumerRebalanceListener
+
+
+class _SeekListener(_listener_base()):
+    """Commits processed offsets before partitions are revoked; applies :meth:`KafkaSource.seek`
+    offsets when partitions are assigned; keeps pauses.
+
+    kafka-python 3 runs rebalance listeners on the consumer's IO thread, where the blocking
+    ``commit()`` refuses to run (it would wait on that same thread), so the listener is the async
+    kind and awaits the coordinator's commit coroutine (a private kafka-python 3.0 API: the only
+    way to commit synchronously inside a revocation). The pipeline's thread is blocked in
+    ``poll()`` meanwhile, holding the source's lock, so nothing here takes that lock.
+    """
+
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+        from kafka.errors import CommitFailedError, KafkaError
+
+        src = self.source
+        revoked = set(revoked)
+        if not revoked:
+            return  # a first join revokes nothing: there is nothing to finish or commit
+        if src.before_revoke is not None and src._polling_thread is not None:
+            positions = src.before_revoke()  # the pipeline finishes its batch in flight
+            if positions:
+                src._mark(positions)
+        offsets = src._pending()
+        if not offsets:
+            return
+        try:  # the next owner starts after what this member processed, not after its last commit
+            await src._consumer._coordinator._commit_offsets_sync_async(offsets, timeout_ms=src.commit_timeout_ms)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("offset commit before revocation failed (records may be consumed twice): %s", exc)
+            return
+        src._committed.update({tp: meta.offset for tp, meta in offsets.items()})
+        src._last_commit = time.monotonic()
+
+    async def on_partitions_lost(self, lost: Iterable[Any]) -> None:
+        """Evicted from the group (no poll or heartbeat in time): the partitions already have new
+        owners, which resume from the last commit, so there is nothing left to commit here."""
+        log.warning("partitions lost to an eviction (records since the last commit are consumed again): %s",
+                    sorted(f"{tp.topic}/{tp.partition}" for tp in lost))
+
+    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        src = self.source
+        for tp in assigned:
+            if tp in src._seek:  # a checkpoint's position applies once
+                src._consumer.seek(tp, src._seek.pop(tp))
+        if src._halted:
+            src._consumer.pause(*assigned)
+
