@@ -26,7 +26,7 @@ import numpy as np
 from river import base as river_base
 
 from stream_vips import messages
-from stream_vips.config import model_class
+from stream_vips.models import model_class
 from stream_vips.models.base import Model
 
 

@@ -92,7 +92,8 @@ def allocation_diameter(model: Model, block_weights: Mapping[str, float] | None 
     """The model's replace-one diameter (in units of the joint bound) for the noise allocation
     the engine will actually use: a model that proves a tighter bound for a given allocation
     (logistic regression) gets it, and accounting and calibration use the same number."""
-    return float(model.diameter(allocation_weights(model.blocks(), block_weights)))
+    chosen = block_weights if block_weights is not None else model.default_block_weights()
+    return float(model.diameter(allocation_weights(model.blocks(), chosen)))
 
 
 class PrivateEngine:
@@ -145,6 +146,8 @@ class PrivateEngine:
         self.non_private = bool(non_private)
         self.delta = float(delta)  # only reported by non-private runs; private ones use the monitor's
         self.blocks = tuple(model.blocks())
+        if block_weights is None:
+            block_weights = model.default_block_weights()  # the family's own allocation rule, if any
         self._stds = self._block_stds(block_weights)
         self.diameter = allocation_diameter(model, block_weights)
         self._local_steps = 0  # non-private mode has no ledger to count steps
@@ -212,6 +215,7 @@ class PrivateEngine:
             adjacency=ADJACENCY,
             diameter=self.diameter,
             ledger_id=self.monitor.ledger.ledger_id if private else None,
+            private=private,
         )
 
     def _noisy_mean(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

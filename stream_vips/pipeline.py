@@ -434,7 +434,7 @@ class Application:
         self._publish(message)
         self._unpublished = False
         self._last_publish = time.monotonic()
-        self.metrics.epsilon_spent.set(message["privacy"]["epsilon_spent"])
+        self.metrics.epsilon_spent.set(self.engine.epsilon_spent())
         self.metrics.model_version.set(message["version"])
 
     def _publish(self, message: dict[str, Any]) -> None:

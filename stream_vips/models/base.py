@@ -62,6 +62,13 @@ class Model(ABC):
     def blocks(self) -> tuple[Block, ...]:
         """The statistics one step releases, with their per-record bounds."""
 
+    def default_block_weights(self) -> dict[str, float] | None:
+        """The noise allocation a_k the engine uses when configuration gives none (``None``:
+        a_k proportional to the block bounds, i.e. noise z on the concatenated vector). A family
+        whose accuracy is served better by another split says so here, derived from public
+        quantities only."""
+        return None
+
     def diameter(self, weights: Mapping[str, float] | None = None) -> float:
         """Replace-one sensitivity of the joint release in units of its joint bound, for the
         engine's noise allocation ``weights`` (a_k per block, sum a_k^2 = 1; ``None``: unknown).
