@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from stream_vips.errors import StreamVipsError
 from stream_vips.logsafety import guard_client_logging
 
 #: One logger for the whole package: log lines keep the name ``connectors.kafka``.
@@ -31,7 +32,7 @@ SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_p
 ENV_PREFIX = "STREAM_VIPS_KAFKA_"
 
 
-class KafkaConnectorError(RuntimeError):
+class KafkaConnectorError(StreamVipsError, RuntimeError):
     """A Kafka connector cannot do what its configuration asks (names the topic and setting)."""
 
 
