@@ -1,7 +1,10 @@
-"""The ``stream-vips`` command: ``run``, ``demo``, ``plan`` and ``inspect`` subcommands.
+"""The ``stream-vips`` command and its subcommands (``run`` lives here; the others in their modules).
 
-Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and ``run(args) -> int``;
-they are imported lazily so that one missing optional piece never breaks the others.
+:data:`SUBCOMMANDS` is the one registry: each subcommand's module (exposing
+``add_parser(subparsers)`` and ``run(args) -> int``) and its one-line help. The top-level help is
+built from that table alone, and only the chosen subcommand's module is imported, so
+``stream-vips --help`` never loads numpy, the models or the Kafka client, and one missing optional
+piece never breaks the other subcommands.
 """
 
 from __future__ import annotations
@@ -9,19 +12,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from typing import Sequence
 
 from stream_vips import __version__
 
-#: subcommand -> module with add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = {
-    "run": "stream_vips.cli",
-    "demo": "stream_vips.demo",
-    "plan": "stream_vips.plan",
-    "inspect": "stream_vips.inspect",
-    "reset": "stream_vips.reset",
-    "fit": "stream_vips.fit",
+#: subcommand -> (module with add_parser(subparsers) and run(args) -> int, one-line help).
+#: The only place a subcommand is registered; the help line is shown by ``stream-vips --help``
+#: without importing the module.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("stream_vips.cli", "run the pipeline from a YAML configuration"),
+    "demo": ("stream_vips.demo", "run the pipeline on a synthetic stream (no Kafka needed)"),
+    "plan": ("stream_vips.plan", "epsilon for a noise multiplier, or the noise multiplier for a target epsilon"),
+    "inspect": ("stream_vips.inspect",
+                "print the latest model per id on a model topic or in a JSONL model file"),
+    "reset": ("stream_vips.reset", "start a new privacy budget deliberately (the old ledger is kept and named)"),
+    "fit": ("stream_vips.fit", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
 }
 
 
@@ -125,6 +132,18 @@ def _connector_failure(exc: BaseException) -> bool:
                for cls in type(exc).__mro__)
 
 
+def plain(doc: str) -> str:
+    """``doc`` as plain help text: RST literals and roles (double backticks, ``:class:`x```)
+    become their bare text, so ``--help`` can reuse a module docstring."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+
+
+def _entry(name: str) -> tuple[str, str]:
+    """(module, help line) of a registered subcommand (a bare module name has no help line)."""
+    entry = SUBCOMMANDS[name]
+    return (entry, "") if isinstance(entry, str) else (entry[0], entry[1])
+
+
 def _unavailable(name: str, subparsers: argparse._SubParsersAction, exc: Exception) -> None:
     p = subparsers.add_parser(name, help=f"(unavailable: {exc})", add_help=False)
     p.set_defaults(_run=lambda args: _fail(name, exc), _unavailable=True)
@@ -135,14 +154,20 @@ def _fail(name: str, exc: Exception) -> int:
     return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``stream-vips`` parser. Every subcommand is listed from :data:`SUBCOMMANDS` as a
+    placeholder that accepts anything; only ``command`` is built from its (imported) module."""
     parser = argparse.ArgumentParser(prog="stream-vips", description="Differentially private Bayesian "
                                      "inference on event streams.")
     parser.add_argument("--version", action="version", version=f"stream-vips {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in SUBCOMMANDS.items():
+    for name in SUBCOMMANDS:
+        module_name, help_line = _entry(name)
+        if name != command:
+            subparsers.add_parser(name, help=help_line, add_help=False).set_defaults(_placeholder=True)
+            continue
         try:
-            module = sys.modules[__name__] if module_name == __name__ else importlib.import_module(module_name)
+            module = importlib.import_module(module_name)
         except ImportError as exc:
             _unavailable(name, subparsers, exc)
             continue
@@ -152,8 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Two-stage parse: the placeholders find the subcommand (or print the top-level help), then
+    the parser is rebuilt with that subcommand's real parser and the arguments parsed again."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if getattr(args, "_placeholder", False):
+        parser = build_parser(args.command)
+        args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "_unavailable", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args._run(args))

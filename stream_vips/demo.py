@@ -256,8 +256,10 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from stream_vips.cli import plain  # the module docstring without its RST markup
+
     p = subparsers.add_parser("demo", help="run the pipeline on a synthetic stream (no Kafka needed)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="linreg",
                    help="model family (default linreg); see above")
     p.add_argument("--records", type=int, help="synthetic records to stream (default: 40000 for linreg and "

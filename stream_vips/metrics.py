@@ -12,7 +12,11 @@ tolerance), and they are exported unnoised. docs/privacy.md lists update timing 
 help texts say so, and a deployment that needs timing covered must not scrape them.
 
 Each :class:`Metrics` owns its :class:`prometheus_client.CollectorRegistry`, so several
-applications (tests, the demo's non-private comparison run) live in one process.
+applications (tests, the demo's non-private comparison run) live in one process. The registry also
+carries prometheus_client's process, platform and garbage-collector collectors (``process_*``,
+``python_info``, ``python_gc_*``), the usual operational series. Like update timing they are
+unnoised and **outside the privacy guarantee**: CPU time, memory and collections depend on the
+data-dependent work behind the wall, so they reveal no more than the timing metrics already do.
 
 >>> m = Metrics(family="linreg", sampling="poisson", accountant="pld")
 >>> m.records_consumed.inc(3)
@@ -27,7 +31,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info,
+                               PlatformCollector, ProcessCollector, generate_latest)
 
 from stream_vips import __version__
 
@@ -44,6 +49,11 @@ class Metrics:
     def __init__(self, family: str = "", sampling: str = "", accountant: str = "", health_timeout_s: float = 30.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* (CPU, memory, fds, start time), python_info and python_gc_*: what dashboards
+        # and alerts expect of any process; the private registry would otherwise lack them
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.records_consumed = Counter(f"{PREFIX}_records_consumed", "Records read from the source.", registry=r)
         self.records_duplicate = Counter(
             f"{PREFIX}_records_duplicate", "Records dropped because this process had already taken their "

@@ -53,9 +53,11 @@ def _probability(text: str) -> float:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``plan`` subcommand on an ``add_subparsers()`` object."""
+    from stream_vips.cli import plain  # the module docstring without its RST markup
+
     p = subparsers.add_parser(
         "plan", help="epsilon for a noise multiplier, or the noise multiplier for a target epsilon",
-        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain(__doc__.split("\n\n")[1]), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--sampling", required=True, choices=("poisson", "fixed"),
                    help="minibatch sampling: poisson (rate q) or fixed-size without replacement")

@@ -7,8 +7,10 @@ the reservoir. The checks are vectorized: a field is converted for the whole bat
 into numpy masks) find the culprits, the good rows are still converted in one call, and only the
 rejected records get a per-record detail.
 
-JSON booleans count as numbers (0/1), as they do in Python and numpy. Python's ``json`` reads the
-non-standard literals ``NaN`` and ``Infinity``; they are rejected here as ``non_finite``.
+JSON ``true``/``false`` are not numbers: wherever a number is expected (a scalar, a vector's
+entries, a binary label) they are rejected as ``wrong_type``, although Python and numpy would read
+them as 1/0; labels are the numbers 0 and 1. Python's ``json`` reads the non-standard literals
+``NaN`` and ``Infinity``; they are rejected here as ``non_finite``.
 
 Decoding uses ``orjson`` when it is installed (several times faster on small records) and Python's
 ``json`` for every document ``orjson`` refuses, so both accept exactly the same documents with the
@@ -67,7 +69,8 @@ REASONS = (
     OUT_OF_RANGE,
 )
 
-_NUMBER = (int, float, bool)
+#: JSON numbers decode to exactly these types; ``bool`` (an ``int`` subclass) is deliberately absent.
+_NUMBER = (int, float)
 _NUMBER_SET = frozenset(_NUMBER)
 _LIST = frozenset((list,))
 _MISSING = object()
@@ -338,11 +341,12 @@ class FieldBatch:
         return arr
 
     def binary(self, name: str, *, max_abs: float | None = None) -> np.ndarray:
-        """Field ``name`` as an (n,) float64 array of labels 0 or 1; other numbers are out of range.
+        """Field ``name`` as an (n,) float64 array of labels 0 or 1; other numbers are out of range,
+        and ``true``/``false`` are wrong_type (a label is a number, as documented for records).
 
-        >>> batch = FieldBatch([{"y": 1}, {"y": 0.5}, {"y": False}])
+        >>> batch = FieldBatch([{"y": 1}, {"y": 0.5}, {"y": False}, {"y": 0.0}])
         >>> batch.binary("y").tolist(), [(i, reason) for i, reason, _ in batch.rejected()]
-        ([1.0, 0.0, 0.0], [(1, 'out_of_range')])
+        ([1.0, 0.0, 0.0, 0.0], [(1, 'out_of_range'), (2, 'wrong_type')])
         """
         y = self.scalar(name, max_abs=max_abs)
         for i in np.flatnonzero(~self._bad & (y != 0.0) & (y != 1.0)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_run_consumes_a_file_and_exits_zero(tmp_path, capsys):
     assert n == 1 + (1_500 - 500) // 250 and [m["version"] for m in msgs] == list(range(n))
     assert all(m["model_id"] == "cli" for m in msgs)
     assert (tmp_path / "dead.jsonl").read_text().count("\n") > 0
-    assert "stopped: 1500 records" in capsys.readouterr().err
+    assert "records        1500 (" in capsys.readouterr().err  # the final summary
 
 
 def test_env_overrides_apply_to_run(tmp_path, monkeypatch):
@@ -84,12 +85,87 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["run", "demo", "plan", "inspect"])
+@pytest.mark.parametrize("command", sorted(cli.SUBCOMMANDS))
 def test_every_subcommand_is_wired(command, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main([command, "--help"])
     assert info.value.code == 0
     assert f"stream-vips {command}" in capsys.readouterr().out
+
+
+def test_every_subcommand_is_registered_with_its_help_line(capsys):
+    """SUBCOMMANDS is the one registry: (module, help line) per name, listed by the top-level help."""
+    assert {"run", "demo", "plan", "inspect", "reset"} <= set(cli.SUBCOMMANDS)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = " ".join(capsys.readouterr().out.split())  # argparse wraps long help lines
+    for name, entry in cli.SUBCOMMANDS.items():
+        assert isinstance(entry, tuple) and len(entry) == 2, name
+        module, help_line = entry
+        assert module.startswith("stream_vips.") and help_line.strip(), name
+        assert f"{name} {help_line}" in top, name
+
+
+#: Subcommand modules that import numpy (and the pipeline) at module level, so their --help loads
+#: it: moving those imports into their run() would let them join the check below.
+HEAVY_AT_IMPORT = {"demo", "fit"}
+HEAVY = ("numpy", "scipy", "kafka", "dp_accounting", "autodp", "stream_vips.models", "stream_vips.pipeline")
+
+
+def _modules_after(code: str) -> dict[str, list[str]]:
+    """Run ``code`` in a fresh interpreter (stdout silenced) and return which of HEAVY it loaded,
+    and which subcommand modules."""
+    script = f"""
+import contextlib, io, json, sys
+import stream_vips.cli as cli
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        {code}
+    except SystemExit:
+        pass
+loaded = [m for m in {HEAVY!r} if m in sys.modules]
+subcommands = [m for m, _ in cli.SUBCOMMANDS.values() if m in sys.modules and m != "stream_vips.cli"]
+print(json.dumps({{"heavy": loaded, "subcommands": subcommands}}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout.decode().splitlines()[-1])
+
+
+def test_top_level_help_imports_no_subcommand_and_no_numpy():
+    """`stream-vips --help` is built from SUBCOMMANDS alone (a module-import check, not a timing)."""
+    loaded = _modules_after("cli.main(['--help'])")
+    assert loaded == {"heavy": [], "subcommands": []}
+    assert _modules_after("cli.build_parser().format_help()") == {"heavy": [], "subcommands": []}
+
+
+@pytest.mark.parametrize("command", sorted(set(cli.SUBCOMMANDS) - HEAVY_AT_IMPORT))
+def test_subcommand_help_imports_only_its_own_module(command):
+    loaded = _modules_after(f"cli.main([{command!r}, '--help'])")
+    own = cli.SUBCOMMANDS[command][0]
+    assert loaded["heavy"] == [] and set(loaded["subcommands"]) <= {own}, loaded
+
+
+#: Sphinx/RST markup that has no place in a terminal.
+MARKUP = ("``", ":class:", ":func:", ":meth:", ":mod:", ":data:", ":attr:")
+
+
+@pytest.mark.parametrize("command", [None, *sorted(cli.SUBCOMMANDS)])
+def test_help_texts_are_plain_and_cite_only_files_in_the_repository(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"] if command is None else [command, "--help"])
+    text = capsys.readouterr().out
+    for markup in MARKUP:
+        assert markup not in text, (command, markup)
+    assert "DESIGN" not in text.upper(), command
+    root = Path(__file__).resolve().parents[1]
+    for cited in re.findall(r"\b(?:docs|k8s|benchmarks|tools|stream_vips)/[\w./-]*\w", " ".join(text.split())):
+        assert (root / cited).exists(), (command, cited)
+
+
+def test_plain_strips_rst_but_keeps_the_words():
+    assert cli.plain("see ``--out`` and :class:`~a.B` or :func:`f`") == "see --out and a.B or f"
 
 
 def test_plan_runs_through_the_cli(capsys):
@@ -99,7 +175,7 @@ def test_plan_runs_through_the_cli(capsys):
 
 
 def test_a_missing_subcommand_module_fails_clearly(monkeypatch, capsys):
-    monkeypatch.setitem(cli.SUBCOMMANDS, "inspect", "stream_vips.does_not_exist")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "inspect", ("stream_vips.does_not_exist", "print nothing"))
     assert cli.main(["inspect", "--anything"]) == 2
     assert "not available" in capsys.readouterr().err
 

@@ -3,11 +3,16 @@ every unknown key or bad value, including connector options and model parameters
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from importlib import resources
+from typing import Any, Iterator
 
 import pytest
+import yaml
 
-from stream_vips.config import Config, ConfigError, config_from_dict, load_config
+from stream_vips.config import (DEFAULT_MODEL_PARAMS, Config, ConfigError, ConnectorConfig, config_from_dict,
+                                 load_config)
 from stream_vips.pipeline import Application
 
 
@@ -18,6 +23,51 @@ def test_empty_configuration_is_the_shipped_default_file():
     assert shipped == config_from_dict({}, env={}) == load_config(None, env={})
     assert shipped.model.params == {"dim": 5, "dataset_size": 10_000}  # N defaults to M
     assert shipped.sampling.q == 0.1 and shipped.privacy.noise_multiplier is None
+
+
+def _leaves(data: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf."""
+    if isinstance(data, dict) and data:
+        for name, value in data.items():
+            yield from _leaves(value, f"{key}.{name}" if key else str(name))
+    else:
+        yield key, data
+
+
+def _schema_defaults(cls: type, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, default) of every field of the configuration dataclass ``cls``, recursing into
+    nested dataclasses. Connector sections are a ``type`` plus options flattened beside it, and
+    ``model.params`` holds the default family's DEFAULT_MODEL_PARAMS, as in the YAML layout."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dotted = f"{key}.{f.name}" if key else f.name
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if dotted == "model.params":
+            default = DEFAULT_MODEL_PARAMS[Config().model.family]
+        if hints[f.name] is ConnectorConfig:
+            yield from _leaves({"type": default.type, **default.options}, dotted)  # a connector
+        elif dataclasses.is_dataclass(hints[f.name]):
+            yield from _schema_defaults(hints[f.name], dotted)
+        else:
+            yield from _leaves(default, dotted)
+
+
+def _same_default(shipped: Any, default: Any) -> bool:
+    """Equal value and type (PyYAML reads ``1e-5`` as a string); an int may stand for a float."""
+    types = {type(default), int} if type(default) is float else {type(default)}
+    return shipped == default and type(shipped) in types
+
+
+def test_default_yaml_lists_every_key_with_its_dataclass_default():
+    """default.yaml claims to list every key with its default: compare it with the dataclasses."""
+    text = resources.files("stream_vips").joinpath("data", "default.yaml").read_text(encoding="utf-8")
+    shipped = dict(_leaves(yaml.safe_load(text)))
+    schema = dict(_schema_defaults(Config))
+    assert "runtime.decode_workers" in schema and "privacy.ledger.prepay_steps" in schema  # the walk recurses
+    assert sorted(set(schema) - set(shipped)) == [], "keys missing from default.yaml"
+    assert sorted(set(shipped) - set(schema)) == [], "keys in default.yaml that the schema does not have"
+    wrong = {k: (shipped[k], schema[k]) for k in schema if not _same_default(shipped[k], schema[k])}
+    assert wrong == {}, "default.yaml value (or type) differs from the dataclass default"
 
 
 def test_round_trip_through_the_yaml_layout():
@@ -64,7 +114,6 @@ def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
         ({"privacy": {"delta": 1.5}}, "privacy.delta"),
         ({"privacy": {"accountant": "magic"}}, "privacy.accountant"),
         ({"privacy": {"noise_multiplier": 0.0}}, "privacy.noise_multiplier"),
-        ({"privacy": {"mode": "non_private"}}, "privacy.mode"),  # inf epsilon cannot go to a JSON sink
         ({"privacy": {"mode": "non_private", "noise_multiplier": 1.0}, "sink": {"type": "memory"}},
          "privacy.noise_multiplier"),
         ({"privacy": {"planned_steps": 2.5}}, "privacy.planned_steps"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -69,6 +70,17 @@ def test_exposition_passes_promtool(tmp_path):
     result = subprocess.run([promtool, "check", "metrics"], input=populated().exposition(),
                             capture_output=True, timeout=60)
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def test_process_and_platform_series_are_exported():
+    """The private registry carries prometheus_client's process, platform and GC collectors, so
+    the usual process_* and python_* series are scraped with the application's own."""
+    text = populated().exposition().decode()
+    names = {line.split("{")[0].split()[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert {"process_cpu_seconds_total", "python_info", "python_gc_objects_collected_total"} <= names
+    if sys.platform.startswith("linux"):  # ProcessCollector reads /proc
+        assert {"process_resident_memory_bytes", "process_open_fds", "process_start_time_seconds"} <= names
+    assert Metrics().registry.get_sample_value("process_cpu_seconds_total") > 0  # a second instance has them too
 
 
 def test_registries_are_private_to_each_instance():

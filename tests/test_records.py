@@ -49,12 +49,12 @@ def test_first_failed_check_wins_in_field_order():
 
 
 def test_fast_path_values_and_rejected_rows_zeroed():
-    objs = [{"x": [1, 2.5], "y": True}, {"x": [3.0, -4.0], "y": 0}, {"x": [5.0, float("inf")], "y": 1}]
+    objs = [{"x": [1, 2.5], "y": 1}, {"x": [3.0, -4.0], "y": 0}, {"x": [5.0, float("inf")], "y": 1}]
     batch = FieldBatch(objs)
     x = batch.vector("x", 2)
     y = batch.scalar("y")
     np.testing.assert_array_equal(x, [[1.0, 2.5], [3.0, -4.0], [0.0, 0.0]])
-    np.testing.assert_array_equal(y, [1.0, 0.0, 0.0])  # booleans are numbers; row 2 zeroed
+    np.testing.assert_array_equal(y, [1.0, 0.0, 0.0])  # integers become floats; row 2 zeroed
     assert x.dtype == np.float64 and batch.accepted().tolist() == [0, 1]
 
 
@@ -115,18 +115,70 @@ def test_round_trip_through_json_text():
 
 
 def test_binary_labels_reject_other_numbers_after_earlier_field_checks():
-    objs = [{"x": [1.0], "y": 1}, {"x": [1.0], "y": 0.5}, {"x": [1.0], "y": True},
+    objs = [{"x": [1.0], "y": 1}, {"x": [1.0], "y": 0.5}, {"x": [1.0], "y": 0.0},
             {"x": ["a"], "y": 2}, {"x": [1.0], "y": 2}, {"x": [1.0], "y": -1e9}]
     batch = FieldBatch(objs)
     batch.vector("x", 1)
     y = batch.binary("y", max_abs=1e6)
     assert batch.accepted().tolist() == [0, 2]
-    assert y.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]  # rejected rows hold zeros
+    assert y.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # rejected rows hold zeros
     rejected = {i: (reason, detail) for i, reason, detail in batch.rejected()}
     assert rejected[1] == ("out_of_range", "'y' must be 0 or 1, got 0.5")
     assert rejected[3][0] == "wrong_type"  # the first failed check wins
     assert rejected[4] == ("out_of_range", "'y' must be 0 or 1, got 2")
     assert rejected[5][0] == "out_of_range" and "beyond" in rejected[5][1]  # max_abs checked first
+
+
+# -- JSON true/false are not numbers -------------------------------------------------------------
+
+BOOLEAN_RECORDS = [b'{"x": [0.5, 0.5], "y": true}', b'{"x": [0.5, 0.5], "y": false}',
+                   b'{"x": [true, 0.5], "y": 1}', b'{"x": [0.5, false], "y": 0}']
+
+
+@pytest.mark.parametrize("batch_size", [1, 50])  # alone (the slow path) and among good records
+def test_booleans_are_wrong_type_wherever_numbers_are_expected(batch_size):
+    good = [b'{"x": [0.25, -0.5], "y": 1}'] * (batch_size - 1)
+    for raw in BOOLEAN_RECORDS:
+        batch = FieldBatch(decode_json(good + [raw]).values)
+        batch.vector("x", 2, max_abs=1e6)
+        y = batch.scalar("y", max_abs=1e6)
+        assert batch.accepted().tolist() == list(range(batch_size - 1)), raw
+        (index, reason, detail), = batch.rejected()
+        assert (index, reason) == (batch_size - 1, "wrong_type") and "boolean" in detail, raw
+        assert y[index] == 0.0  # a rejected row holds zeros, not 1.0 for true
+    fields = FieldBatch([{"y": True}, {"y": False}, {"y": 1}, {"y": 0}])
+    assert fields.binary("y").tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert [(i, r) for i, r, _ in fields.rejected()] == [(0, "wrong_type"), (1, "wrong_type")]
+
+
+FAMILY_PARAMS = {
+    "linreg": {"dim": 2}, "logistic": {"dim": 2}, "dpvi": {"dim": 2}, "ops": {"dim": 2, "epsilon": 1.0},
+    "sgld": {"dim": 2, "batch_size": 10, "step_size": 0.01, "epsilon": 1.0, "delta": 1e-5, "passes": 1.0},
+    "sep_probit": {"dim": 2, "clip": 1.0}, "sep_mixture": {"n_components": 2, "dim": 2, "clip": 1.0},
+    "lda": {"vocabulary": ["apple", "pear"], "doc_length": 4},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_PARAMS))
+def test_every_family_rejects_booleans_for_numbers_and_keeps_0_1_labels(family):
+    """`{"y": true}` for linreg, booleans in x, true/false labels and counts: wrong_type in every
+    family that reads numbers; labels 0 and 1 (integers or floats) still pass."""
+    from stream_vips.models import MODEL_FAMILIES, model_class
+
+    assert set(FAMILY_PARAMS) == set(MODEL_FAMILIES)  # a new family joins this test
+    model = model_class(family)(dataset_size=100, **FAMILY_PARAMS[family])
+    if family == "lda":
+        good = [b'{"counts": {"apple": 2, "pear": 1}}', b'{"tokens": ["apple", "pear"]}']
+        bad = [b'{"counts": {"apple": true}}', b'{"counts": {"apple": 1, "pear": false}}']
+    elif family == "sep_mixture":  # no label
+        good, bad = [b'{"x": [0.5, -0.5]}', b'{"x": [0, 1]}'], [b'{"x": [true, 0.5]}', b'{"x": [0.5, false]}']
+    else:
+        good = [b'{"x": [0.5, -0.5], "y": 1}', b'{"x": [0.5, -0.5], "y": 0}', b'{"x": [0, 1], "y": 1.0}',
+                b'{"x": [0.5, 0.5], "y": 0.0}']
+        bad = BOOLEAN_RECORDS
+    parsed = model.parse_batch(decode_json(good + bad).values)
+    assert parsed.accepted.tolist() == list(range(len(good)))
+    assert [(i, r) for i, r, _ in parsed.rejected] == [(len(good) + j, "wrong_type") for j in range(len(bad))]
 
 
 # -- orjson and json decode the same documents to the same values ------------------------------
@@ -306,12 +358,12 @@ def _reference_fields(obj, dim: int = 2, max_abs: float = 1e6):
                 return records.WRONG_TYPE, f"'x' must be an array of {dim} numbers, got {_KIND.get(type(v), 'number')}"
             if len(v) != dim:
                 return records.WRONG_SHAPE, f"'x' has {len(v)} entries, expected {dim}"
-            other = [e for e in v if type(e) not in (int, float, bool)]
+            other = [e for e in v if type(e) not in (int, float)]  # true/false are not numbers
             if other:
                 return records.WRONG_TYPE, f"'x' must contain only numbers, found {_KIND[type(other[0])]}"
             elements = v
         else:
-            if type(v) not in (int, float, bool):
+            if type(v) not in (int, float):
                 return records.WRONG_TYPE, f"'y' must be a number, got {_KIND.get(type(v), 'number')}"
             elements = [v]
         try:
