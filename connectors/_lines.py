@@ -11,7 +11,7 @@ import base64
 import json
 from typing import Any, Mapping, Sequence, TextIO
 
-from stream_vips.io import DeadLetter
+from stream_vips.io import DeadLetter, reverse_lines
 from stream_vips.messages import dumps
 
 
@@ -62,36 +62,24 @@ def dead_letter_line(letter: DeadLetter) -> str:
     return json.dumps(dead_letter_to_dict(letter), default=str)
 
 
-def last_message(path: str, key: str, block: int = 1 << 16) -> dict[str, Any] | None:
+def last_message(path: str, key: str) -> dict[str, Any] | None:
     """The last model message for ``key`` in a JSON-lines file, read backwards from its end (a
-    service's model file grows for months; start-up reads only its tail). A torn last line
-    (no newline) is skipped."""
-    import os
-
+    service's model file grows for months; start-up reads only its tail). A torn last line is
+    skipped."""
+    needle = json.dumps(key).encode()
     try:
-        fh = open(path, "rb")
+        for line, torn in reverse_lines(path):
+            if torn or needle not in line:
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and msg.get("model_id") == key:
+                return msg
     except FileNotFoundError:
         return None
-    needle = json.dumps(key).encode()
-    with fh:
-        end = fh.seek(0, os.SEEK_END)
-        tail = b""
-        while end > 0:
-            start = max(0, end - block)
-            fh.seek(start)
-            chunk = fh.read(end - start) + tail
-            end = start
-            lines = chunk.split(b"\n")
-            tail = lines.pop(0) if start > 0 else b""
-            for line in reversed(lines):  # a torn last line fails to parse and is skipped
-                if needle in line and line.strip():
-                    try:
-                        msg = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(msg, dict) and msg.get("model_id") == key:
-                        return msg
-        return None
+    return None
 
 
 def write_lines(stream: TextIO, lines: Sequence[str]) -> None:

@@ -113,31 +113,6 @@ def format_text(summaries: list[dict[str, Any]]) -> str:
 _MODEL_ID = re.compile(rb'"model_id"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
-def reverse_lines(path: str | os.PathLike[str], block: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
-    """``(line, torn)`` for the lines of ``path`` from last to first, without their newline.
-
-    Reads fixed-size blocks from the end, so memory holds one block plus one line. Only the
-    very last piece can be torn (no newline after it: a write cut by a crash); blank lines are
-    left out.
-    """
-    with open(path, "rb") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        tail = b""
-        first = True
-        while end > 0:
-            start = max(0, end - block)
-            fh.seek(start)
-            chunk = fh.read(end - start) + tail
-            end = start
-            lines = chunk.split(b"\n")
-            tail = lines.pop(0) if start > 0 else b""
-            for i in range(len(lines) - 1, -1, -1):
-                torn = first
-                first = False
-                if lines[i].strip():
-                    yield lines[i], torn
-
-
 def _check(msg: Any) -> dict[str, Any]:
     from stream_vips.client import check_message
 
@@ -153,6 +128,7 @@ def latest_in_file(path: str | os.PathLike[str], model_id: str | None = None
     ``OSError`` if the file cannot be read."""
     from stream_vips import messages
     from stream_vips.client import SchemaVersionError
+    from stream_vips.io import reverse_lines
 
     latest: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence, overload, runtime_checkable
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, overload, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -232,3 +233,28 @@ class DeadLetterSink(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def reverse_lines(path: str | os.PathLike[str], block: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
+    """``(line, torn)`` for the lines of ``path`` from last to first, without their newline.
+
+    Reads fixed-size blocks from the end, so memory holds one block plus one line. Only the
+    very last piece can be torn (no newline after it: a write cut by a crash); blank lines are
+    left out.
+    """
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        tail = b""
+        first = True
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            chunk = fh.read(end - start) + tail
+            end = start
+            lines = chunk.split(b"\n")
+            tail = lines.pop(0) if start > 0 else b""
+            for i in range(len(lines) - 1, -1, -1):
+                torn = first
+                first = False
+                if lines[i].strip():
+                    yield lines[i], torn

@@ -15,6 +15,7 @@ import pytest
 import stream_vips.cli as cli
 from stream_vips import inspect as sv_inspect
 from stream_vips import messages
+from stream_vips.io import reverse_lines
 
 
 def message(model_id: str, version: int, private: bool = True) -> dict:
@@ -103,10 +104,10 @@ def test_reverse_lines_is_the_file_backwards_at_any_block_size(tmp_path, block):
     path = tmp_path / "lines"
     lines = [b"x" * n for n in (3, 0, 200, 1, 70)] + [b"last"]
     path.write_bytes(b"\n".join(lines) + b"\nto")  # no newline after "to": torn
-    got = list(sv_inspect.reverse_lines(path, block))
+    got = list(reverse_lines(path, block))
     assert got == [(b"to", True)] + [(line, False) for line in reversed(lines) if line]
     path.write_bytes(b"\n".join(lines) + b"\n")
-    assert [torn for _, torn in sv_inspect.reverse_lines(path, block)] == [False] * 5
+    assert [torn for _, torn in reverse_lines(path, block)] == [False] * 5
 
 
 def test_a_non_private_report_claims_no_guarantee():
