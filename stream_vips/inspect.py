@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
 
+from stream_vips.errors import StreamVipsError
+
 PRIVACY_FIELDS = ("epsilon_spent", "epsilon_budget", "delta", "accountant", "sampling", "q",
                   "noise_multiplier", "paper_sigma", "adjacency", "steps", "halted", "seeded")
 
@@ -42,7 +44,7 @@ did not answer within --timeout-s seconds"""
 PROG = "stream-vips inspect"
 
 
-class BrokerUnreachable(RuntimeError):
+class BrokerUnreachable(StreamVipsError, RuntimeError):
     """The broker did not answer within the deadline (exit code 5)."""
 
 

@@ -40,6 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from stream_vips.errors import StreamVipsError
+
 PROG = "stream-vips report"
 
 #: Default number of step counts the epsilon curve is evaluated at.
@@ -56,7 +58,7 @@ corrupt, several model ids without --model-id, a model without a privacy guarant
 matplotlib not installed); 5 the broker did not answer within --timeout-s seconds"""
 
 
-class ReportError(ValueError):
+class ReportError(StreamVipsError, ValueError):
     """Input the report cannot use (exit code 2); the message says which and why."""
 
 
