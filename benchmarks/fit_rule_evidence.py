@@ -10,10 +10,18 @@ Criterion: held-out AUC gap between the private fit (epsilon 1, delta 1e-5) and 
 fit on the same synthetic data (a fresh test sample of 5,000 rows), averaged over data sets and
 seeds. Two stages, to keep the run to a few minutes on a shared machine:
 
-A. sampling rate q in {1, 0.3} x steps T in {1, 2, 3, 6, 12}, with s2:s1 weights 2:1 and uniform
+A. at q = 1 (rule 1 of the previous evidence: q = 0.3 was worse at every T, kept in ``history``),
+   steps T in {1, 2, 3} x the eigenvalue floor of the averaged noisy s2 in units of
+   sqrt(d) * (its diagonal noise std): 1 (the streaming default) or sqrt(2) (the spectral edge of
+   the symmetric noise, derived in stream_vips/models/logistic.py), s2:s1 weights 1:1, uniform
    averaging (rho_t = 1 / (t + 1));
-B. at the best (q, T) of stage A: weights s2:s1 in {0.5 (bound-proportional), 1, 2, 4} x
-   kappa in {1 (uniform averaging), 0.7} (tau0 = 1).
+B. at the best (T, floor) of stage A: weights s2:s1 in {0.5 (bound-proportional), 1, 1.5, 2}.
+
+Linear regression (``noise="gamma"``): synthetic regression sets of the size of small public
+ones (N in {300, 2,000}, d in {6, 11}; rows of norm <= 1 with a bias 0.5, y in [-1, 1]) compare
+the eigenvalue floor of the noisy x x^T: none beyond the prior precision (the old rule), and
+floor_factor 1, sqrt(2) (derived default), 2; criterion the held-out RMSE ratio private /
+non-private.
 
 Run: ``python benchmarks/fit_rule_evidence.py`` (a few minutes). Writes
 ``benchmarks/results/fit_rule_evidence.json``; ``chosen`` is the rule, and ``matches_fit_py``
@@ -44,11 +52,13 @@ from stream_vips.models.logistic import roc_auc  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 SHAPES = ((2000, 10), (8000, 30), (20000, 60))  # (N, d) of the synthetic training sets
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2)
 N_TEST = 5000
-STAGE_A = [(q, t) for q in (1.0, 0.3) for t in (1, 2, 3, 6, 12)]
-RATIOS = (0.5, 1.0, 2.0, 4.0)  # s2 weight / s1 weight; 0.5 is the bound-proportional default
-KAPPAS = (1.0, 0.7)
+FLOORS = (1.0, float(np.sqrt(2.0)))
+STAGE_A = [(t, f) for t in (1, 2, 3) for f in FLOORS]
+RATIOS = (0.5, 1.0, 1.5, 2.0)  # s2 weight / s1 weight; 0.5 is the bound-proportional default
+LINREG_SHAPES = ((300, 6), (300, 11), (2000, 6), (2000, 11))
+LINREG_FLOORS = (None, 1.0, float(np.sqrt(2.0)), 2.0)  # None: old rule (prior precision only)
 
 
 def synthetic(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -78,9 +88,9 @@ def synthetic(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return rows(raw_tr), y_tr, rows(raw_te), y_te
 
 
-def candidate(n: int, d: int, q: float, steps: int, ratio: float, kappa: float) -> fitmod.Settings:
+def candidate(n: int, d: int, steps: int, floor: float, ratio: float) -> fitmod.Settings:
     base = fitmod.fit_settings("logistic", n, d, EPSILON, DELTA)
-    return dataclasses.replace(base, q=q, steps=steps, kappa=kappa, tau0=1.0,
+    return dataclasses.replace(base, q=1.0, steps=steps, kappa=1.0, tau0=1.0, model_params={"floor_factor": floor},
                                block_weights={"s1": 1.0, "s2": ratio}, why={"candidate": "rule evidence"})
 
 
@@ -88,44 +98,96 @@ def auc_of(result: fitmod.FitResult, X: np.ndarray, y: np.ndarray) -> float:
     return roc_auc(y, result.posterior.model.predict_proba(X))
 
 
-def evaluate(configs: list[tuple[float, int, float, float]], data: dict, baselines: dict) -> list[dict]:
+def evaluate(configs: list[tuple[int, float, float]], data: dict, baselines: dict) -> list[dict]:
     out = []
-    for q, steps, ratio, kappa in configs:
+    for steps, floor, ratio in configs:
         gaps = []
-        for (n, d, seed), (Xtr, ytr, Xte, yte) in data.items():
-            res = fitmod.fit((Xtr, ytr), "logistic", EPSILON, DELTA, seed=seed,
-                             settings=candidate(n, d, q, steps, ratio, kappa))
-            gaps.append(baselines[(n, d, seed)] - auc_of(res, Xte, yte))
-        row = {"q": q, "steps": steps, "s2_over_s1": ratio, "kappa": kappa,
-               "gap_mean": float(np.mean(gaps)), "gap_max": float(np.max(gaps)),
-               "gaps": [round(g, 5) for g in gaps]}
-        print(json.dumps(row), file=sys.stderr)
+        for (n, d, data_seed), (Xtr, ytr, Xte, yte) in data.items():
+            for seed in SEEDS:
+                res = fitmod.fit((Xtr, ytr), "logistic", EPSILON, DELTA, seed=seed,
+                                 settings=candidate(n, d, steps, floor, ratio))
+                gaps.append(baselines[(n, d, data_seed)] - auc_of(res, Xte, yte))
+        row = {"q": 1.0, "steps": steps, "floor_factor": floor, "s2_over_s1": ratio, "kappa": 1.0,
+               "gap_mean": float(np.mean(gaps)), "gap_sd_over_runs": float(np.std(gaps, ddof=1)),
+               "gap_max": float(np.max(gaps)), "gaps": [round(g, 5) for g in gaps]}
+        print(json.dumps({k: v for k, v in row.items() if k != "gaps"}), file=sys.stderr)
         out.append(row)
     return out
 
 
+def synthetic_regression(n: int, d: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Rows: d - 1 correlated features scaled so that ||x|| <= 1 with a bias 0.5, y = x w + noise
+    clipped to [-1, 1] (the shape of a small standardised regression set)."""
+    rng = np.random.default_rng(5000 + 31 * seed + d + n)
+    L = rng.normal(size=(d - 1, d - 1)) / np.sqrt(d - 1)
+    w = rng.normal(size=d) * 0.8
+
+    def draw(m: int) -> tuple[np.ndarray, np.ndarray]:
+        raw = rng.normal(size=(m, d - 1)) @ (0.5 * L + 0.5 * np.eye(d - 1)) / np.sqrt(d - 1) / 1.5
+        X = np.hstack([raw, np.full((m, 1), 0.5)])
+        X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1.0)
+        return X, np.clip(X @ w + 0.15 * rng.normal(size=m), -1.0, 1.0)
+
+    Xtr, ytr = draw(n)
+    Xte, yte = draw(N_TEST)
+    return Xtr, ytr, Xte, yte
+
+
+def linreg_floors() -> list[dict]:
+    """RMSE ratio (private / non-private) of the linreg fit for each eigenvalue floor."""
+    sets = {(n, d, s): synthetic_regression(n, d, s) for n, d in LINREG_SHAPES for s in (0, 1)}
+    base = {}
+    for key, (Xtr, ytr, Xte, yte) in sets.items():
+        res = fitmod.fit((Xtr, ytr), "linreg", non_private=True, seed=0, noise="gamma")
+        base[key] = float(np.sqrt(np.mean((res.posterior.model.predictive(Xte)[0] - yte) ** 2)))
+    rows = []
+    for floor in LINREG_FLOORS:
+        ratios = []
+        for key, (Xtr, ytr, Xte, yte) in sets.items():
+            for seed in SEEDS:
+                # floor None: the old rule (precision >= prior precision only), i.e. a vanishing factor
+                ff = 1e-12 if floor is None else floor
+                res = fitmod.fit((Xtr, ytr), "linreg", EPSILON, DELTA, seed=seed, noise="gamma", floor_factor=ff)
+                pred = res.posterior.model.predictive(Xte)[0]
+                ratios.append(float(np.sqrt(np.mean((pred - yte) ** 2))) / base[key])
+        row = {"floor_factor": floor, "rmse_ratio_mean": float(np.mean(ratios)),
+               "rmse_ratio_median": float(np.median(ratios)), "rmse_ratio_max": float(np.max(ratios))}
+        print(json.dumps(row), file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
 def main() -> dict:
     started = time.perf_counter()
-    data = {(n, d, s): synthetic(n, d, s) for n, d in SHAPES for s in SEEDS}
+    data = {(n, d, s): synthetic(n, d, s) for n, d in SHAPES for s in (0, 1)}
     baselines = {}
     for key, (Xtr, ytr, Xte, yte) in data.items():
         baselines[key] = auc_of(fitmod.fit((Xtr, ytr), "logistic", non_private=True, seed=key[2]), Xte, yte)
-    stage_a = evaluate([(q, t, 2.0, 1.0) for q, t in STAGE_A], data, baselines)
+    stage_a = evaluate([(t, f, 1.0) for t, f in STAGE_A], data, baselines)
     best_a = min(stage_a, key=lambda r: r["gap_mean"])
-    q, steps = best_a["q"], best_a["steps"]
-    configs_b = [(q, steps, r, k) for r in RATIOS for k in KAPPAS if (r, k) != (2.0, 1.0)]
-    stage_b = evaluate(configs_b, data, baselines) + [best_a]
+    steps, floor = best_a["steps"], best_a["floor_factor"]
+    stage_b = evaluate([(steps, floor, r) for r in RATIOS if r != 1.0], data, baselines) + [best_a]
     best = min(stage_b, key=lambda r: r["gap_mean"])
-    chosen = {"q": best["q"], "steps": best["steps"], "s2_over_s1": best["s2_over_s1"], "kappa": best["kappa"]}
-    current = {"q": 1.0, "steps": fitmod.LOGISTIC_STEPS,
+    chosen = {"q": 1.0, "steps": best["steps"], "floor_factor": best["floor_factor"],
+              "s2_over_s1": best["s2_over_s1"], "kappa": 1.0}
+    current = {"q": 1.0, "steps": fitmod.LOGISTIC_STEPS, "floor_factor": fitmod.LOGISTIC_FLOOR_FACTOR,
                "s2_over_s1": fitmod.LOGISTIC_WEIGHTS["s2"] / fitmod.LOGISTIC_WEIGHTS["s1"],
                "kappa": fitmod.LOGISTIC_KAPPA}
+    linreg = linreg_floors()
+    from stream_vips.models.linreg import DEFAULT_FLOOR_FACTOR
+
+    linreg_best = min(linreg, key=lambda r: r["rmse_ratio_mean"])
+    previous = Path(ROOT / "benchmarks/results/fit_rule_evidence.json")
+    history = []
+    if previous.exists():
+        old = json.loads(previous.read_text())
+        history = old.pop("history", []) + [old]
     result = {
         "benchmark": "fit_rule_evidence",
         "machine": machine(),
         "criterion": "mean over synthetic data sets and seeds of (non-private fit AUC - private fit AUC), "
                      f"epsilon {EPSILON}, delta {DELTA}; held-out synthetic test sets of {N_TEST} rows",
-        "data": {"shapes_n_d": [list(s) for s in SHAPES], "seeds": list(SEEDS),
+        "data": {"shapes_n_d": [list(s) for s in SHAPES], "noise_seeds": list(SEEDS), "data_seeds": [0, 1],
                  "generator": "bias + binary indicators + uniform numerics, unit-norm rows, logistic labels "
                               "(~25% positives); no benchmark data is used"},
         "non_private_auc": {f"n={k[0]},d={k[1]},seed={k[2]}": round(v, 5) for k, v in baselines.items()},
@@ -134,6 +196,11 @@ def main() -> dict:
         "chosen": chosen,
         "fit_py": current,
         "matches_fit_py": chosen == current,
+        "linreg_floor": {"rows": linreg, "best": linreg_best["floor_factor"],
+                         "model_default": DEFAULT_FLOOR_FACTOR,
+                         "criterion": "mean held-out RMSE ratio private / non-private over 8 synthetic sets x "
+                                      f"{len(SEEDS)} seeds (epsilon {EPSILON}, delta {DELTA}, noise gamma)"},
+        "history": history,
         "runtime_s": time.perf_counter() - started,
     }
     write_result("fit_rule_evidence", result)

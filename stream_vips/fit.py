@@ -54,12 +54,15 @@ FAMILIES = ("linreg", "logistic")
 #: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
 CALIBRATION_RTOL = 1e-3
 #: Version of the settings rule (reported with every fit).
-RULE_VERSION = "fit_settings/1"
+RULE_VERSION = "fit_settings/2"
 
 #: Logistic rule constants, chosen on synthetic data by benchmarks/fit_rule_evidence.py (docs/fit.md).
 LOGISTIC_STEPS = 2
 LOGISTIC_KAPPA = 1.0
-LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.0}
+LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
+#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std:
+#: sqrt(2) is the spectral edge of the symmetric noise (stream_vips/models/logistic.py).
+LOGISTIC_FLOOR_FACTOR = float(math.sqrt(2.0))
 #: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
 NON_PRIVATE_LOGISTIC_STEPS = 30
 NON_PRIVATE_KAPPA = 0.51
@@ -114,8 +117,9 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
       whole budget; one step gives the exact posterior of the noisy statistics. The noise is
       allocated by :func:`stream_vips.models.linreg.default_block_weights`.
     * ``logistic`` (the E-step depends on the current posterior): ``LOGISTIC_STEPS`` steps,
-      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), equal allocation weights for
-      s1 and s2; chosen on synthetic data (benchmarks/fit_rule_evidence.py). Non-private:
+      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), allocation weights s2:s1 =
+      1.5:1 and the eigenvalue floor of s2 at the spectral edge of its public noise
+      (``floor_factor`` sqrt(2)); chosen on synthetic data (benchmarks/fit_rule_evidence.py). Non-private:
       ``NON_PRIVATE_LOGISTIC_STEPS`` damped fixed-point steps (kappa = 0.51), no noise to average.
 
     >>> s = fit_settings("linreg", n=1000, d=5, epsilon=1.0, delta=1e-5)
@@ -151,10 +155,14 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
     why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
                     "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
                     "budget (benchmarks/fit_rule_evidence.py)")
-    why["block_weights"] = ("s1 and s2 weighted equally (a_1 = a_2): best of s2/s1 in {0.5, 1, 2, 4} on synthetic "
+    why["block_weights"] = ("s2:s1 weights 1.5:1: best of s2/s1 in {0.5, 1, 1.5, 2} on synthetic "
                             "data; s2 (the precision) gets more than its bound-proportional share")
+    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
+                           "its diagonal noise std (public): the spectral edge of the symmetric noise, so "
+                           "directions the noise swamps are not inverted")
     return Settings(family, int(n), int(d), float(epsilon), float(delta), 1.0, LOGISTIC_STEPS, 1.0,
-                    LOGISTIC_KAPPA, dict(LOGISTIC_WEIGHTS), why=why)
+                    LOGISTIC_KAPPA, dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR},
+                    why=why)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -315,3 +317,43 @@ def test_default_allocation_serves_the_posterior_mean():
     model = LinearRegression(dim=4, dataset_size=10, noise="gamma")
     assert model.default_block_weights() == default_block_weights(4, gamma=True)
     assert set(LinearRegression(dim=4, dataset_size=10).default_block_weights()) == {"xx", "xy"}
+
+
+def test_noise_aware_floor_is_the_public_spectral_edge_of_the_xx_noise():
+    """With diagonal noise std s on the xx mean, the target precision is prior + N proj(xx)
+    with proj raising eigenvalues to floor_factor sqrt(d) s (default sqrt(2): the Wigner edge);
+    eigenvalues above the floor, and the eigenvectors, are kept exactly."""
+    d, N, s = 4, 50, 0.01
+    m = LinearRegression(d, N, noise="gamma")
+    m.set_noise_scale({"xx": s, "xy": 0.0, "yy": 0.0})
+    assert m.eigen_floor == pytest.approx(math.sqrt(2.0) * math.sqrt(d) * s, rel=1e-15)
+    Q = np.linalg.qr(np.random.default_rng(3).normal(size=(d, d)))[0]
+    lam = np.array([-0.05, 0.001, 0.2, 0.5])  # two below the floor 0.04, two above
+    xx = (Q * lam) @ Q.T
+    m.update({"xx": xx, "xy": np.zeros(d), "yy": np.array(0.1)}, 1.0)
+    got = np.linalg.eigvalsh(m.state()["precision"])
+    want = np.sort(1.0 + N * np.maximum(lam, m.eigen_floor))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the Wigner edge: the spectral norm of the engine's symmetric noise is close to sqrt(2 d) s for large d
+    from stream_vips.privacy.mechanisms import symmetric_noise
+
+    big = 400
+    norm = np.linalg.norm(symmetric_noise(np.random.default_rng(0), big, 1.0), 2)
+    assert abs(norm / math.sqrt(2 * big) - 1.0) < 0.05  # edge fluctuations are O(d^-2/3)
+
+
+def test_floor_keeps_a_private_fit_below_the_mean_predictor_where_the_old_rule_blew_up():
+    """Small N, noisy xx: without a noise-aware floor (factor ~0) the mean explodes in a
+    noise-swamped direction; the default floor keeps the error bounded (same noise draw)."""
+    from stream_vips.fit import fit
+
+    rng = np.random.default_rng(11)
+    n, d = 300, 6
+    X = np.hstack([rng.uniform(-0.3, 0.3, (n, d - 1)), np.full((n, 1), 0.5)])
+    y = np.clip(X @ rng.normal(size=d) + 0.1 * rng.normal(size=n), -1, 1)
+    def rmse(**kw):
+        res = fit((X, y), "linreg", 1.0, 1e-5, seed=4, noise="gamma", **kw)
+        return float(np.sqrt(np.mean((res.posterior.model.predictive(X)[0] - y) ** 2)))
+    mean_rmse = float(np.std(y))
+    assert rmse() < mean_rmse * 1.5
+    assert rmse(floor_factor=1e-12) > 3 * rmse()

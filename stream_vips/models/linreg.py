@@ -42,10 +42,21 @@ only sets the noise precision, one scalar next to the d coordinates of the mean:
 
 M-step (stochastic natural-gradient VB, exact for this conjugate family): with noisy mean
 statistics ``s_hat``, the target is ``eta_hat = eta_prior + N * s_hat`` (times ``lam`` for the known
-precision), projected onto the feasible set (precision >= alpha I, rate >= b0; both hold for every
-exact posterior, the set is convex and the bounds are public), and then
-``eta <- (1 - rho) eta + rho eta_hat``. With no noise, the whole reservoir as batch and rho = 1 this
-is the exact batch posterior over the reservoir.
+precision), projected onto the feasible set (rate >= b0, which holds for every exact posterior),
+and then ``eta <- (1 - rho) eta + rho eta_hat``. With no noise, the whole reservoir as batch and
+rho = 1 this is the exact batch posterior over the reservoir.
+
+Noise-aware eigenvalue floor (post-processing). The released ``xx`` mean carries symmetric
+Analyze-Gauss noise E with diagonal std s (public: ``s = z R^2 / (a_xx * normaliser)``, which the
+engine passes to :meth:`LinearRegression.set_noise_scale`) and off-diagonal std s / sqrt(2). E is
+a Wigner matrix: its spectrum fills [-2 sqrt(d) s / sqrt(2), +2 sqrt(d) s / sqrt(2)], so its
+spectral norm is about sqrt(2 d) s. An eigenvalue of the noisy ``xx`` below that edge cannot be
+told apart from noise: in such a direction the noisy precision may be near zero (or negative)
+while the noisy shift is not, and the mean P^-1 shift blows up there. The target's ``xx`` is
+therefore projected (nearest matrix in Frobenius norm) onto eigenvalues >= ``floor_factor *
+sqrt(d) * s`` before the prior is added; the default ``floor_factor`` sqrt(2) puts the floor at the
+noise's spectral edge. Only public quantities enter, so this is post-processing; at s = 0
+(non-private) the floor only removes negative rounding and the exact posterior is unchanged.
 
 >>> import numpy as np
 >>> m = LinearRegression(dim=2, dataset_size=4, y_bound=2.0)
@@ -56,6 +67,7 @@ is the exact batch posterior over the reservoir.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -67,6 +79,11 @@ from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.records import FieldBatch
 
 NOISE_OPTIONS = ("known", "gamma")
+#: Default eigenvalue floor of the noisy ``xx`` in units of sqrt(d) * (its diagonal noise std):
+#: sqrt(2) is the spectral edge of the symmetric (Wigner) noise (module docstring).
+DEFAULT_FLOOR_FACTOR = math.sqrt(2.0)
+#: Floor without noise: only negative (rounding) eigenvalues are removed.
+_MIN_FLOOR = float(np.finfo(float).tiny)
 
 
 def default_block_weights(dim: int, x_bound: float = 1.0, y_bound: float = 1.0, *,
@@ -120,6 +137,7 @@ class LinearRegression(Model):
         x_bound: float = 1.0,
         y_bound: float = 1.0,
         max_abs: float = 1e6,
+        floor_factor: float = DEFAULT_FLOOR_FACTOR,
     ) -> None:
         self.dim = integer("linreg dim", dim)
         self.dataset_size = integer("linreg dataset_size", dataset_size)
@@ -133,6 +151,8 @@ class LinearRegression(Model):
         self.x_bound = _positive("x_bound", x_bound)
         self.y_bound = _positive("y_bound", y_bound)
         self.max_abs = _positive("max_abs", max_abs)
+        self.floor_factor = _positive("floor_factor", floor_factor)
+        self.xx_noise_std = 0.0  # public noise std on a diagonal entry of the released xx mean
         m0 = np.zeros(self.dim) if prior_mean is None else np.asarray(prior_mean, dtype=float)
         if m0.shape != (self.dim,) or not np.all(np.isfinite(m0)):
             raise ValueError(f"linreg prior_mean must be {self.dim} finite numbers, got {prior_mean!r}")
@@ -159,6 +179,7 @@ class LinearRegression(Model):
             "x_bound": self.x_bound,
             "y_bound": self.y_bound,
             "max_abs": self.max_abs,
+            "floor_factor": self.floor_factor,
         }
 
     def _prior_state(self) -> dict[str, np.ndarray]:
@@ -207,6 +228,19 @@ class LinearRegression(Model):
 
     # -- M-step on privatized statistics ---------------------------------------------------
 
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """Learn the public noise std on a diagonal entry of the released ``xx`` mean (the
+        engine passes z R^2 / (a_xx * normaliser)); it sets the eigenvalue floor of ``xx``."""
+        std = float(mean_stds["xx"])
+        if not (np.isfinite(std) and std >= 0):
+            raise ValueError(f"linreg xx noise std must be finite and >= 0, got {std!r}")
+        self.xx_noise_std = std
+
+    @property
+    def eigen_floor(self) -> float:
+        """Public floor on the eigenvalues of the noisy ``xx`` mean: floor_factor sqrt(d) s."""
+        return max(self.floor_factor * math.sqrt(self.dim) * self.xx_noise_std, _MIN_FLOOR)
+
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
         if not (0.0 < rho <= 1.0):
             raise ValueError(f"step size rho must be in (0, 1], got {rho!r}")
@@ -223,10 +257,16 @@ class LinearRegression(Model):
             self._eta[k] = (1.0 - rho) * self._eta[k] + rho * v
 
     def _target(self, s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """eta_prior + N * s (scaled by lam when known), projected onto the feasible set."""
+        """eta_prior + N * proj(s) (scaled by lam when known): ``xx`` projected onto eigenvalues
+        >= :attr:`eigen_floor`, the quadratic onto rate >= b0."""
         n = self.dataset_size * (1.0 if self.gamma else self.noise_precision)
         xx = (s["xx"] + s["xx"].T) / 2.0
-        precision = project_pd(self._prior["precision"] + n * xx, floor=self.prior_precision)
+        floor = self.eigen_floor
+        try:  # all eigenvalues already >= floor: the projection is the identity (exact when noiseless)
+            np.linalg.cholesky(xx - floor * np.eye(self.dim))
+        except np.linalg.LinAlgError:
+            xx = project_pd(xx, floor)
+        precision = self._prior["precision"] + n * xx
         shift = self._prior["shift"] + n * s["xy"]
         target = {"precision": precision, "shift": shift}
         if self.gamma:
