@@ -19,7 +19,7 @@ parameter named ``dataset_size`` (the public N of the M-step) defaults to the re
 ...     config_from_dict({"privacy": {"epsilom": 2.0}}, env={})
 ... except ConfigError as exc:
 ...     print(exc)
-privacy.epsilom: unknown key (known: accountant, block_weights, calibration_rtol, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
+privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ class PrivacyConfig:
 
     ``noise_multiplier: null`` calibrates z to spend ``epsilon`` at ``delta`` in ``planned_steps``
     steps; the result is at most ``calibration_rtol`` (relative) above the smallest such z.
+
+    ``accounting``: ``stream`` composes every step of the stream (the service halts when the
+    budget is spent); ``window`` (with ``sampling.reservoir_policy: window``) bounds each
+    record's loss by the L = ceil(M / every_records) steps it can be in, so the budget is per
+    record and the service keeps learning (z is calibrated for L steps; ``planned_steps`` is
+    not used). See the window reservoir's proof in docs/privacy.md, rule 13.
     """
 
     mode: Literal["private", "non_private"] = "private"
@@ -97,6 +103,7 @@ class PrivacyConfig:
     calibration_rtol: float = 0.01
     planned_steps: int = 100
     accountant: Literal["auto", "pld", "autodp", "strong"] = "auto"
+    accounting: Literal["stream", "window"] = "stream"
     seed: int | None = None
     block_weights: dict[str, float] | None = None
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
@@ -107,12 +114,18 @@ class SamplingConfig:
     """``max_rejected_fraction``: no release while more than this fraction of the reservoir's
     slots hold rejected arrivals (empty slots): a step would spend budget on (almost) nothing, as
     with a wrong ``dim``. Updates then halt with the top rejection reasons. Validity and
-    rejection counts are public (privacy rule 1), so the check costs no privacy."""
+    rejection counts are public (privacy rule 1), so the check costs no privacy.
+
+    ``reservoir_policy``: ``uniform`` (Algorithm R over the whole stream) or ``window`` (the last
+    ``reservoir`` admitted arrivals; each arrival admitted with probability ``window_rate``, by
+    position and the reservoir's RNG only). A window follows a drifting stream."""
 
     method: Literal["poisson", "fixed"] = "poisson"
     reservoir: int = 10_000
     batch_size: int = 1_000
     max_rejected_fraction: float = 0.5
+    reservoir_policy: Literal["uniform", "window"] = "uniform"
+    window_rate: float = 1.0
 
     @property
     def q(self) -> float:
@@ -122,10 +135,14 @@ class SamplingConfig:
 
 @dataclass
 class ScheduleConfig:
+    """``rho_min``: a floor on the Robbins-Monro step size, so a model keeps following a drifting
+    stream (about 0.2 to track drift, 0.05 for a stationary stream in a window; 0: no floor)."""
+
     every_records: int | None = 1_000
     every_seconds: float | None = None
     tau0: float = 100.0
     kappa: float = 0.7
+    rho_min: float = 0.0
 
 
 @dataclass
@@ -396,6 +413,13 @@ def _validate(cfg: Config) -> None:
         ("sampling.reservoir", s.reservoir >= 1, "must be >= 1"),
         ("sampling.batch_size", 1 <= s.batch_size <= s.reservoir, "must be in [1, sampling.reservoir]"),
         ("sampling.max_rejected_fraction", 0 <= s.max_rejected_fraction <= 1, "must be in [0, 1]"),
+        ("sampling.window_rate", 0 < s.window_rate <= 1, "must be in (0, 1]"),
+        ("schedule.rho_min", 0 <= sch.rho_min <= 1, "must be in [0, 1]"),
+        ("privacy.accounting", p.accounting == "stream" or (
+            s.reservoir_policy == "window" and s.window_rate == 1.0 and sch.every_records is not None
+            and sch.every_seconds is None),
+         "window accounting needs sampling.reservoir_policy: window with window_rate 1 and a pure "
+         "schedule.every_records schedule (a record's steps must be bounded by positions)"),
         ("schedule.every_records", sch.every_records is None or sch.every_records >= 1, "must be >= 1 or null"),
         ("schedule.every_seconds", sch.every_seconds is None or sch.every_seconds > 0, "must be > 0 or null"),
         ("schedule", sch.every_records is not None or sch.every_seconds is not None,

@@ -120,6 +120,7 @@ class PrivateEngine:
         seeded: bool = False,
         non_private: bool = False,
         delta: float = 1e-5,
+        rho_min: float = 0.0,
     ) -> None:
         z = float(noise_multiplier)
         if non_private:
@@ -141,6 +142,7 @@ class PrivateEngine:
         self.rng = rng
         self.tau0 = float(tau0)
         self.kappa = float(kappa)
+        self.rho_min = float(rho_min)
         self.accountant_name = accountant_name
         self.seeded = bool(seeded)
         self.non_private = bool(non_private)
@@ -216,6 +218,7 @@ class PrivateEngine:
             diameter=self.diameter,
             ledger_id=self.monitor.ledger.ledger_id if private else None,
             private=private,
+            window_steps=self.monitor.window if private else None,
         )
 
     def _noisy_mean(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -257,7 +260,7 @@ class PrivateEngine:
             step = self.monitor.admit(self.event(), position=self.reservoir.seen)  # check + durable append, before noise
             if step is None:
                 return None
-        rho = step_size(step, self.tau0, self.kappa)
+        rho = max(self.rho_min, step_size(step, self.tau0, self.kappa))  # the floor follows drift
         self.model.update(self._noisy_mean(sums), rho)
         self.last_step = step
         return StepResult(step=step, rho=rho, duration_s=time.perf_counter() - started)

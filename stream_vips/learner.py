@@ -48,6 +48,7 @@ from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import make_sampler
 from stream_vips.schedule import Trigger
+from stream_vips.window import WindowReservoir, window_steps
 
 log = logging.getLogger("stream_vips.learner")
 
@@ -85,7 +86,14 @@ class PrivateLearner:
         self.model_id = cfg.model.id
         rng, seeded = make_rng(cfg.privacy.seed)
         reservoir_rng, engine_rng = rng.spawn(2)
-        self.reservoir = Reservoir(self.model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
+        if cfg.sampling.reservoir_policy == "window":
+            self.reservoir: Reservoir = WindowReservoir(self.model.row_layout(), cfg.sampling.reservoir,
+                                                        reservoir_rng, rate=cfg.sampling.window_rate)
+        else:
+            self.reservoir = Reservoir(self.model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
+        window = (window_steps(cfg.sampling.reservoir, cfg.schedule.every_records)
+                  if cfg.privacy.accounting == "window" else None)
+        self.window_steps = window
         try:
             sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
         except ValueError as exc:
@@ -112,7 +120,7 @@ class PrivateLearner:
             if z is None:
                 try:
                     z = calibrate_noise_multiplier(
-                        cfg.privacy.epsilon, cfg.privacy.delta, q, cfg.privacy.planned_steps, sampler.name,
+                        cfg.privacy.epsilon, cfg.privacy.delta, q, window or cfg.privacy.planned_steps, sampler.name,
                         accountant=accountant, diameter=diameter, rtol=cfg.privacy.calibration_rtol)
                 except ValueError as exc:
                     raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
@@ -124,7 +132,8 @@ class PrivateLearner:
             try:
                 stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
                 monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
-                                        prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride)
+                                        prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride,
+                                        window=window)
                 if seeded and monitor.steps:
                     # a seeded run restarted on a ledger draws fresh noise, never the noise of earlier steps
                     engine_rng = np.random.default_rng(
@@ -136,7 +145,7 @@ class PrivateLearner:
             self.engine = PrivateEngine(
                 self.model, self.reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
                 accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
-                non_private=non_private, delta=cfg.privacy.delta)
+                non_private=non_private, delta=cfg.privacy.delta, rho_min=cfg.schedule.rho_min)
         except ValueError as exc:
             self.close()
             raise ConfigError(f"privacy: {exc}") from exc
@@ -333,13 +342,14 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
     ``ledger_path`` is given, no metrics, and a reservoir of at most the data the user has."""
     o = dict(options)
     privacy = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
-                                     "accountant", "block_weights", "mode") if k in o}
+                                     "accountant", "accounting", "block_weights", "mode") if k in o}
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
-    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction") if k in o}
+    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy",
+                                      "window_rate") if k in o}
     if "sampling" in o:
         sampling["method"] = o.pop("sampling")
-    schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa") if k in o}
+    schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa", "rho_min") if k in o}
     model_id = o.pop("model_id", "default")
     return {"model": {"family": family, "id": model_id, "params": o}, "privacy": privacy, "sampling": sampling,
             "schedule": schedule, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"}}

@@ -119,6 +119,7 @@ def privacy_report(
     diameter: float = 2.0,
     ledger_id: str | None = None,
     private: bool = True,
+    window_steps: int | None = None,
 ) -> dict[str, Any]:
     """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, privacy rule 2 in
     docs/privacy.md).
@@ -126,7 +127,10 @@ def privacy_report(
     ``private=False`` is a non-private run (z = 0, no ledger): it claims no guarantee, so
     ``epsilon_spent`` and ``epsilon_budget`` are ``None`` (JSON null) whatever was passed, the
     accountant is ``"none"`` and ``"private": false`` says so; ``delta`` is echoed from the
-    configuration only. A private report carries ``"private": true``.
+    configuration only. A private report carries ``"private": true``. ``window_steps`` = L says
+    the accounting is per record over the at most L steps a record can be in (window accounting:
+    ``epsilon_spent`` is then the most any record has spent); otherwise the accounting composes
+    the whole stream.
     """
     if private:
         eps, budget, acct = float(epsilon_spent), float(epsilon_budget), str(accountant)
@@ -150,6 +154,8 @@ def privacy_report(
         "seeded": bool(seeded),
         "private": bool(private),
         **({"ledger_id": str(ledger_id)} if ledger_id is not None else {}),
+        "accounting": "stream" if window_steps is None else "window",
+        **({"window_steps": int(window_steps)} if window_steps is not None else {}),
     }
 
 

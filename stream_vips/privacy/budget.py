@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from typing import Any
 
 from .accountant import Accountant
 
@@ -49,13 +50,16 @@ class BudgetMonitor:
     """
 
     def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger,
-                 prepay: int = 1, stride: int | None = None) -> None:
+                 prepay: int = 1, stride: int | None = None, window: int | None = None) -> None:
         if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
             raise ValueError(f"epsilon budget must be finite and > 0, got {epsilon_budget!r}")
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
         if isinstance(prepay, bool) or not isinstance(prepay, int) or prepay < 1:
             raise ValueError(f"prepay must be an integer >= 1, got {prepay!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        self.window = window
         self.prepay = prepay if stride else 1  # planned positions need a fixed stride
         self.stride = stride
         self._prepaid: deque[int] = deque()
@@ -66,6 +70,11 @@ class BudgetMonitor:
         self.ledger = ledger
         events = ledger.events()
         self._counts: OrderedDict = accountant.group(events)
+        self._recent: deque = deque(maxlen=window - 1) if window else deque()
+        self._window_eps: dict[tuple, float] = {}
+        self._window_max = 0.0
+        if window:
+            self._replay_windows(events)
         self._steps = len(events)
         self._fit_unit = None
         self._fit_left = 0
@@ -84,7 +93,11 @@ class BudgetMonitor:
         return self._steps
 
     def spent(self) -> float:
-        """epsilon (at ``delta``) of everything in the ledger; one accountant evaluation, cached."""
+        """epsilon (at ``delta``) of everything in the ledger; one accountant evaluation, cached.
+        With a ``window`` of L steps: the most any record has spent, the largest epsilon of L
+        consecutive ledger steps (module docstring of :mod:`stream_vips.window`)."""
+        if self.window:
+            return self._window_max
         if self._spent_cache is None or self._spent_cache[0] != self._steps:
             self._spent_cache = (self._steps, self.accountant.epsilon_of_counts(self._counts, self.delta))
         return self._spent_cache[1]
@@ -131,6 +144,8 @@ class BudgetMonitor:
         """
         if self.halted:
             return None
+        if self.window:
+            return self._admit_windowed(event, position)
         unit = event.unit()
         if self._prepaid:
             if self._prepaid_unit == unit:
@@ -149,6 +164,70 @@ class BudgetMonitor:
         self._fit_left -= k * event.count
         self._steps += k
         self._prepaid.extend(range(first + 1, first + k))
+        self._prepaid_unit = unit
+        return first
+
+    # -- window (per-record) accounting ---------------------------------------------------------
+
+    def _window_epsilon(self, units: Any) -> float:
+        """epsilon of one window's steps (cached by its composition: identical windows cost one
+        accountant evaluation, however long the ledger)."""
+        counts: OrderedDict = OrderedDict()
+        for unit in units:
+            counts[unit] = counts.get(unit, 0) + unit.count
+        key = tuple(counts.items())
+        if key not in self._window_eps:
+            if len(self._window_eps) > 4096:
+                self._window_eps.clear()
+            self._window_eps[key] = self.accountant.epsilon_of_counts(counts, self.delta)
+        return self._window_eps[key]
+
+    def _replay_windows(self, events: list) -> None:
+        """The largest window epsilon over the ledger, and the last L - 1 steps for the next
+        check; windows are only evaluated where the sequence of events changes."""
+        window: deque = deque(maxlen=self.window)
+        last_key = None
+        for event in events:
+            self.accountant.check(event)
+            window.append(event.unit())
+            key = tuple(window)
+            if key != last_key:
+                self._window_max = max(self._window_max, self._window_epsilon(window))
+                last_key = key
+        self._recent.extend(list(window)[1:] if len(window) == self.window else window)
+        if self._window_max > self.epsilon_budget:
+            self._halt(f"the ledger already holds {self.window} consecutive steps with epsilon "
+                       f"{self._window_max:.6g} > budget {self.epsilon_budget:g} at delta {self.delta:g}")
+
+    def _admit_windowed(self, event, position: int | None) -> int | None:
+        """Admit ``event`` if every record it can touch stays within budget: the last L - 1 steps
+        plus this one compose to at most epsilon (prepaid steps are checked one by one)."""
+        self.accountant.check(event)
+        unit = event.unit()
+        if self._prepaid:
+            if self._prepaid_unit == unit:
+                return self._prepaid.popleft()
+            self._prepaid.clear()
+        recent = deque(self._recent, maxlen=self._recent.maxlen)
+        stride = self.stride or 0
+        entries: list = []
+        while len(entries) < self.prepay:
+            eps = self._window_epsilon([*recent, unit])
+            if eps > self.epsilon_budget:
+                break
+            entries.append((event, None if position is None else position + len(entries) * stride))
+            self._window_max = max(self._window_max, eps)
+            recent.append(unit)
+        if not entries:
+            self._halt(f"step {self._steps} would make {self.window} consecutive steps spend epsilon "
+                       f"{self._window_epsilon([*self._recent, unit]):.6g} > budget {self.epsilon_budget:g} "
+                       f"at delta {self.delta:g}")
+            return None
+        first = self.ledger.append_many(entries)
+        self._recent = recent
+        self._counts[unit] = self._counts.get(unit, 0) + len(entries) * event.count
+        self._steps += len(entries)
+        self._prepaid.extend(range(first + 1, first + len(entries)))
         self._prepaid_unit = unit
         return first
 
