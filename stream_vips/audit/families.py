@@ -34,6 +34,7 @@ from stream_vips.models.baselines.sgld import DPSGLD
 from stream_vips.models.lda import LDA
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.models.sbn import SigmoidBeliefNetwork
 from stream_vips.models.sep.mixture import MixtureSEP
 from stream_vips.models.sep.probit import ProbitSEP
 
@@ -93,6 +94,11 @@ FAMILY_AUDITS: dict[str, FamilyAudit] = {
         note="two one-word documents on different words: orthogonal non-negative contributions "
              "clipped to C, ||u - v|| = sqrt(2) C, the claimed diameter (z = 2 puts the claimed "
              "sensitivity sqrt(2)/z near the other families' 2/3)"),
+    "sbn": FamilyAudit(
+        "sbn", lambda m: SigmoidBeliefNetwork(n_visible=3, n_latent=1, dataset_size=m, seed=0),
+        tuple({"y": list(bits)} for bits in itertools.product((0, 1), repeat=3)),
+        note="complementary images move the y block by exactly 2 C_y; the E-step blocks move less "
+             "than their bounds, so the pair sits below the claimed diameter 2"),
     "sep_mixture": FamilyAudit(
         "sep_mixture",
         lambda m: MixtureSEP(n_components=2, dim=1, dataset_size=m, clip=1.0, init_seed=0),

@@ -1,0 +1,463 @@
+"""VIPS for sigmoid belief networks (VIPS JAIR 2020, Section 7, Algorithm 6) as a streaming family.
+
+Model. A record is a binary vector y in {0, 1}^J (pixels) explained by binary latent units
+z in {0, 1}^K: p(z_k = 1) = sigmoid(b_k), p(y_j = 1 | z) = sigmoid(w_j^T z + c_j). Priors:
+b ~ N(0, nu_b I), c ~ N(0, nu_c I) and the three-parameter beta normal (TPBN) shrinkage prior of
+Gan et al. (2015) on W: W_jk ~ N(0, zeta_jk), zeta_jk ~ Gam(1/2, xi_jk), xi_jk ~ Gam(1/2, phi_k),
+phi_k ~ Gam(1/2, omega), omega ~ Gam(1/2, 1) (shape, rate). Pólya-Gamma augmentation with
+omega_nj ~ PG(1, .) for every pixel and one PG variable per latent prior makes the complete-data
+likelihood Gaussian in (W, c, b) (the paper's eq. 65).
+
+**E-step (behind the privacy wall, eqs. 67-71).** q(W) = prod_j N(mu_j, Sigma_j), q(c), q(b)
+Gaussian with diagonal covariance, all public (earlier releases). For every record, q(z_n) =
+prod_k Bern(pi_nk) starts at pi = sigmoid(E[b]) and a fixed public number ``inner_iterations`` of
+rounds runs, each: E[omega_nj] = pg_mean(sqrt(E[psi_nj^2])) with psi = w_j^T z + c_j, where
+E[psi^2] = pi^T M_j pi + sum_k pi_k (1 - pi_k) M_j,kk + 2 E[c_j] mu_j^T pi + E[c_j^2] and
+M_j = Sigma_j + mu_j mu_j^T; then, all units at once,
+d_nk = E[b_k] + sum_j mu_jk (y_nj - 1/2)
+       - sum_j E[omega_nj] ((M_j pi_n)_k - M_j,kk pi_nk + E[c_j] mu_jk + M_j,kk / 2),
+pi_nk = sigmoid(d_nk) (eq. 70; (M_j pi)_k - M_j,kk pi_k = E[psi_j^{\\k} w_jk] - E[c_j] mu_jk).
+One product M_j pi_n per round serves both formulas (n J K^2 multiply-adds, batched GEMMs).
+
+**Released statistics (per record, centred so each entry lies in a symmetric interval).**
+With pi in [0, 1]^K, E[omega] in [0, 1/4]^J, y in {0, 1}^J and <z_k z_l> = pi_k pi_l (k != l),
+pi_k (k = l) in [0, 1]:
+
+* ``z``     pi - 1/2                                (K,)      entries in [-1/2, 1/2]
+* ``y``     y - 1/2                                 (J,)      entries +-1/2
+* ``xi``    E[omega] - 1/8                          (J,)      entries in [-1/8, 1/8]
+* ``z_y``   (y_j - 1/2) pi_k                        (J, K)    entries in [-1/2, 1/2]
+* ``xi_zz`` E[omega_j] <z_k z_l> - 1/8, k <= l      (J, K(K+1)/2)  entries in [-1/8, 1/8]
+
+These are the paper's seven blocks less two: E[xi^(1)] (the PG variables of the latent prior)
+depends only on q(b), i.e. on earlier releases, so it is computed in the M-step and never
+released; and the paper's E[omega] E[z]^T block is the diagonal of ``xi_zz`` (<z_k^2> = pi_k),
+read from there. ``xi_zz`` is symmetric in (k, l), so only its upper triangle is released.
+
+**Per-record bounds and their proof.** A block whose per-record contribution has d entries each
+in [-r, r] has ||u||_2 <= r sqrt(d) =: C. So C_z = sqrt(K)/2, C_y = sqrt(J)/2, C_xi = sqrt(J)/8,
+C_z_y = sqrt(JK)/2, C_xi_zz = sqrt(J K (K+1)/2)/8. :meth:`SigmoidBeliefNetwork.clipped_sum`
+makes the premises true whatever the E-step returns: pi and E[omega] are mapped through
+nan_to_num and clipped to [0, 1] and [0, 1/4] (in float64, after any float32 arithmetic) and y
+to {0, 1} (1 iff y > 1/2) before any statistic is formed, so every entry is in its interval.
+Replace-one: two records u, v differ per block by at most 2 r per entry, ||u_k - v_k|| <= 2 C_k;
+the engine scales block k by a_k / C_k (sum a_k^2 = 1), so the scaled joint change is at most
+sqrt(sum 4 a_k^2) = 2 for any allocation: the default diameter 2 holds, and is attained on the
+``y`` block alone (y' = 1 - y moves it by exactly 2 C_y).
+
+**M-step (post-processing, Appendix Sec. 5 of the paper with Gan et al.'s TPBN updates).** The
+noisy means are first projected onto their known ranges (entrywise clipping, post-processing),
+then the Robbins-Monro blend nu <- (1 - rho) nu + rho nu_t of each factor's natural parameters:
+q(b): precision 1/nu_b + N E[xi^(1)] (E[xi^(1)_k] = pg_mean(sqrt(E[b_k^2]))), h = N s_z;
+q(c): precision 1/nu_c + N s_xi, h = N (s_y - diag(mu_W^T s_xiz)), s_xiz = diag of s_xi_zz;
+q(w_j): precision N proj(S_j) + diag(E[1/zeta_j]), h = N (s_z_y,j - E[c_j] s_xiz,j), where
+S_j is the blend of the noisy s_xi_zz,j (symmetric) and ``proj`` raises its eigenvalues to a
+public floor, ``floor_factor * sqrt(K)`` times the blended noise std of one entry (about the
+noise's spectral norm), as the logistic family does. Then the TPBN hyper-posteriors:
+q(zeta_jk) = GIG(0, 2 E[xi_jk], E[w_jk^2]), q(xi_jk) = Gam(1, E[zeta_jk] + E[phi_k]),
+q(phi_k) = Gam(J/2 + 1/2, E[omega] + sum_j E[xi_jk]), q(omega) = Gam(K/2 + 1/2, 1 + sum_k E[phi_k])
+(the paper prints Gam(1, E[zeta]) for xi, dropping E[phi_k] from the rate; the conditional
+of xi_jk given zeta_jk and phi_k has both). N is the configured dataset size (public).
+
+**Predictive.** :meth:`SigmoidBeliefNetwork.posterior_z` runs the same E-step on given images
+(q(z | y)); :meth:`SigmoidBeliefNetwork.reconstruct_proba` returns p(y_j = 1) for the
+reconstruction, sigmoid(E[psi] / sqrt(1 + pi Var[psi] / 8)) under q(z | y) q(theta).
+
+Records: ``{"y": [0, 1, ...]}`` with J numbers 0 or 1, or the packed form ``{"y": "<hex>"}``:
+ceil(J/8) bytes in hex, bits most significant first (``numpy.packbits`` order), J bits used and
+the padding bits zero.
+
+>>> import numpy as np
+>>> model = SigmoidBeliefNetwork(n_visible=4, n_latent=2, dataset_size=100, seed=0)
+>>> parsed = model.parse_batch([{"y": [1, 0, 1, 1]}, {"y": "b0"}, {"y": [1, 0.5, 0, 0]}])
+>>> parsed.rows["y"].tolist(), [reason for _, reason, _ in parsed.rejected]
+([[1, 0, 1, 1], [1, 0, 1, 1]], ['out_of_range'])
+>>> sums = model.clipped_sum(parsed.rows)
+>>> sorted(sums), sums["xi_zz"].shape
+(['xi', 'xi_zz', 'y', 'z', 'z_y'], (4, 3))
+>>> model.update({k: v / 2 for k, v in sums.items()}, rho=1.0)
+>>> model.reconstruct_proba(np.array([[1, 0, 1, 1]])).shape
+(1, 4)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+from scipy.special import expit, kve
+
+from stream_vips.models._validate import integer, positive
+from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.logistic import pg_mean
+from stream_vips.records import OUT_OF_RANGE, FieldBatch
+
+#: Eigenvalue floor without noise: only negative (rounding) eigenvalues are removed.
+_MIN_FLOOR = float(np.finfo(float).tiny)
+#: Records per E-step chunk: bounds the (J, K, chunk) work array.
+_E_STEP_ROWS = 1024
+_DTYPES = ("float64", "float32")
+#: Block name -> half-width r of the interval every entry of a record's contribution lies in.
+HALF_WIDTH = {"z": 0.5, "y": 0.5, "xi": 0.125, "z_y": 0.5, "xi_zz": 0.125}
+#: Block name -> centre subtracted from each entry (public constant, added back in the M-step).
+CENTRE = {"z": 0.5, "y": 0.5, "xi": 0.125, "z_y": 0.0, "xi_zz": 0.125}
+
+
+def _gig_moments(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """E[x] and E[1/x] of GIG(p = 0, a, b) (density ~ x^-1 exp(-(a x + b / x) / 2)).
+
+    With s = sqrt(a b): E[x] = sqrt(b/a) K1(s)/K0(s), E[1/x] = sqrt(a/b) K1(s)/K0(s) (scaled
+    Bessel functions, so the ratio is stable for large s); b is floored at a tiny positive value.
+    """
+    b = np.maximum(b, 1e-12)
+    s = np.sqrt(a * b)
+    ratio = kve(1, s) / kve(0, s)
+    return np.sqrt(b / a) * ratio, np.sqrt(a / b) * ratio
+
+
+class SigmoidBeliefNetwork(Model):
+    """Streaming private VIPS sigmoid belief network (records ``{"y": [J bits]}``).
+
+    ``n_visible`` J, ``n_latent`` K; ``dataset_size`` the N of the M-step (the reservoir
+    capacity, public); ``inner_iterations`` the fixed public number of E-step rounds; ``nu_b``,
+    ``nu_c`` the prior variances of b and c; ``init_scale`` the std of the public random initial
+    mean of W (``seed``), which breaks the symmetry between latent units; ``floor_factor`` scales
+    the eigenvalue floor of the averaged noisy ``xi_zz`` (module docstring).
+
+    ``dtype="float32"`` runs the E-step products in single precision (about twice the throughput);
+    the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly as stated,
+    and the M-step stays in float64.
+    """
+
+    family: ClassVar[str] = "sbn"
+
+    def __init__(
+        self,
+        n_visible: int,
+        n_latent: int,
+        dataset_size: int,
+        inner_iterations: int = 4,
+        nu_b: float = 1.0,
+        nu_c: float = 10.0,
+        init_scale: float = 0.1,
+        floor_factor: float = 1.0,
+        seed: int = 0,
+        dtype: str = "float64",
+    ) -> None:
+        self.n_visible = integer("n_visible", n_visible)
+        self.n_latent = integer("n_latent", n_latent)
+        self.dataset_size = integer("dataset_size", dataset_size)
+        self.inner_iterations = integer("inner_iterations", inner_iterations)
+        self.nu_b = positive("nu_b", nu_b)
+        self.nu_c = positive("nu_c", nu_c)
+        self.init_scale = positive("init_scale", init_scale)
+        self.floor_factor = positive("floor_factor", floor_factor)
+        self.seed = integer("seed", seed, minimum=0)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
+        self.dtype = np.dtype(dtype)
+        J, K = self.n_visible, self.n_latent
+        self._triu = np.triu_indices(K)
+        self.xi_zz_noise_std = 0.0
+        # natural parameters (blended); q(W) starts at a public random mean with unit prior variance
+        mu0 = np.random.default_rng(self.seed).normal(0.0, self.init_scale, size=(J, K))
+        self._w_prior = np.ones((J, K))            # blend of E[1 / zeta]
+        self._w_stat = np.zeros((J, K, K))         # blend of N s_xi_zz (unprojected)
+        self._w_h = self._w_prior * mu0            # blend of h_j
+        self._c_prec = np.zeros(J)                 # blend of N s_xi (data part)
+        self._c_h = np.zeros(J)
+        self._b_prec = np.zeros(K)                 # blend of N E[xi^(1)] (data part)
+        self._b_h = np.zeros(K)
+        self._noise_var = 0.0                      # blended noise variance of one xi_zz mean entry
+        # TPBN hyper-posteriors: E[xi_jk], q(phi_k) rate, q(omega) rate (shapes are fixed)
+        self._tpbn_xi = np.ones((J, K))
+        self._phi_rate = np.full(K, (J / 2 + 0.5))  # E[phi] = 1 at start
+        self._omega_rate = np.array([K / 2 + 0.5])  # E[omega] = 1 at start
+        self._refresh()
+
+    # ------------------------------------------------------------------ protocol: records
+    def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {"y": (np.dtype(np.uint8), (self.n_visible,))}
+
+    def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:
+        """Check ``y`` (J numbers 0 or 1, or the packed hex form); anything else is rejected."""
+        objs = list(objs)
+        J, nbytes = self.n_visible, (self.n_visible + 7) // 8
+        packed_bad: list[tuple[int, str, str]] = []
+        for i in [i for i, o in enumerate(objs) if isinstance(o, dict) and isinstance(o.get("y"), str)]:
+            try:  # only records in the packed form: expand to a list of bits
+                raw = bytes.fromhex(objs[i]["y"])
+            except ValueError:
+                raw = b""
+            bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
+            if len(raw) != nbytes or bits[J:].any():
+                packed_bad.append((i, OUT_OF_RANGE, f"packed 'y' must be {nbytes} hex bytes with zero padding bits"))
+                bits = np.zeros(J, dtype=np.uint8)
+            objs[i] = {**objs[i], "y": bits[:J].tolist()}
+        batch = FieldBatch(objs)
+        for i, reason, detail in packed_bad:
+            batch._reject(i, reason, detail)
+        y = batch.vector("y", J, max_abs=1e6)
+        for i in np.flatnonzero(((y != 0.0) & (y != 1.0)).any(axis=1)).tolist():
+            batch._reject(i, OUT_OF_RANGE, "'y' entries must be 0 or 1")
+        ok = batch.accepted()
+        return ParsedBatch(rows={"y": y[ok].astype(np.uint8)}, accepted=ok, rejected=batch.rejected())
+
+    # ------------------------------------------------------------------ protocol: release
+    def blocks(self) -> tuple[Block, ...]:
+        J, K = self.n_visible, self.n_latent
+        T = K * (K + 1) // 2
+        shapes = {"z": (K,), "y": (J,), "xi": (J,), "z_y": (J, K), "xi_zz": (J, T)}
+        return tuple(Block(name, shape, HALF_WIDTH[name] * math.sqrt(int(np.prod(shape))))
+                     for name, shape in shapes.items())
+
+    def default_block_weights(self) -> dict[str, float]:
+        """a_k proportional to sqrt(C_k): minimises the sum over blocks of one entry's noise
+        variance (z C_k / a_k)^2 under sum a_k^2 = 1, instead of giving every entry the joint
+        bound's std; the small blocks that set c and b get far less noise. Public (bounds only)."""
+        bounds = {b.name: b.bound for b in self.blocks()}
+        norm = math.sqrt(sum(bounds.values()))
+        return {name: math.sqrt(c) / norm for name, c in bounds.items()}
+
+    def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """E-step on the batch and the sums of the centred, range-clipped statistics."""
+        Y = np.asarray(batch["y"])
+        if Y.ndim != 2 or Y.shape[1] != self.n_visible:
+            raise ValueError(f"batch must hold y of shape (n, {self.n_visible}), got {Y.shape}")
+        y = (np.nan_to_num(Y.astype(np.float64), nan=0.0) > 0.5).astype(np.float64)
+        J, K = self.n_visible, self.n_latent
+        out = {"z": np.zeros(K), "y": np.zeros(J), "xi": np.zeros(J), "z_y": np.zeros((J, K)),
+               "xi_zz": np.zeros((J, K * (K + 1) // 2))}
+        n = y.shape[0]
+        for start in range(0, n, _E_STEP_ROWS):  # chunks bound the (J, K, chunk) work array
+            yc = y[start:start + _E_STEP_ROWS]
+            pi, xi = self._e_step(yc)
+            pi = np.clip(np.nan_to_num(pi.astype(np.float64), nan=0.0), 0.0, 1.0)
+            xi = np.clip(np.nan_to_num(xi.astype(np.float64), nan=0.0), 0.0, 0.25)
+            m = yc.shape[0]
+            yh = yc - 0.5
+            out["z"] += pi.sum(axis=0) - 0.5 * m
+            out["y"] += yh.sum(axis=0)
+            out["xi"] += xi.sum(axis=0) - 0.125 * m
+            out["z_y"] += yh.T @ pi
+            # sum_n xi_nj <z z^T>_n = sum_n xi_nj (pi pi^T + diag(pi - pi^2)), upper triangle
+            full = np.einsum("nj,nk,nl->jkl", xi, pi, pi, optimize=True)
+            full[:, np.arange(K), np.arange(K)] += xi.T @ (pi - pi * pi)
+            out["xi_zz"] += full[:, self._triu[0], self._triu[1]] - 0.125 * m
+        return out
+
+    def _e_step(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """q(z_n) means pi (n, K) and E[omega_n] (n, J) after ``inner_iterations`` rounds."""
+        dt = self.dtype
+        n = y.shape[0]
+        M, diagM, mu, muc, ec2 = self._M, self._diagM, self._mu_w_dt, self._mu_c_dt, self._ec2
+        yh = (y - 0.5).astype(dt)
+        # parts of d_nk that do not change between rounds
+        fixed = (self._mu_b.astype(dt) + yh @ mu)                      # (n, K)
+        cw = (muc[:, None] * mu + 0.5 * diagM)                         # (J, K)
+        pi = np.broadcast_to(expit(self._mu_b).astype(dt), (n, self.n_latent)).copy()
+        xi = np.zeros((n, self.n_visible), dtype=dt)
+        for _ in range(self.inner_iterations):
+            Q = np.matmul(M, pi.T)                                     # (J, K, n): M_j pi_n
+            quad = np.einsum("jkn,nk->nj", Q, pi)
+            psi2 = quad + (pi - pi * pi) @ diagM.T + 2.0 * muc * (pi @ mu.T) + ec2
+            xi = pg_mean(np.sqrt(np.maximum(psi2, 0.0).astype(np.float64))).astype(dt)
+            coupling = np.einsum("nj,jkn->nk", xi, Q) - pi * (xi @ diagM) + xi @ cw
+            pi = expit(fixed - coupling).astype(dt)
+        return pi, xi
+
+    # ------------------------------------------------------------------ protocol: M-step
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """The public noise std of one entry of the released ``xi_zz`` mean (sets the floor)."""
+        std = float(mean_stds["xi_zz"])
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"xi_zz noise std must be finite and >= 0, got {std!r}")
+        self.xi_zz_noise_std = std
+
+    @property
+    def eigen_floor(self) -> float:
+        """Public eigenvalue floor of the averaged ``xi_zz`` mean (at least ``_MIN_FLOOR``)."""
+        return max(self.floor_factor * math.sqrt(self.n_latent * self._noise_var), _MIN_FLOOR)
+
+    def _means(self, noisy_mean: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Noisy means un-centred and clipped to their known ranges (post-processing)."""
+        out = {}
+        for b in self.blocks():
+            arr = np.asarray(noisy_mean[b.name], dtype=float)
+            if arr.shape != b.shape:
+                raise ValueError(f"noisy mean {b.name!r} must have shape {b.shape}, got {arr.shape}")
+            r, c = HALF_WIDTH[b.name], CENTRE[b.name]
+            out[b.name] = np.clip(np.nan_to_num(arr, nan=0.0), -r, r) + c
+        return out
+
+    def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
+        """One stochastic M-step from privatized means: blend q(b), q(c), q(W), then TPBN."""
+        if not (0.0 < rho <= 1.0):
+            raise ValueError(f"rho must be in (0, 1], got {rho!r}")
+        m = self._means(noisy_mean)
+        J, K, N = self.n_visible, self.n_latent, float(self.dataset_size)
+        S = np.zeros((J, K, K))
+        S[:, self._triu[0], self._triu[1]] = m["xi_zz"]
+        S = S + np.triu(S, 1).transpose(0, 2, 1)                 # symmetric, (J, K, K)
+        xz = S[:, np.arange(K), np.arange(K)]                     # E[omega_j] pi_k means
+        blend = lambda old, new: (1.0 - rho) * old + rho * new  # noqa: E731
+        # q(b): z block is E[z] - 1/2 after un-centring by -1/2
+        xi1 = pg_mean(np.sqrt(self._mu_b**2 + self._var_b))
+        self._b_prec = blend(self._b_prec, N * xi1)
+        self._b_h = blend(self._b_h, N * (m["z"] - 0.5))
+        # q(c) with the current E[W]
+        self._c_prec = blend(self._c_prec, N * m["xi"])
+        self._c_h = blend(self._c_h, N * ((m["y"] - 0.5) - np.sum(self._mu_w * xz, axis=1)))
+        mu_c = self._c_h / (1.0 / self.nu_c + self._c_prec)
+        # q(W) with the new E[c]
+        self._w_stat = blend(self._w_stat, N * S)
+        self._w_h = blend(self._w_h, N * (m["z_y"] - mu_c[:, None] * xz))
+        self._w_prior = blend(self._w_prior, self._zeta_inv)
+        self._noise_var = (1.0 - rho) ** 2 * self._noise_var + rho**2 * self.xi_zz_noise_std**2
+        self._refresh()
+        self._update_tpbn()
+
+    def _update_tpbn(self) -> None:
+        """TPBN hyper-posteriors from q(W), in the order zeta, xi, phi, omega (post-processing)."""
+        J, K = self.n_visible, self.n_latent
+        w2 = self._diagSigma + self._mu_w**2
+        zeta, _ = _gig_moments(2.0 * self._tpbn_xi, w2)
+        phi = (J / 2 + 0.5) / self._phi_rate
+        self._tpbn_xi = 1.0 / (zeta + phi[None, :])
+        omega = (K / 2 + 0.5) / self._omega_rate[0]
+        self._phi_rate = omega + self._tpbn_xi.sum(axis=0)
+        self._omega_rate = np.array([1.0 + np.sum((J / 2 + 0.5) / self._phi_rate)])
+
+    @property
+    def _zeta_inv(self) -> np.ndarray:
+        """E[1 / zeta_jk] under the current q(zeta) (from q(W) and E[xi_jk])."""
+        w2 = self._diagSigma + self._mu_w**2
+        return _gig_moments(2.0 * self._tpbn_xi, w2)[1]
+
+    def _refresh(self) -> None:
+        """Moments of q(W), q(c), q(b) from the blended natural parameters."""
+        J, K, N = self.n_visible, self.n_latent, float(self.dataset_size)
+        S = 0.5 * (self._w_stat + self._w_stat.transpose(0, 2, 1)) / N
+        floor = self.eigen_floor
+        eye = np.eye(K)
+        try:  # cheap test: every eigenvalue already >= floor, so the projection is the identity
+            np.linalg.cholesky(S - floor * eye)
+        except np.linalg.LinAlgError:
+            vals, vecs = np.linalg.eigh(S)
+            S = (vecs * np.maximum(vals, floor)[:, None, :]) @ vecs.transpose(0, 2, 1)
+        P = N * S
+        P[:, np.arange(K), np.arange(K)] += self._w_prior
+        L = np.linalg.cholesky(P)
+        Linv = np.linalg.solve(L, np.broadcast_to(eye, P.shape))
+        Sigma = Linv.transpose(0, 2, 1) @ Linv
+        self._P = P
+        self._Sigma = Sigma
+        self._mu_w = np.einsum("jkl,jl->jk", Sigma, self._w_h)
+        self._diagSigma = Sigma[:, np.arange(K), np.arange(K)].copy()
+        c_prec = 1.0 / self.nu_c + self._c_prec
+        self._mu_c, self._var_c = self._c_h / c_prec, 1.0 / c_prec
+        b_prec = 1.0 / self.nu_b + self._b_prec
+        self._mu_b, self._var_b = self._b_h / b_prec, 1.0 / b_prec
+        dt = self.dtype
+        M = Sigma + self._mu_w[:, :, None] * self._mu_w[:, None, :]
+        self._M = np.ascontiguousarray(M, dtype=dt)
+        self._diagM = np.ascontiguousarray(M[:, np.arange(K), np.arange(K)], dtype=dt)
+        self._mu_w_dt = self._mu_w.astype(dt)
+        self._ec2 = (self._mu_c**2 + self._var_c).astype(dt)
+        # E-step views in the working precision
+        self._mu_c_dt = self._mu_c.astype(dt)
+
+    # ------------------------------------------------------------------ protocol: state
+    _STATE = ("w_h", "w_stat", "w_prior", "c_h", "c_prec", "b_h", "b_prec", "tpbn_xi", "phi_rate",
+              "omega_rate", "noise_var")
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        J, K = self.n_visible, self.n_latent
+        return {"w_h": (J, K), "w_stat": (J, K, K), "w_prior": (J, K), "c_h": (J,), "c_prec": (J,),
+                "b_h": (K,), "b_prec": (K,), "tpbn_xi": (J, K), "phi_rate": (K,), "omega_rate": (1,),
+                "noise_var": (1,)}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Blended natural parameters of q(W) (h, the unprojected statistic, the prior part),
+        q(c), q(b), the TPBN hyper-posterior parameters and the public blended noise variance."""
+        return {
+            "w_h": self._w_h.copy(), "w_stat": self._w_stat.copy(), "w_prior": self._w_prior.copy(),
+            "c_h": self._c_h.copy(), "c_prec": self._c_prec.copy(),
+            "b_h": self._b_h.copy(), "b_prec": self._b_prec.copy(),
+            "tpbn_xi": self._tpbn_xi.copy(), "phi_rate": self._phi_rate.copy(),
+            "omega_rate": self._omega_rate.copy(), "noise_var": np.array([self._noise_var]),
+        }
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore from :meth:`state` (shapes, finiteness and signs checked)."""
+        arrays = {}
+        for name, shape in self._shapes().items():
+            if name not in state:
+                raise ValueError(f"state has no {name!r}")
+            arr = np.array(state[name], dtype=float)
+            if arr.shape != shape:
+                raise ValueError(f"state {name!r} must have shape {shape}, got {arr.shape}")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"state {name!r} must be finite")
+            arrays[name] = arr
+        positive_names = ("w_prior", "tpbn_xi", "phi_rate", "omega_rate")
+        if any(np.any(arrays[k] <= 0) for k in positive_names) or np.any(arrays["c_prec"] < 0) \
+                or np.any(arrays["b_prec"] < 0) or arrays["noise_var"][0] < 0:
+            raise ValueError("state precisions and rates must be positive (data parts and noise_var >= 0)")
+        self._w_h, self._w_stat, self._w_prior = arrays["w_h"], arrays["w_stat"], arrays["w_prior"]
+        self._c_h, self._c_prec, self._b_h, self._b_prec = arrays["c_h"], arrays["c_prec"], arrays["b_h"], arrays["b_prec"]
+        self._tpbn_xi, self._phi_rate, self._omega_rate = arrays["tpbn_xi"], arrays["phi_rate"], arrays["omega_rate"]
+        self._noise_var = float(arrays["noise_var"][0])
+        self._refresh()
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "n_visible": self.n_visible, "n_latent": self.n_latent, "dataset_size": self.dataset_size,
+            "inner_iterations": self.inner_iterations, "nu_b": self.nu_b, "nu_c": self.nu_c,
+            "init_scale": self.init_scale, "floor_factor": self.floor_factor, "seed": self.seed,
+            "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name,
+        }
+
+    # ------------------------------------------------------------------ prediction
+    @property
+    def weights(self) -> np.ndarray:
+        """E[W] (J, K)."""
+        return self._mu_w.copy()
+
+    @property
+    def visible_bias(self) -> np.ndarray:
+        """E[c] (J,)."""
+        return self._mu_c.copy()
+
+    @property
+    def latent_bias(self) -> np.ndarray:
+        """E[b] (K,)."""
+        return self._mu_b.copy()
+
+    def _binary(self, Y: np.ndarray) -> np.ndarray:
+        Y = np.atleast_2d(np.asarray(Y, dtype=float))
+        if Y.shape[1] != self.n_visible:
+            raise ValueError(f"Y must have {self.n_visible} columns, got {Y.shape[1]}")
+        return (np.nan_to_num(Y, nan=0.0) > 0.5).astype(float)
+
+    def posterior_z(self, Y: np.ndarray) -> np.ndarray:
+        """q(z_k = 1 | y) for each row of ``Y`` (n, K), by the training E-step."""
+        return self._e_step(self._binary(Y))[0].astype(float)
+
+    def reconstruct_proba(self, Y: np.ndarray) -> np.ndarray:
+        """p(y_j = 1) of the reconstruction of each row of ``Y`` through q(z | y) (n, J)."""
+        pi = self.posterior_z(Y)
+        mean = pi @ self._mu_w.T + self._mu_c
+        M = self._M.astype(float)
+        quad = np.einsum("jkn,nk->nj", np.matmul(M, pi.T), pi)
+        second = quad + (pi - pi * pi) @ M[:, np.arange(self.n_latent), np.arange(self.n_latent)].T \
+            + 2.0 * self._mu_c * (pi @ self._mu_w.T) + self._mu_c**2 + self._var_c
+        var = np.maximum(second - mean**2, 0.0)
+        return expit(mean / np.sqrt(1.0 + np.pi * var / 8.0))
+
+
+def pixel_accuracy(Y: np.ndarray, proba: np.ndarray) -> float:
+    """Fraction of pixels where the thresholded reconstruction (p > 1/2) equals the image: one
+    minus the mean squared distance between binary images, the paper's Figure 8 measure."""
+    return float(np.mean((np.asarray(proba) > 0.5) == (np.asarray(Y) > 0.5)))

@@ -1,0 +1,222 @@
+"""Tests of the sigmoid belief network family (stream_vips.models.sbn)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+from stream_vips.client import posterior_from_message
+from stream_vips.learner import PrivateLearner
+from stream_vips.models.logistic import pg_mean
+from stream_vips.models.sbn import HALF_WIDTH, SigmoidBeliefNetwork, pixel_accuracy
+
+
+def random_state(model: SigmoidBeliefNetwork, rng: np.random.Generator, scale: float = 1.0) -> None:
+    """Put the model in a non-trivial public state: random means, covariances, biases."""
+    J, K = model.n_visible, model.n_latent
+    st = model.state()
+    A = rng.normal(size=(J, K, K))
+    st["w_stat"] = 50.0 * np.einsum("jkl,jml->jkm", A, A) / K + np.eye(K)
+    st["w_h"] = scale * rng.normal(size=(J, K)) * 50.0
+    st["c_h"], st["c_prec"] = rng.normal(size=J), rng.uniform(0.5, 2.0, J)
+    st["b_h"], st["b_prec"] = rng.normal(size=K), rng.uniform(0.5, 2.0, K)
+    model.load_state(st)
+
+
+def moments(model: SigmoidBeliefNetwork):
+    mu, Sig = model._mu_w, model._Sigma
+    M = Sig + mu[:, :, None] * mu[:, None, :]
+    return mu, M, model._mu_c, model._mu_c**2 + model._var_c, model._mu_b
+
+
+def brute_round(model: SigmoidBeliefNetwork, y: np.ndarray, pi: np.ndarray):
+    """One E-step round by enumerating z in {0,1}^K: E[psi^2] under q(z) q(theta), then
+    d_k = E_{q(z_-k)}[L(z_k = 1) - L(z_k = 0)] for the expected augmented log joint L."""
+    mu, M, muc, ec2, mub = moments(model)
+    K = model.n_latent
+    zs = np.array(list(itertools.product([0.0, 1.0], repeat=K)))
+    qz = np.prod(np.where(zs > 0, pi, 1 - pi), axis=1)
+    e_psi2 = np.einsum("zk,jkl,zl->zj", zs, M, zs) + 2 * muc * (zs @ mu.T) + ec2  # (2^K, J)
+    xi = pg_mean(np.sqrt(qz @ e_psi2))
+
+    def L(z):
+        return ((y - 0.5) * (z @ mu.T + muc)).sum(-1) - 0.5 * (xi * (
+            np.einsum("zk,jkl,zl->zj", z, M, z) + 2 * muc * (z @ mu.T) + ec2)).sum(-1) + ((z - 0.5) * mub).sum(-1)
+
+    d = np.zeros(K)
+    for k in range(K):
+        on, off = zs.copy(), zs.copy()
+        on[:, k], off[:, k] = 1.0, 0.0
+        weight = np.prod(np.where(np.delete(zs, k, 1) > 0, np.delete(pi, k), 1 - np.delete(pi, k)), axis=1)
+        weight = weight / 2.0  # each z_-k configuration appears twice in zs (z_k = 0, 1)
+        d[k] = weight @ (L(on) - L(off))
+    return expit(d), xi
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_e_step_matches_brute_force_enumeration(iterations):
+    rng = np.random.default_rng(1)
+    model = SigmoidBeliefNetwork(5, 3, 100, inner_iterations=iterations, seed=2)
+    random_state(model, rng)
+    Y = (rng.random((4, 5)) < 0.5).astype(float)
+    pi, xi = model._e_step(Y)
+    for n in range(4):
+        p = expit(model._mu_b)
+        for _ in range(iterations):
+            p, x = brute_round(model, Y[n], p)
+        np.testing.assert_allclose(pi[n], p, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(xi[n], x, rtol=1e-10, atol=1e-12)
+
+
+def test_single_latent_unit_posterior_is_exact_given_omega():
+    """K = 1: mean field is exact, so q(z = 1) equals the normalised augmented joint."""
+    rng = np.random.default_rng(3)
+    model = SigmoidBeliefNetwork(6, 1, 100, inner_iterations=2, seed=0)
+    random_state(model, rng)
+    y = (rng.random(6) < 0.5).astype(float)
+    pi, xi = model._e_step(y[None])
+    mu, M, muc, ec2, mub = moments(model)
+    logj = []
+    for z in (0.0, 1.0):
+        zz = np.array([[z]])
+        logj.append(float(((y - 0.5) * (zz @ mu.T + muc)).sum() - 0.5 * (xi[0] * (
+            np.einsum("zk,jkl,zl->zj", zz, M, zz)[0] + 2 * muc * (zz @ mu.T)[0] + ec2)).sum() + (z - 0.5) * mub[0]))
+    assert pi[0, 0] == pytest.approx(expit(logj[1] - logj[0]), rel=1e-12)
+
+
+def per_record_norms(model, Y):
+    out = {b.name: [] for b in model.blocks()}
+    for row in Y:
+        s = model.clipped_sum({"y": row[None]})
+        for k, v in s.items():
+            out[k].append(np.linalg.norm(v))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_per_record_bounds_hold_on_adversarial_inputs(dtype):
+    rng = np.random.default_rng(4)
+    J, K = 7, 4
+    model = SigmoidBeliefNetwork(J, K, 100, seed=1, dtype=dtype)
+    bounds = {b.name: b.bound for b in model.blocks()}
+    assert bounds == pytest.approx({"z": math.sqrt(K) / 2, "y": math.sqrt(J) / 2, "xi": math.sqrt(J) / 8,
+                                    "z_y": math.sqrt(J * K) / 2, "xi_zz": math.sqrt(J * K * (K + 1) / 2) / 8})
+    Y = np.vstack([np.zeros(J), np.ones(J), rng.integers(0, 2, (20, J))]).astype(np.uint8)
+    for scale in (0.0, 1.0, 1e3):  # tiny, moderate and extreme weights
+        random_state(model, rng, scale)
+        for k, norms in per_record_norms(model, Y).items():
+            assert norms.max() <= bounds[k] * (1 + 1e-12), (k, scale)
+    # whatever the E-step returns (NaN, inf, out of range), the clipped statistics stay bounded
+    garbage = np.array([[np.nan, np.inf, -5.0, 7.0]]), np.array([[np.nan, -np.inf, 9.0, -1.0, 0.3, 0.25, np.inf]])
+    model._e_step = lambda y: (np.repeat(garbage[0], len(y), 0), np.repeat(garbage[1], len(y), 0))
+    raw = np.array([[np.nan, 5.0, -3.0, 1.0, 0.0, 0.7, 2.0]])
+    for k, norms in per_record_norms(model, raw).items():
+        assert norms.max() <= bounds[k] * (1 + 1e-12), k
+    # the y block attains its bound and a complementary image moves it by 2 C_y (diameter 2)
+    a, b = model.clipped_sum({"y": Y[:1]}), model.clipped_sum({"y": Y[1:2]})
+    assert np.linalg.norm(a["y"] - b["y"]) == pytest.approx(2 * bounds["y"])
+
+
+def test_engine_uses_diameter_two_and_sqrt_bound_weights():
+    model = SigmoidBeliefNetwork(9, 3, 100)
+    w = model.default_block_weights()
+    assert sum(v * v for v in w.values()) == pytest.approx(1.0)
+    bounds = {b.name: b.bound for b in model.blocks()}
+    assert w["xi_zz"] / w["y"] == pytest.approx(math.sqrt(bounds["xi_zz"] / bounds["y"]))
+    assert model.diameter(w) == 2.0 and set(HALF_WIDTH) == set(bounds)
+
+
+def true_sbn():
+    J, K = 16, 2
+    W = np.zeros((J, K))
+    W[:8, 0], W[8:, 1] = 4.0, 4.0
+    return W, np.full(J, -2.0), np.array([0.0, 0.5])
+
+
+def sample_sbn(rng, n, W, c, b):
+    z = (rng.random((n, len(b))) < expit(b)).astype(float)
+    return (rng.random((n, len(c))) < expit(z @ W.T + c)).astype(np.uint8)
+
+
+def exact_loglik(W, c, b, Y):
+    """Mean log p(y) of an SBN with parameters (W, c, b), summing z exactly."""
+    K = len(b)
+    zs = np.array(list(itertools.product([0.0, 1.0], repeat=K)))
+    lp = np.log(expit(np.where(zs > 0, 1.0, -1.0) * b)).sum(1)
+    psi = zs @ W.T + c
+    ll = Y @ np.log(expit(psi)).T + (1 - Y) @ np.log(expit(-psi)).T + lp
+    mx = ll.max(1, keepdims=True)
+    return float(np.mean(mx[:, 0] + np.log(np.exp(ll - mx).sum(1))))
+
+
+def test_m_step_recovers_a_known_sbn_without_noise():
+    """Non-private stochastic VB on 6,000 draws from a 2-unit SBN with strong weights: the learned
+    means give nearly the true held-out log-likelihood (exact, z enumerated), and the weights match
+    the truth up to the SBN's symmetries (unit permutation; z -> 1 - z flips W's column sign)."""
+    rng = np.random.default_rng(0)
+    W, c, b = true_sbn()
+    N, S = 6000, 500
+    Y = sample_sbn(rng, N, W, c, b)
+    model = SigmoidBeliefNetwork(16, 2, N, seed=1)
+    for t in range(400):
+        idx = rng.choice(N, S, replace=False)
+        sums = model.clipped_sum({"y": Y[idx]})
+        model.update({k: v / S for k, v in sums.items()}, (1.0 + t) ** -0.7)
+    Yt = sample_sbn(rng, 4000, W, c, b).astype(float)
+    ll_true = exact_loglik(W, c, b, Yt)
+    ll_fit = exact_loglik(model.weights, model.visible_bias, model.latent_bias, Yt)
+    # ~7 nats per image; an independent-pixel model is ~4 nats worse here, chance ~11 worse
+    assert ll_fit > ll_true - 0.1
+    best = min(np.abs(np.abs(model.weights[:, list(p)]) - W).max() for p in itertools.permutations(range(2)))
+    assert best < 0.8  # shrinkage prior and VB: |W| a little below 4, off-block weights near 0
+    assert pixel_accuracy(Yt, model.reconstruct_proba(Yt)) > 0.87
+    # and the same statistics through float32 give the same sums to single precision
+    m32 = SigmoidBeliefNetwork(16, 2, N, seed=1, dtype="float32")
+    m32.load_state(model.state())
+    s64, s32 = model.clipped_sum({"y": Y[:500]}), m32.clipped_sum({"y": Y[:500]})
+    for k in s64:
+        np.testing.assert_allclose(s32[k], s64[k], atol=1e-4 * max(1.0, np.abs(s64[k]).max()))
+
+
+def test_parse_batch_forms_and_rejections():
+    model = SigmoidBeliefNetwork(10, 2, 50)
+    bits = [1, 0, 1, 1, 0, 0, 0, 1, 1, 1]
+    packed = np.packbits(np.array(bits, dtype=np.uint8)).tobytes().hex()
+    parsed = model.parse_batch([{"y": bits}, {"y": packed}, {"y": bits[:9]}, {"y": "zz"}, {"y": packed + "00"},
+                                {"y": [2] + bits[1:]}, {"y": True}, [1], {"y": "b1c1"}])
+    assert parsed.accepted.tolist() == [0, 1]
+    assert parsed.rows["y"].tolist() == [bits, bits] and parsed.rows["y"].dtype == np.uint8
+    assert [r[1] for r in parsed.rejected] == ["wrong_shape", "out_of_range", "out_of_range", "out_of_range",
+                                               "wrong_type", "not_object", "out_of_range"]
+
+
+def test_state_checkpoint_and_message_round_trip():
+    rng = np.random.default_rng(6)
+    W, c, b = true_sbn()
+    Y = sample_sbn(rng, 600, W, c, b)
+    records = [{"y": row.tolist()} for row in Y]
+    kw = dict(n_visible=16, n_latent=2, dataset_size=300, reservoir=300, batch_size=100, every_records=100,
+              epsilon=2.0, delta=1e-5, planned_steps=10, seed=3)
+    learner = PrivateLearner("sbn", **kw).learn_many(records)
+    assert learner.epsilon_spent > 0 and learner.engine.diameter == 2.0
+    # model message: schema-valid, and the reader's model predicts exactly like the learner's
+    msg = learner.message()
+    read = posterior_from_message(msg).model
+    np.testing.assert_array_equal(read.reconstruct_proba(Y[:20]), learner.model.reconstruct_proba(Y[:20]))
+    # checkpoint: a new learner restored from the state continues identically
+    other = PrivateLearner("sbn", ledger=learner.ledger, **kw)
+    other.load_state(learner.state())
+    for k, v in learner.model.state().items():
+        np.testing.assert_array_equal(other.model.state()[k], v)
+    with pytest.raises(ValueError, match="'w_h' must have shape"):
+        read.load_state({**read.state(), "w_h": np.zeros((3, 3))})
+    with pytest.raises(ValueError, match="no 'noise_var'"):
+        read.load_state({k: v for k, v in read.state().items() if k != "noise_var"})
+    with pytest.raises(ValueError, match="rho"):
+        read.update({k: np.zeros(bl.shape) for k, bl in zip(["z", "y", "xi", "z_y", "xi_zz"], read.blocks())}, 0.0)
+    with pytest.raises(ValueError, match="dtype"):
+        SigmoidBeliefNetwork(4, 2, 10, dtype="float16")
