@@ -280,3 +280,44 @@ class SyntheticLdaSource(_SyntheticSource):
 
     def _clean(self, n: int) -> list[bytes]:
         return [json.dumps({"tokens": doc}).encode() for doc in self.documents(n)]
+
+
+#: Malformed SBN records: kind -> line (none is a valid binary image).
+MALFORMED_IMAGES: dict[str, str] = {
+    "bad_json": '{"y": [1, 0',
+    "out_of_range": '{"y": [2, 0, 0, 0]}',
+    "wrong_type": '{"y": true}',
+    "missing_field": '{"x": [0, 1]}',
+    "not_object": "[1, 2, 3]",
+}
+
+
+class SyntheticSbnSource(_SyntheticSource):
+    """Generates ``count`` binary images ``{"y": [J bits]}`` from a known sigmoid belief network.
+
+    ``n_latent`` units each switch on a disjoint block of the ``n_visible`` pixels with weight
+    ``weight`` (the pattern is easy to read back); pixel biases ``visible_bias``, latent priors
+    p(z_k = 1) = sigmoid(``latent_bias``). ``weights`` (J, K), ``visible_bias`` (J,) and
+    ``latent_bias`` (K,) are the truth, kept as attributes for scoring.
+    """
+
+    def __init__(self, count: int | None = None, n_visible: int = 24, n_latent: int = 3, weight: float = 4.0,
+                 visible_bias: float = -2.0, latent_bias: float = 0.0, seed: int = 0,
+                 malformed_fraction: float = 0.0, records_per_second: float | None = None) -> None:
+        if int(n_latent) < 1 or int(n_visible) < int(n_latent):
+            raise ValueError(f"need 1 <= n_latent <= n_visible, got {n_latent}, {n_visible}")
+        super().__init__(count, seed, malformed_fraction, records_per_second)
+        self.n_visible, self.n_latent = int(n_visible), int(n_latent)
+        owner = np.arange(self.n_visible) * self.n_latent // self.n_visible
+        self.weights = float(weight) * (owner[:, None] == np.arange(self.n_latent)[None, :])
+        self.visible_bias = np.full(self.n_visible, float(visible_bias))
+        self.latent_bias = np.full(self.n_latent, float(latent_bias))
+        self._malformed = [t.encode() for t in MALFORMED_IMAGES.values()]
+
+    def sample(self, n: int) -> np.ndarray:
+        """``n`` fresh images (n, J) of 0/1 (advances the generator)."""
+        z = (self._rng.random((n, self.n_latent)) < expit(self.latent_bias)).astype(float)
+        return (self._rng.random((n, self.n_visible)) < expit(z @ self.weights.T + self.visible_bias)).astype(np.int64)
+
+    def _clean(self, n: int) -> list[bytes]:
+        return [b'{"y": [%s]}' % ", ".join(map(str, row)).encode() for row in self.sample(n).tolist()]

@@ -11,6 +11,8 @@ records. ``--family`` picks the model:
             next to the AUC of the true weights
   lda       LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40
             words): held-out perplexity bound and topic recovery (mean Hellinger distance)
+  sbn       sigmoid belief network (K = 3 known latent units over 24 pixels): pixel accuracy of
+            reconstructed held-out images, next to the true network's
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
 a directory that already holds a ledger: spent budget is never reset (privacy rule 7 in
@@ -32,10 +34,13 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import SyntheticLdaSource, SyntheticLogisticSource, SyntheticRegressionSource
+from connectors.synthetic import (
+    SyntheticLdaSource, SyntheticLogisticSource, SyntheticRegressionSource, SyntheticSbnSource,
+)
 from stream_vips.config import Config, config_from_dict
 from stream_vips.models.lda import topic_recovery
 from stream_vips.models.logistic import roc_auc
+from stream_vips.models.sbn import pixel_accuracy
 from stream_vips.pipeline import Application
 
 DIMENSION = 5
@@ -44,7 +49,7 @@ X_SCALE = 0.8
 PLANNED_STEPS = 20
 MALFORMED_FRACTION = 0.01
 #: Held-out records drawn after the run from the same generator (logistic, lda).
-HELD_OUT = {"logistic": 20_000, "lda": 500}
+HELD_OUT = {"logistic": 20_000, "lda": 500, "sbn": 2_000}
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,24 @@ def _lda_lines(s: dict[str, Any]) -> list[str]:
             f"{s['non_private_topic_recovery']:.4f} (non-private); 0 is exact, 1 disjoint"]
 
 
+def _sbn_lines(s: dict[str, Any]) -> list[str]:
+    return [f"reconstruction       pixel accuracy {s['pixel_accuracy']:.4f} (private), "
+            f"{s['non_private_pixel_accuracy']:.4f} (non-private, same records, {s['non_private_updates']} updates)",
+            f"                     {s['true_network_pixel_accuracy']:.4f} (true network, its own posterior)"]
+
+
+def _sbn_truth_accuracy(src: Any, Y: Any) -> float:
+    from stream_vips.models.sbn import SigmoidBeliefNetwork
+    model = SigmoidBeliefNetwork(src.n_visible, src.n_latent, 1)
+    state = model.state()
+    state["w_h"] = src.weights * 1e6  # prior part 1, data part 1e6: E[W] = truth to 1e-6
+    state["w_stat"] = np.broadcast_to(1e6 * np.eye(src.n_latent), state["w_stat"].shape).copy()
+    state["c_h"], state["c_prec"] = src.visible_bias * 1e6, np.full(src.n_visible, 1e6)
+    state["b_h"], state["b_prec"] = src.latent_bias * 1e6, np.full(src.n_latent, 1e6)
+    model.load_state(state)
+    return pixel_accuracy(Y, model.reconstruct_proba(Y))
+
+
 FAMILIES: dict[str, Family] = {
     "linreg": Family(
         "linreg", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
@@ -125,6 +148,14 @@ FAMILIES: dict[str, Family] = {
                                         "topic_recovery": topic_recovery(src.topics, model.topics())},
         reference=lambda src, _: {"vocabulary_size": len(src.vocabulary)},
         lines=_lda_lines),
+    "sbn": Family(
+        "sbn", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
+        source=lambda records, seed: SyntheticSbnSource(count=records, seed=seed, malformed_fraction=MALFORMED_FRACTION),
+        params=lambda src, seed: {"n_visible": src.n_visible, "n_latent": src.n_latent, "seed": seed},
+        held_out=lambda src: src.sample(HELD_OUT["sbn"]),
+        score=lambda model, src, Y: {"pixel_accuracy": pixel_accuracy(Y, model.reconstruct_proba(Y))},
+        reference=lambda src, Y: {"true_network_pixel_accuracy": _sbn_truth_accuracy(src, Y)},
+        lines=_sbn_lines),
 }
 
 
