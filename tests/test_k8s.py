@@ -2,7 +2,11 @@
 
 Every overlay is rendered with kustomize; core resources are validated strictly against the
 Kubernetes schemas that kubernetes-validate ships (pinned version below); custom resources against
-the structural schemas in k8s/tests/schemas; alert rules with ``promtool check rules`` and the unit
+the operators' own CustomResourceDefinitions (Strimzi's KafkaTopic and KafkaUser, the Prometheus
+Operator's ServiceMonitor and PrometheusRule, pinned and fetched by .ci/k8s-setup.sh into
+tools/k8s/crds), strictly: an unknown field fails as it does under the API server's strict field
+validation, except where the CRD preserves unknown fields; their metadata with the core ObjectMeta
+schema. Alert rules with ``promtool check rules`` and the unit
 tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
 also held to the code they deploy: the mounted config loads with :func:`stream_vips.config.load_config`,
 metric names exist in :class:`stream_vips.metrics.Metrics`, ports, paths and topics agree.
@@ -18,6 +22,7 @@ Write the rendered alert rules for a manual ``promtool test rules``::
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -37,12 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 KUBERNETES_VERSION = "1.32.0"  # a version kubernetes-validate 1.37.0 ships strict schemas for
 RULES_FILE = "stream-vips.rules.yaml"
+CRDS = ROOT / "tools" / "k8s" / "crds"  # .ci/k8s-setup.sh: the operators' CRDs, pinned by sha256
 CUSTOM_KINDS = {
-    ("kafka.strimzi.io/v1", "KafkaTopic"): "kafkatopic.yaml",
-    ("kafka.strimzi.io/v1", "KafkaUser"): "kafkauser.yaml",
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.yaml",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.yaml",
+    ("kafka.strimzi.io/v1", "KafkaTopic"): "kafkatopics.kafka.strimzi.io.yaml",  # Strimzi 0.49.0
+    ("kafka.strimzi.io/v1", "KafkaUser"): "kafkausers.kafka.strimzi.io.yaml",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors.monitoring.coreos.com.yaml",  # v0.85.0
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules.monitoring.coreos.com.yaml",
 }
+# DNS-1123 subdomain: what the API server requires of every object's name (ObjectMeta validation)
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 REQUIRED_ALERTS = {
     "StreamVipsBudget80PercentSpent",
     "StreamVipsBudgetExhausted",
@@ -257,23 +265,85 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "readOnlyRootFileSystem" in proc.stdout + proc.stderr
 
 
+def strict_crd_schema(schema: Any) -> Any:
+    """An OpenAPI v3 schema of a CRD as a JSON Schema, strict like the API server's field validation:
+    an object with ``properties`` accepts no other field unless the CRD marks it
+    ``x-kubernetes-preserve-unknown-fields``; ``nullable`` admits null."""
+    if isinstance(schema, list):
+        return [strict_crd_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_crd_schema(v) for k, v in schema.items() if k != "description"}
+    if "properties" in out and "additionalProperties" not in out \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
 @lru_cache(maxsize=None)
-def _cr_schema(filename: str) -> dict[str, Any]:
-    schemas = K8S / "tests" / "schemas"
-    schema = yaml.safe_load((schemas / filename).read_text())
-    schema["$defs"] = {"metadata": yaml.safe_load((schemas / "_metadata.yaml").read_text())}
+def crd(filename: str) -> dict[str, Any]:
+    path = CRDS / filename
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} missing (fetched by .ci/k8s-setup.sh)")
+        pytest.skip(f"{path} missing (fetched by .ci/k8s-setup.sh)")
+    return yaml.safe_load(path.read_text())
+
+
+@lru_cache(maxsize=None)
+def _cr_schema(api_version: str, kind: str) -> dict[str, Any]:
+    """The CRD's schema of ``api_version``, with apiVersion and kind pinned to the served ones."""
+    definition = crd(CUSTOM_KINDS[(api_version, kind)])["spec"]
+    group, version = api_version.split("/")
+    assert definition["group"] == group and definition["names"]["kind"] == kind
+    (served,) = [v for v in definition["versions"] if v["name"] == version and v["served"]]
+    schema = strict_crd_schema(served["schema"]["openAPIV3Schema"])
+    schema["properties"]["apiVersion"] = {"const": api_version}
+    schema["properties"]["kind"] = {"const": kind}
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
+    schema["properties"].pop("status", None)  # written by the operator, never by us
     return schema
 
 
 def cr_errors(doc: dict[str, Any]) -> list[str]:
+    """Schema errors of a custom resource against its operator's CRD (empty when it conforms)."""
     import jsonschema
 
-    key = (doc["apiVersion"], doc["kind"])
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    crd_for_kind = {k: f for (_, k), f in CUSTOM_KINDS.items()}
     if key not in CUSTOM_KINDS:
-        return [f"no structural schema for {key}"]
-    schema = _cr_schema(CUSTOM_KINDS[key])
-    validator = jsonschema.Draft202012Validator(schema)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+        if doc.get("kind") in crd_for_kind:  # a version the pinned CRD does not serve
+            served = [f"{v['name']}" for v in crd(crd_for_kind[doc["kind"]])["spec"]["versions"] if v["served"]]
+            return [f"apiVersion {doc.get('apiVersion')} not served by the CRD (served: {served})"]
+        return [f"no CRD for {key}"]
+    validator = jsonschema.Draft7Validator(_cr_schema(*key))
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+    name = doc.get("metadata", {}).get("name", "")
+    if not (DNS1123_SUBDOMAIN.match(name) and len(name) <= 253):
+        errors.append(f"metadata/name: {name!r} is not a DNS-1123 subdomain")
+    return errors
+
+
+def test_pinned_crds_are_the_operators_own() -> None:
+    """The CRD files are the real, complete ones (not subsets): served versions, the full
+    specification fields, and no CEL rules that a JSON Schema validator would silently skip."""
+    setup = (ROOT / ".ci" / "k8s-setup.sh").read_text()
+    pinned = {name: digest for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", setup, flags=re.M)}
+    assert set(pinned) == set(CUSTOM_KINDS.values())
+    for (api_version, kind), filename in CUSTOM_KINDS.items():
+        text = (CRDS / filename).read_text() if (CRDS / filename).is_file() else ""
+        definition = crd(filename)
+        assert definition["kind"] == "CustomResourceDefinition"
+        assert definition["spec"]["names"]["kind"] == kind
+        assert "x-kubernetes-validations" not in text, f"{filename}: CEL rules are not checked here"
+        assert hashlib.sha256((CRDS / filename).read_bytes()).hexdigest() == pinned[filename], \
+            f"{filename} differs from the file pinned in .ci/k8s-setup.sh"
+    topic_spec = _cr_schema("kafka.strimzi.io/v1", "KafkaTopic")["properties"]["spec"]["properties"]
+    assert {"topicName", "partitions", "replicas", "config"} <= set(topic_spec)
+    sm_endpoint = _cr_schema("monitoring.coreos.com/v1", "ServiceMonitor")["properties"]["spec"]["properties"]["endpoints"]
+    assert {"port", "path", "interval", "scrapeTimeout", "tlsConfig", "relabelings"} <= set(sm_endpoint["items"]["properties"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -285,21 +355,49 @@ def test_custom_resources_have_their_required_fields(overlay: str) -> None:
         assert cr_errors(d) == [], (d["kind"], d["metadata"]["name"])
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_custom_resource_metadata_passes_the_core_object_meta_schema(overlay: str, tmp_path: Path) -> None:
+    """A CRD leaves ``metadata`` to the API server; check it with the core ObjectMeta schema (a
+    ConfigMap carrying each custom resource's metadata, validated strictly)."""
+    probes = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": d["metadata"]}
+              for d in render(overlay) if (d["apiVersion"], d["kind"]) in CUSTOM_KINDS]
+    assert len(probes) == 8
+    proc = _validate_core(probes, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    probes[0]["metadata"]["lables"] = {"a": "b"}  # misspelt: refused
+    assert _validate_core(probes[:1], tmp_path).returncode != 0
+
+
 @pytest.mark.parametrize(
     "kind, mutate",
     [
         # v1beta2's single `operation`, dropped by kafka.strimzi.io/v1
         ("KafkaUser", lambda d: d["spec"]["authorization"]["acls"][0].update(operation="Read")),
-        ("KafkaTopic", lambda d: d["metadata"]["labels"].pop("strimzi.io/cluster")),
-        ("KafkaTopic", lambda d: d.update(apiVersion="kafka.strimzi.io/v1beta2")),
+        ("KafkaUser", lambda d: d["spec"]["authorization"]["acls"][0]["resource"].update(type="topics")),
+        ("KafkaUser", lambda d: d["spec"]["authentication"].update(type="scram-sha-256")),
+        ("KafkaTopic", lambda d: d["spec"].update(replicas=0)),
+        ("KafkaTopic", lambda d: d["spec"].update(partition=3)),
+        ("KafkaTopic", lambda d: d.update(apiVersion="kafka.strimzi.io/v1beta3")),
+        ("KafkaTopic", lambda d: d["metadata"].update(name="Stream_VIPS")),
         ("ServiceMonitor", lambda d: d["spec"].pop("selector")),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(scrape_timeout="10s")),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
         ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+        ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(labels={"severity": 1})),
     ],
 )
-def test_structural_checks_reject_broken_custom_resources(kind: str, mutate: Any) -> None:
+def test_crd_schemas_reject_broken_custom_resources(kind: str, mutate: Any) -> None:
     doc = of_kind(render("base"), kind)[0]
+    assert cr_errors(doc) == []
     mutate(doc)
     assert cr_errors(doc) != []
+
+
+def test_every_topic_and_user_names_its_strimzi_cluster() -> None:
+    """Strimzi's operators act only on resources labelled with their cluster (not in the CRD)."""
+    for d in render("base"):
+        if d["apiVersion"].startswith("kafka.strimzi.io/"):
+            assert d["metadata"]["labels"].get("strimzi.io/cluster") == "my-cluster", d["metadata"]["name"]
 
 
 def test_every_custom_resource_kind_is_checked() -> None:
@@ -307,7 +405,7 @@ def test_every_custom_resource_kind_is_checked() -> None:
     for d in docs:
         group = d["apiVersion"].split("/")[0]
         if "." in group and not group.endswith(".k8s.io"):
-            assert (d["apiVersion"], d["kind"]) in CUSTOM_KINDS, f"no structural check for {d['kind']}"
+            assert (d["apiVersion"], d["kind"]) in CUSTOM_KINDS, f"no CRD schema check for {d['kind']}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,6 +516,18 @@ def test_image_build_context_holds_the_whole_package() -> None:
     assert all((ROOT / path).exists() for path in needed)
 
 
+def test_dockerfile_builds_on_any_python_base_as_non_root() -> None:
+    """The base is a build argument (default the official slim image); the build stage brings its
+    own pip and wheel (autodp is an sdist); the final stage runs as 10001 without writing .pyc."""
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.\d+-slim-bookworm$", text, flags=re.M)
+    stages = re.findall(r"^FROM (\S+)", text, flags=re.M)
+    assert stages and all(s == "${BASE_IMAGE}" for s in stages), stages
+    assert re.search(r"pip install --upgrade pip setuptools wheel", text)
+    assert "PYTHONDONTWRITEBYTECODE=1" in text
+    assert dockerfile_instruction("USER") == "10001:10001"
+
+
 def _env_with_placeholder_secrets(c: dict[str, Any], pod_name: str = "stream-vips-0") -> dict[str, str]:
     """The container's environment as the kubelet would set it, secrets replaced by placeholders."""
     env = {}
@@ -449,6 +559,11 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     assert cfg.privacy.seed is None, "production noise is OS-seeded (privacy rule 9 in docs/privacy.md)"
     assert cfg.privacy.mode == "private"
     assert cfg.source.options["group_instance_id"] == "stream-vips-0"  # static membership, per pod
+    # a fixed transactional id (not the sink's random default): a restarted pod's sink aborts the
+    # transaction a crash left open instead of leaving read-committed readers blocked until it times out
+    restarted = config_from_dict(yaml.safe_load(text), env=_env_with_placeholder_secrets(c))
+    assert cfg.sink.options["transactional_id"] and \
+        cfg.sink.options["transactional_id"] == restarted.sink.options["transactional_id"]
     assert cfg.runtime.checkpoint_path, "a restart restores the reservoir and offsets"
 
 

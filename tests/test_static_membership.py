@@ -1,0 +1,100 @@
+"""Static group membership on the real broker: a SIGKILLed pipeline consumer that comes back under
+the same ``group_instance_id`` (the pod name, k8s/base/app/statefulset.yaml) gets its partitions
+back at once, while a dynamic member waits for the dead one's session to expire.
+
+Each member is a separate process running :class:`connectors.kafka.KafkaSource` (as the pipeline
+does), killed with SIGKILL: no LeaveGroup, no commit, exactly what a crashed or OOM-killed pod does.
+The time measured is from the new process's ``KafkaSource(...)`` to its first records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kafka_broker import create_topic, linreg_records, produce, unique_topic
+
+pytestmark = pytest.mark.kafka
+
+ROOT = Path(__file__).resolve().parents[1]
+SESSION_TIMEOUT_MS = 10_000  # the broker's minimum is 6 s; the pipeline's default is 45 s
+REJOIN_LIMIT_S = 5.0
+
+MEMBER = r"""
+import json, sys, time
+from connectors.kafka import KafkaSource
+
+bootstrap, topic, group, instance, session_ms = sys.argv[1:6]
+t0 = time.monotonic()
+source = KafkaSource(bootstrap, topic, group_id=group, group_instance_id=instance or None,
+                     session_timeout_ms=int(session_ms), heartbeat_interval_ms=1000)
+while True:
+    records = source.poll(500, 0.2)
+    if records:
+        print(json.dumps({"first_records_s": time.monotonic() - t0, "n": len(records)}), flush=True)
+        break
+deadline = time.monotonic() + 120  # stay a member until killed (bounded)
+while time.monotonic() < deadline:
+    source.poll(500, 0.5)
+"""
+
+
+def _start(bootstrap: str, topic: str, group: str, instance: str | None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", MEMBER, bootstrap, topic, group, instance or "", str(SESSION_TIMEOUT_MS)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+
+
+def _first_records_s(proc: subprocess.Popen[str], timeout_s: float = 90.0) -> float:
+    """Seconds from the member's KafkaSource(...) to its first records (it prints one JSON line)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout_s):
+        proc.kill()
+        pytest.fail(f"member printed nothing within {timeout_s} s")
+    line = proc.stdout.readline()
+    assert line, f"member exited with {proc.wait()} before reading a record"
+    return json.loads(line)["first_records_s"]
+
+
+def _crash_and_rejoin(bootstrap: str, instance: str | None) -> float:
+    """Start a member, let it consume, SIGKILL it, start its replacement; the replacement's rejoin time."""
+    topic = create_topic(bootstrap, unique_topic("static-membership"), partitions=2)
+    produce(bootstrap, topic, linreg_records(2000), partitions=2)
+    group = unique_topic("static-group")
+    first = _start(bootstrap, topic, group, instance)
+    second = None
+    try:
+        _first_records_s(first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        second = _start(bootstrap, topic, group, instance)
+        return _first_records_s(second)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def test_a_sigkilled_static_member_rejoins_in_under_5_s(kafka_bootstrap):
+    rejoin = _crash_and_rejoin(kafka_bootstrap, instance="stream-vips-0")
+    assert rejoin < REJOIN_LIMIT_S, f"static member took {rejoin:.1f} s to get its partitions back"
+
+
+def test_without_static_membership_the_replacement_waits_for_the_dead_session(kafka_bootstrap):
+    """The control: the same crash with a dynamic member waits about a session timeout, so the
+    5 s bound above measures static membership and not a fast machine."""
+    rejoin = _crash_and_rejoin(kafka_bootstrap, instance=None)
+    assert rejoin >= REJOIN_LIMIT_S, f"dynamic member rejoined in {rejoin:.1f} s: the control shows nothing"
+    assert rejoin < SESSION_TIMEOUT_MS / 1000 + 20
