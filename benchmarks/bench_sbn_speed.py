@@ -1,0 +1,87 @@
+"""Speed of one SBN step (E-step + M-step, images/s) against a plain numpy implementation.
+
+The reference does the same non-private stochastic VB update written directly from the formulas
+(eqs. 67-71 and the Gaussian M-step): per-image quantities through (n, J, K, K) einsums and the
+full <z z^T> tensor, no batched GEMM, no triangle packing. Both run on the same images and state.
+Target: ratio (ours / reference) >= 1.0. Run: ``python benchmarks/bench_sbn_speed.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from scipy.special import expit  # noqa: E402
+
+from stream_vips.models.logistic import pg_mean  # noqa: E402
+from stream_vips.models.sbn import SigmoidBeliefNetwork  # noqa: E402
+
+J, K, S, ITERS, REPEATS = 64, 50, 400, 2, 5
+
+
+def reference_step(m: SigmoidBeliefNetwork, Y: np.ndarray) -> None:
+    """Plain numpy: E-step with explicit (n, J, K, K) tensors, then the model's own M-step."""
+    mu, Sig, muc = m._mu_w, m._Sigma, m._mu_c
+    ec2 = muc**2 + m._var_c
+    M = Sig + np.einsum("jk,jl->jkl", mu, mu)
+    n = len(Y)
+    pi = np.tile(expit(m._mu_b), (n, 1))
+    yh = Y - 0.5
+    for _ in range(ITERS):
+        zz = np.einsum("nk,nl->nkl", pi, pi)
+        zz[:, np.arange(K), np.arange(K)] = pi
+        psi2 = np.einsum("njkl,nkl->nj", np.broadcast_to(M, (n, J, K, K)), zz) + 2 * muc * (pi @ mu.T) + ec2
+        xi = pg_mean(np.sqrt(np.maximum(psi2, 0)))
+        Mpi = np.einsum("jkl,nl->njk", M, pi)
+        diagM = np.einsum("jkk->jk", M)
+        d = m._mu_b + yh @ mu - np.einsum("nj,njk->nk", xi, Mpi - pi[:, None, :] * diagM + muc[:, None] * mu + 0.5 * diagM)
+        pi = expit(d)
+    zz = np.einsum("nk,nl->nkl", pi, pi)
+    zz[:, np.arange(K), np.arange(K)] = pi
+    xizz = np.einsum("nj,nkl->jkl", xi, zz) / n
+    iu = np.triu_indices(K)
+    means = {"z": pi.mean(0) - 0.5, "y": yh.mean(0), "xi": xi.mean(0) - 0.125, "z_y": yh.T @ pi / n,
+             "xi_zz": xizz[:, iu[0], iu[1]] - 0.125}
+    m.update(means, 0.5)
+
+
+def ours_step(m: SigmoidBeliefNetwork, Y: np.ndarray) -> None:
+    s = m.clipped_sum({"y": Y})
+    m.update({k: v / len(Y) for k, v in s.items()}, 0.5)
+
+
+def rate(step, dtype: str, Y: np.ndarray) -> float:
+    m = SigmoidBeliefNetwork(J, K, 60_000, inner_iterations=ITERS, dtype=dtype)
+    step(m, Y)  # warm-up
+    best = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        step(m, Y)
+        best = min(best, time.perf_counter() - t)
+    return len(Y) / best
+
+
+def main() -> None:
+    Y = (np.random.default_rng(0).random((S, J)) < 0.2).astype(np.uint8)
+    ref = rate(reference_step, "float64", Y.astype(float))
+    ours64 = rate(ours_step, "float64", Y)
+    ours32 = rate(ours_step, "float32", Y)
+    out = {"benchmark": "bench_sbn_speed", "J": J, "K": K, "S": S, "inner_iterations": ITERS,
+           "images_per_s": {"reference_numpy": ref, "ours_float64": ours64, "ours_float32": ours32},
+           "ratio_float64": ours64 / ref, "ratio_float32": ours32 / ref,
+           "target": {"ratio": 1.0}, "met": {"ratio": ours64 / ref >= 1.0}}
+    path = ROOT / "benchmarks" / "results" / "bench_sbn_speed.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
