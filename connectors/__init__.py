@@ -20,6 +20,7 @@ SOURCES: dict[str, str] = {
     "synthetic": "connectors.synthetic:SyntheticRegressionSource",
     "synthetic_logistic": "connectors.synthetic:SyntheticLogisticSource",
     "synthetic_lda": "connectors.synthetic:SyntheticLdaSource",
+    "synthetic_nonlinear": "connectors.synthetic:SyntheticNonlinearSource",
     "synthetic_sbn": "connectors.synthetic:SyntheticSbnSource",
     "kafka": "connectors.kafka:KafkaSource",
 }

@@ -321,3 +321,46 @@ class SyntheticSbnSource(_SyntheticSource):
 
     def _clean(self, n: int) -> list[bytes]:
         return [b'{"y": [%s]}' % ", ".join(map(str, row)).encode() for row in self.sample(n).tolist()]
+
+
+class SyntheticNonlinearSource(_SyntheticSource):
+    """Generates ``count`` regression records (``None``: unbounded) from a fixed smooth function.
+
+    ``x ~ N(0, I)`` in ``dimension`` features and ``y = sin(2 x_1) + 0.5 x_2^2 - 0.5 + N(0,
+    noise_std^2)`` (with one feature, the quadratic term uses x_1 too): a function a linear model
+    cannot fit and a one-hidden-layer network can (the ``sep_bnn`` demo). Malformed records are
+    those of :data:`MALFORMED_KINDS`.
+    """
+
+    def __init__(
+        self,
+        count: int | None = None,
+        dimension: int = 2,
+        noise_std: float = 0.1,
+        seed: int = 0,
+        malformed_fraction: float = 0.0,
+        records_per_second: float | None = None,
+    ) -> None:
+        if int(dimension) < 1:
+            raise ValueError(f"dimension must be >= 1, got {dimension}")
+        if float(noise_std) < 0:
+            raise ValueError("noise_std must be >= 0")
+        super().__init__(count, seed, malformed_fraction, records_per_second)
+        self.dimension = int(dimension)
+        self.noise_std = float(noise_std)
+        self._malformed = [_fill(t, self.dimension).encode() for t in MALFORMED_KINDS.values()]
+
+    def function(self, X: np.ndarray) -> np.ndarray:
+        """The noise-free regression function at rows X."""
+        X = np.atleast_2d(X)
+        second = X[:, 1] if X.shape[1] > 1 else X[:, 0]
+        return np.sin(2.0 * X[:, 0]) + 0.5 * second**2 - 0.5
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        X = self._rng.standard_normal((n, self.dimension))
+        return X, self.function(X) + self.noise_std * self._rng.standard_normal(n)
+
+    def _clean(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return _vector_lines(X, y.tolist())

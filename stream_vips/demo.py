@@ -34,6 +34,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
+from connectors.synthetic import SyntheticNonlinearSource
 from connectors.synthetic import (
     SyntheticLdaSource, SyntheticLogisticSource, SyntheticRegressionSource, SyntheticSbnSource,
 )
@@ -49,7 +50,9 @@ X_SCALE = 0.8
 PLANNED_STEPS = 20
 MALFORMED_FRACTION = 0.01
 #: Held-out records drawn after the run from the same generator (logistic, lda).
-HELD_OUT = {"logistic": 20_000, "lda": 500, "sbn": 2_000}
+#: sep_bnn: the SEP step s = min(1, damping * rho_t) (see docs/sep_bnn.md).
+BNN_DAMPING = 0.2
+HELD_OUT = {"logistic": 20_000, "lda": 500, "sbn": 2_000, "sep_bnn": 5_000}
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,18 @@ def _sbn_truth_accuracy(src: Any, Y: Any) -> float:
     return pixel_accuracy(Y, model.reconstruct_proba(Y))
 
 
+def _bnn_lines(s: dict[str, Any]) -> list[str]:
+    return [f"held-out RMSE        {s['rmse']:.4f} (private), {s['non_private_rmse']:.4f} (non-private, same "
+            f"records, {s['non_private_updates']} updates); noise std {s['noise_std']:g}, spread of y "
+            f"{s['target_std']:.4f}",
+            f"held-out log-lik     {s['log_likelihood']:.4f} (private), {s['non_private_log_likelihood']:.4f} "
+            f"(non-private)"]
+
+
+def _bnn_score(model: Any, xy: Any) -> dict[str, float]:
+    return {"rmse": model.rmse(*xy), "log_likelihood": model.log_likelihood(*xy)}
+
+
 FAMILIES: dict[str, Family] = {
     "linreg": Family(
         "linreg", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
@@ -156,6 +171,16 @@ FAMILIES: dict[str, Family] = {
         score=lambda model, src, Y: {"pixel_accuracy": pixel_accuracy(Y, model.reconstruct_proba(Y))},
         reference=lambda src, Y: {"true_network_pixel_accuracy": _sbn_truth_accuracy(src, Y)},
         lines=_sbn_lines),
+    "sep_bnn": Family(
+        "sep_bnn", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
+        source=lambda records, seed: SyntheticNonlinearSource(
+            count=records, dimension=2, noise_std=NOISE_STD, seed=seed, malformed_fraction=MALFORMED_FRACTION),
+        # public scaling: the generator's x ~ N(0, I) and y of mean ~0 and spread ~1
+        params=lambda src, seed: {"dim": 2, "hidden": 50, "clip": 1.0, "damping": BNN_DAMPING, "init_seed": seed},
+        held_out=lambda src: src.sample(HELD_OUT["sep_bnn"]),
+        score=lambda model, src, xy: _bnn_score(model, xy),
+        reference=lambda src, xy: {"noise_std": src.noise_std, "target_std": float(np.std(xy[1]))},
+        lines=_bnn_lines),
 }
 
 

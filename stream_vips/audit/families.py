@@ -35,6 +35,7 @@ from stream_vips.models.lda import LDA
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
 from stream_vips.models.sbn import SigmoidBeliefNetwork
+from stream_vips.models.sep.bnn import BNNSEP
 from stream_vips.models.sep.mixture import MixtureSEP
 from stream_vips.models.sep.probit import ProbitSEP
 
@@ -109,6 +110,11 @@ FAMILY_AUDITS: dict[str, FamilyAudit] = {
         lambda m: ProbitSEP(dim=1, dataset_size=m, clip=1.0, x_clip=1.0),
         tuple({"x": [v], "y": y} for v in (-1.0, 0.0, 1.0) for y in (0, 1)),
         note="a label flip negates the site's eta but not its precision part, so ||u - u'|| < 2C"),
+    "sep_bnn": FamilyAudit(
+        "sep_bnn",
+        lambda m: BNNSEP(dim=1, hidden=2, dataset_size=m, clip=1.0),
+        tuple({"x": [v], "y": t} for v in (-2.0, 0.0, 2.0) for t in (-3.0, 0.0, 3.0)),
+        note="sites of different records share their Gamma and precision parts, so ||u - u'|| < 2C"),
     "dpvi": FamilyAudit(
         "dpvi", lambda m: DPVI(dim=2, dataset_size=m, clip=0.25, seed=0), _XY[:2],
         note="one Monte Carlo draw: a label flip makes the two gradients antiparallel, both "

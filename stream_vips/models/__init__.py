@@ -18,6 +18,7 @@ MODEL_FAMILIES: dict[str, str] = {
     "sbn": "stream_vips.models.sbn",
     "sep_mixture": "stream_vips.models.sep.mixture",
     "sep_probit": "stream_vips.models.sep.probit",
+    "sep_bnn": "stream_vips.models.sep.bnn",
     "dpvi": "stream_vips.models.baselines.dpvi",
     "sgld": "stream_vips.models.baselines.sgld",
     "ops": "stream_vips.models.baselines.ops",

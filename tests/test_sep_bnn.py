@@ -1,0 +1,196 @@
+"""DP-SEP Bayesian neural network (sep_bnn): PBP moments against Monte Carlo and finite
+differences, clipping on adversarial inputs, a noiseless fit of a known network, and round trips
+through model messages and learner checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stream_vips import messages
+from stream_vips.checkpoint import _pack, _unpack
+from stream_vips.client import posterior_from_message
+from stream_vips.learner import PrivateLearner
+from stream_vips.models import model_class
+from stream_vips.models.sep.bnn import (
+    BNNSEP, _split, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
+)
+from stream_vips.schedule import step_size
+
+D, H = 2, 3
+
+
+def _network(w: np.ndarray, X: np.ndarray, dim: int, hidden: int) -> np.ndarray:
+    """Output of the network for weight draws w (n, W) on one input row X (d,) -> (n,)."""
+    W0, w1 = _split(w, dim, hidden)
+    xt = np.append(X, 1.0)
+    a = W0 @ xt / math.sqrt(dim + 1)
+    z = np.concatenate([np.maximum(a, 0.0), np.ones((len(w), 1))], axis=1)
+    return np.einsum("nk,nk->n", z, w1) / math.sqrt(hidden + 1)
+
+
+def test_forward_moments_match_monte_carlo_on_a_tiny_network():
+    """One hidden layer with deterministic inputs: the PBP mean and variance of f are exact, so
+    Monte Carlo over the factorised Gaussian agrees within 4 standard errors of its estimates."""
+    rng = np.random.default_rng(0)
+    W = n_weights(D, H)
+    mean, var = rng.normal(0, 1, W), rng.uniform(0.1, 1.0, W)
+    n = 400_000
+    for x in (np.array([0.3, -1.2]), np.array([2.0, 0.5])):
+        f = _network(mean + np.sqrt(var) * rng.standard_normal((n, W)), x, D, H)
+        fw = forward_moments(mean, var, x[None], D, H)
+        c = f - f.mean()
+        se_mean = f.std() / math.sqrt(n)
+        se_var = math.sqrt((np.mean(c**4) - np.var(f) ** 2) / n)
+        assert abs(fw["mf"][0] - f.mean()) < 4 * se_mean
+        assert abs(fw["vf"][0] - f.var()) < 4 * se_var
+
+
+def test_log_z_gradients_match_finite_differences():
+    rng = np.random.default_rng(1)
+    W = n_weights(D, H)
+    mean, var = rng.normal(0, 1, W), rng.uniform(0.1, 1.0, W)
+    X, y, nv = rng.normal(size=(2, D)), np.array([0.7, -1.5]), 0.3
+    g_m, g_v, lz = log_z_gradients(mean, var, X, y, nv, D, H)
+    h = 1e-6
+    for i in range(W):
+        e = np.zeros(W)
+        e[i] = h
+        fd_m = (log_z_gradients(mean + e, var, X, y, nv, D, H)[2] - log_z_gradients(mean - e, var, X, y, nv, D, H)[2]) / (2 * h)
+        fd_v = (log_z_gradients(mean, var + e, X, y, nv, D, H)[2] - log_z_gradients(mean, var - e, X, y, nv, D, H)[2]) / (2 * h)
+        # central differences: truncation O(h^2), rounding O(eps / h) ~ 1e-10
+        np.testing.assert_allclose(g_m[:, i], fd_m, atol=1e-7)
+        np.testing.assert_allclose(g_v[:, i], fd_v, atol=1e-7)
+
+
+def test_weight_site_times_cavity_gives_the_adf_update():
+    """Site natural parameters added to the cavity give mean m + v g_m and variance v - v^2 kappa."""
+    rng = np.random.default_rng(2)
+    m, v = rng.normal(size=(1, 5)), rng.uniform(0.1, 1.0, (1, 5))
+    g_m, g_v = 0.5 * rng.normal(size=(1, 5)), -rng.uniform(0.0, 0.2, (1, 5))
+    nu, tau, ok = weight_sites(m, v, g_m, g_v)
+    kappa = g_m**2 - 2 * g_v
+    assert np.all(v * kappa < 1) and ok.all()
+    prec = 1 / v + tau
+    np.testing.assert_allclose(1 / prec, v - v**2 * kappa, rtol=1e-12)
+    np.testing.assert_allclose((m / v + nu) / prec, m + v * g_m, rtol=1e-12)
+    # a projected variance <= 0 for any weight makes the record's site invalid (PBP skips it)
+    assert not weight_sites(m, v, g_m + np.array([[3.0, 0, 0, 0, 0]]), g_v)[2][0]
+
+
+ADVERSARIAL = [
+    {"x": [1e8, -1e8], "y": 1e8}, {"x": [0.0, 0.0], "y": -1e8}, {"x": [5.0, 5.0], "y": 0.0},
+    {"x": [1e-300, 0.0], "y": 1e-300}, {"x": [-3.0, 2.0], "y": 3.0}, {"x": [0.0, 1e9], "y": -1e9},
+]
+
+
+@pytest.mark.parametrize("clip", [0.5, 1.0, 3.0])
+def test_each_record_moves_the_sum_by_at_most_its_bound(clip):
+    m = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=clip, input_clip=1e6)
+    batch = m.parse_batch(ADVERSARIAL)
+    assert len(batch.accepted) == len(ADVERSARIAL)
+    singles = [m.clipped_sum({k: v[i : i + 1] for k, v in batch.rows.items()})["site"] for i in range(len(ADVERSARIAL))]
+    for s in singles:
+        assert np.all(np.isfinite(s)) and np.linalg.norm(s) <= clip * (1 + 1e-12)
+    # rows that bypass parsing (the wall trusts nothing): huge, NaN and infinite values
+    raw = {"x": np.array([[1e300, -1e300], [np.nan, 0.0], [np.inf, 1.0]]), "y": np.array([1e300, 0.0, np.nan])}
+    s = m.clipped_sum(raw)["site"]
+    assert np.all(np.isfinite(s)) and np.linalg.norm(s) <= 3 * clip * (1 + 1e-12)
+    total = m.clipped_sum(batch.rows)["site"]
+    np.testing.assert_allclose(total, np.sum(singles, axis=0), atol=1e-9)
+
+
+def test_noise_the_engine_adds_is_bounded_and_blocks_are_one():
+    m = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0)
+    (block,) = m.blocks()
+    assert block.shape == (2 * n_weights(D, H) + 2,) and block.bound == 1.0 and m.diameter() == 2.0
+    assert BNNSEP(dim=D, hidden=H, dataset_size=50, clip=None).blocks()[0].bound == math.inf
+
+
+def teacher(X: np.ndarray) -> np.ndarray:
+    """A known small ReLU network (2 inputs, 3 hidden units)."""
+    W0 = np.array([[1.5, -1.0, 0.3], [-0.8, 1.2, -0.2], [1.0, 1.0, 0.5]])
+    w1 = np.array([1.2, -1.0, 0.8])
+    return np.maximum(np.hstack([X, np.ones((len(X), 1))]) @ W0.T, 0.0) @ w1 - 0.5
+
+
+def test_noiseless_sep_fits_a_known_small_network():
+    """Plain SEP (no clip, no noise) on y = teacher(x) + N(0, 0.1^2), N = 2,000, 1,500 steps of 100
+    records with a constant SEP step s = 0.1 S / N (ten records' worth per step). The Bayes-optimal
+    RMSE is sigma = 0.1; we ask for RMSE <= 2 sigma (the network's own error at most sqrt(3) sigma),
+    i.e. over 94% of the variance of y explained, and a learned noise std within a factor 3 of sigma
+    (the averaged site still remembers the early, larger residuals)."""
+    rng = np.random.default_rng(3)
+    N, sigma = 2000, 0.1
+    X = rng.uniform(-2, 2, (N, D))
+    y = teacher(X) + sigma * rng.standard_normal(N)
+    Xt = rng.uniform(-2, 2, (5000, D))
+    yt = teacher(Xt) + sigma * rng.standard_normal(5000)
+    rho0 = step_size(0, 1e6, 0.51)  # tau0 = 1e6: rho_t is constant to 0.1% over the run
+    m = BNNSEP(dim=D, hidden=20, dataset_size=N, clip=None, x_std=1.2, y_mean=float(y.mean()),
+               y_std=float(y.std()), init_seed=1, damping=0.1 * 100 / N / rho0)
+    rows = m.parse_batch([{"x": a.tolist(), "y": float(b)} for a, b in zip(X, y)]).rows
+    S = 100
+    for t in range(1500):
+        idx = rng.choice(N, S, replace=False)
+        s = m.clipped_sum({k: v[idx] for k, v in rows.items()})["site"]
+        m.update({"site": s / S}, rho=step_size(t, 1e6, 0.51))
+    rmse = m.rmse(Xt, yt)
+    assert rmse <= 2 * sigma, rmse
+    assert rmse**2 < 0.06 * yt.var()
+    _, _, a, b = m.posterior()
+    noise_std = math.sqrt(b / (a - 1)) * m.y_std
+    assert sigma / 3 < noise_std < 3 * sigma
+
+
+def _records(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, (n, D))
+    y = teacher(X) + 0.1 * rng.standard_normal(n)
+    return [{"x": a.tolist(), "y": float(b)} for a, b in zip(X, y)]
+
+
+def _learner(**kw) -> PrivateLearner:
+    return PrivateLearner("sep_bnn", dim=D, hidden=8, clip=1.0, epsilon=2.0, delta=1e-5, reservoir=400,
+                          batch_size=100, every_records=100, planned_steps=10, seed=0, **kw)
+
+
+def test_family_is_registered_and_round_trips_through_messages_and_checkpoints():
+    assert model_class("sep_bnn") is BNNSEP
+    learner = _learner()
+    learner.learn_many(_records(1000, 4))
+    assert learner.epsilon_spent > 0
+    msg = learner.message()
+    again = posterior_from_message(messages.loads(messages.dumps(msg)))
+    X = np.random.default_rng(5).uniform(-2, 2, (50, D))
+    for a, b in zip(learner.model.predict(X), again.model.predict(X)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert again.model.hyperparameters() == learner.model.hyperparameters()
+    # a checkpoint restores the model and the reservoir of a fresh learner on the same ledger
+    state = _unpack(_pack({**learner.state(), "offsets": {}}))
+    fresh = _learner(ledger=learner.ledger)
+    fresh.load_state(state, "checkpoint")
+    for a, b in zip(learner.model.predict(X), fresh.model.predict(X)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_array_equal(fresh.reservoir.columns["x"], learner.reservoir.columns["x"])
+
+
+def test_load_state_refuses_bad_states():
+    m = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0)
+    good = m.state()
+    with pytest.raises(ValueError, match="missing"):
+        m.load_state({"eta": good["eta"], "prec": good["prec"]})
+    with pytest.raises(ValueError, match="positive"):
+        m.load_state({**good, "prec": -good["prec"]})
+    with pytest.raises(ValueError, match="shapes"):
+        m.load_state({**good, "eta": good["eta"][:-1]})
+
+
+def test_initial_means_are_public_seeded_and_break_symmetry():
+    a, b = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0), BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0)
+    np.testing.assert_array_equal(a.posterior()[0], b.posterior()[0])
+    c = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0, init_seed=1)
+    assert not np.allclose(a.posterior()[0], c.posterior()[0])
+    assert len(np.unique(np.round(_split(a.posterior()[0], D, H)[0][:, 0], 12))) == H
