@@ -118,9 +118,11 @@ log "image size: ${size_mb} MB (base ${base_mb} MB), budget ${IMAGE_BUDGET_MB} M
 work=$(mktemp -d /tmp/stream-vips-image-test.XXXXXX)
 broker_pid=""
 rootfs=""
+image_id=""
+STEP_TIMEOUT_S=300  # each command in the image; the run against the broker takes a few seconds
 cleanup() {
   [ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null || true
-  [ -n "$rootfs" ] && podman image unmount "$IMAGE" >/dev/null 2>&1 || true
+  [ -n "$rootfs" ] && podman image unmount "$image_id" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -135,7 +137,8 @@ if ! podman run --rm --read-only --user "$UID_RUN:$UID_RUN" --network host --ent
   mode=chroot
   log "podman run is not possible here ($(tail -1 "$work/probe.log")); running the image's" \
       "read-only root filesystem chrooted as $UID_RUN in private mount and PID namespaces"
-  rootfs=$(podman image mount "$IMAGE")
+  image_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
+  rootfs=$(podman image mount "$image_id")
   [ -d "$rootfs/opt/stream-vips" ] || die "podman image mount gave no root filesystem"
 fi
 
@@ -147,14 +150,14 @@ printf 'ENV=(' > "$work/env.sh"; printf '%q ' "${image_env[@]}" >> "$work/env.sh
 # the host's (the test broker listens on loopback).
 in_image() {
   if [ "$mode" = podman ]; then
-    podman run --rm --read-only --read-only-tmpfs=false --user "$UID_RUN:$UID_RUN" --network host \
+    timeout "$STEP_TIMEOUT_S" podman run --rm --timeout "$STEP_TIMEOUT_S" --read-only --read-only-tmpfs=false --user "$UID_RUN:$UID_RUN" --network host \
       --tmpfs /tmp:rw,size=64m,mode=1777 \
       --tmpfs "/var/lib/stream-vips:rw,size=256m,mode=0750,uid=$UID_RUN,gid=$UID_RUN" \
       -v "$work/etc:/etc/stream-vips:ro" --entrypoint "$1" "$IMAGE" "${@:2}"
     return
   fi
   # shellcheck disable=SC2016
-  unshare --mount --pid --fork --propagation private -- /bin/bash -euc '
+  timeout "$STEP_TIMEOUT_S" unshare --mount --pid --fork --kill-child --propagation private -- /bin/bash -euc '
     r=$1; uid=$2; etc=$3; source "$4"; shift 4
     mount -t proc proc "$r/proc"
     mount -t tmpfs -o size=8m,mode=0755 tmpfs "$r/dev"
