@@ -1,10 +1,16 @@
-"""Static group membership on the real broker: a SIGKILLed pipeline consumer that comes back under
-the same ``group_instance_id`` (the pod name, k8s/base/app/statefulset.yaml) gets its partitions
-back at once, while a dynamic member waits for the dead one's session to expire.
+"""A pod restarted after SIGKILL, on the real broker: the identities that the manifests give it
+(k8s/base/app/statefulset.yaml and config.yaml) make the restart cheap.
 
-Each member is a separate process running :class:`connectors.kafka.KafkaSource` (as the pipeline
-does), killed with SIGKILL: no LeaveGroup, no commit, exactly what a crashed or OOM-killed pod does.
-The time measured is from the new process's ``KafkaSource(...)`` to its first records.
+- Static group membership: a consumer that comes back under the same ``group_instance_id`` (the
+  pod name) gets its partitions back at once, while a dynamic member waits for the dead one's
+  session to expire. Each member is a separate process running
+  :class:`connectors.kafka.KafkaSource` (as the pipeline does), killed with SIGKILL: no
+  LeaveGroup, no commit, what a crashed or OOM-killed pod does. The time measured is from the new
+  process's ``KafkaSource(...)`` to its first records.
+- A fixed ``transactional_id``: a publisher killed inside a transaction leaves it open, and
+  read-committed readers of the model topic see nothing past it until it is aborted. The
+  restarted :class:`connectors.kafka.KafkaModelSink` under the same id aborts it when it starts;
+  under a fresh (random) id readers wait for the broker's transaction timeout.
 """
 
 from __future__ import annotations
@@ -98,3 +104,78 @@ def test_without_static_membership_the_replacement_waits_for_the_dead_session(ka
     rejoin = _crash_and_rejoin(kafka_bootstrap, instance=None)
     assert rejoin >= REJOIN_LIMIT_S, f"dynamic member rejoined in {rejoin:.1f} s: the control shows nothing"
     assert rejoin < SESSION_TIMEOUT_MS / 1000 + 20
+
+
+# ---------------------------------------------------------------------------------------------
+# fixed transactional id
+
+TRANSACTION_TIMEOUT_MS = 15_000  # the crashed publisher's; Kafka's default is 60 s
+
+CRASHED_PUBLISHER = r"""
+import sys, time
+from kafka import KafkaProducer
+
+bootstrap, topic, tid, timeout_ms = sys.argv[1:5]
+producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid, enable_idempotence=True,
+                         acks="all", transaction_timeout_ms=int(timeout_ms))
+producer.init_transactions()
+producer.begin_transaction()
+producer.send(topic, key=b"model", value=b"never committed", partition=0)
+producer.flush()
+print("open", flush=True)
+time.sleep(120)  # killed here, inside the transaction
+"""
+
+
+def _publish_after_a_crashed_transaction(bootstrap: str, transactional_id: str | None) -> tuple[float, list[bytes]]:
+    """SIGKILL a publisher inside a transaction, start a model sink (``transactional_id`` None: the
+    sink's random default), publish; seconds until a read-committed reader has the new model."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from connectors.kafka import KafkaModelSink
+
+    topic = create_topic(bootstrap, unique_topic("restart-models"),
+                         configs={"cleanup.policy": "compact", "max.message.bytes": "1048576"})
+    tid = unique_topic("stream-vips-0-models")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    crashed = subprocess.Popen([sys.executable, "-c", CRASHED_PUBLISHER, bootstrap, topic, tid,
+                                str(TRANSACTION_TIMEOUT_MS)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True, env=env)
+    try:
+        assert crashed.stdout.readline().strip() == "open"
+    finally:
+        crashed.kill()
+        crashed.wait(timeout=10)
+    t0 = time.monotonic()
+    sink = KafkaModelSink(bootstrap, topic=topic, create_topic=False,
+                          transactional_id=tid if transactional_id else None)
+    try:
+        sink.publish("model", {"model_id": "model", "version": 1})
+    finally:
+        sink.close()
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
+                           enable_auto_commit=False, auto_offset_reset="earliest")
+    reader.assign([TopicPartition(topic, 0)])
+    seen: list[bytes] = []
+    try:
+        while time.monotonic() - t0 < TRANSACTION_TIMEOUT_MS / 1000 + 60:
+            for records in reader.poll(timeout_ms=200).values():
+                seen += [r.value for r in records]
+            if any(b'"version":1' in v for v in seen):
+                return time.monotonic() - t0, seen
+    finally:
+        reader.close()
+    pytest.fail(f"the new model never became readable; read {seen}")
+
+
+def test_a_fixed_transactional_id_unblocks_readers_at_restart(kafka_bootstrap):
+    waited, seen = _publish_after_a_crashed_transaction(kafka_bootstrap, transactional_id="fixed")
+    assert b"never committed" not in seen, "an aborted transaction's record reached a read-committed reader"
+    assert waited < REJOIN_LIMIT_S, f"readers waited {waited:.1f} s for the restarted publisher's model"
+
+
+def test_with_a_random_transactional_id_readers_wait_for_the_transaction_timeout(kafka_bootstrap):
+    """The control: the sink's random default leaves the crashed transaction to time out."""
+    waited, seen = _publish_after_a_crashed_transaction(kafka_bootstrap, transactional_id=None)
+    assert b"never committed" not in seen
+    assert waited >= REJOIN_LIMIT_S, f"readers got the model after {waited:.1f} s: the control shows nothing"
