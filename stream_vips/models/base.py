@@ -115,3 +115,75 @@ class Model(ABC):
     def joint_bound(self) -> float:
         """L2 bound on one record's contribution to all blocks together."""
         return float(np.sqrt(sum(b.bound**2 for b in self.blocks())))
+
+    # -- privacy.unit: key (privacy rule 12 in docs/privacy.md) -----------------------------
+
+    #: True when :meth:`group_clipped_sum` is implemented; other families refuse ``privacy.unit: key``.
+    supports_key_unit: ClassVar[bool] = False
+    #: Why a family refuses ``privacy.unit: key`` (its contributions are not additive per record).
+    key_unit_note: ClassVar[str] = ("its per-record contributions are not summed per key before clipping "
+                                    "(no group_clipped_sum)")
+
+    def group_clipped_sum(self, batch: Mapping[str, np.ndarray], groups: np.ndarray,
+                          n_groups: int) -> dict[str, np.ndarray]:
+        """Sum over ``n_groups`` privacy units of their clipped contributions (behind the wall).
+
+        ``groups[i]`` is the unit of row i. A unit's contribution is the sum of its records'
+        per-record contributions (each clipped as in :meth:`clipped_sum`), scaled by one factor
+        ``min(1, min_k C_k / ||sum_k||)`` so that every block of it has norm <= C_k: a unit then
+        moves the batch sum no more than one record does under record-level adjacency, whatever
+        it sends, and one factor per unit keeps the ratios between its blocks.
+        """
+        raise NotImplementedError(f"the {self.family} family does not support privacy.unit: key: {self.key_unit_note}")
+
+    def group_diameter(self, weights: Mapping[str, float] | None = None) -> float:
+        """Sensitivity of the group sums when all records of one unit are replaced, in units of
+        the joint bound: two unit contributions u, u' with every block within C_k differ by at
+        most 2C (triangle inequality). A family that proves less for its group sums overrides it."""
+        return 2.0
+
+
+def group_sum(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """``out[g] = sum of values[i] over i with groups[i] == g`` (shape ``(n_groups, *values.shape[1:])``)."""
+    v = np.asarray(values, dtype=np.float64)
+    out = np.zeros((int(n_groups), *v.shape[1:]))
+    np.add.at(out, np.asarray(groups, dtype=np.intp), v)
+    return out
+
+
+def group_gram_norms(rows: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """Frobenius norm of each group's ``sum_i w_i w_i^T`` over rows w_i (shape ``(n_groups,)``).
+
+    Rows are laid out per group into a zero-padded ``(n_groups, m, d)`` array (m = the largest
+    group; padding rows add nothing), and ``||W_g^T W_g||_F = ||W_g W_g^T||_F`` is computed on the
+    smaller of the two Gram matrices, so no d x d matrix per record is ever formed.
+    """
+    W = np.asarray(rows, dtype=np.float64)
+    g = np.asarray(groups, dtype=np.intp)
+    G = int(n_groups)
+    if W.shape[0] == 0:
+        return np.zeros(G)
+    counts = np.bincount(g, minlength=G)
+    order = np.argsort(g, kind="stable")
+    starts = np.cumsum(counts) - counts
+    rank = np.arange(g.size) - starts[g[order]]
+    padded = np.zeros((G, int(counts.max()), W.shape[1]))
+    padded[g[order], rank] = W[order]
+    if padded.shape[1] <= padded.shape[2]:
+        gram = padded @ padded.transpose(0, 2, 1)
+    else:
+        gram = padded.transpose(0, 2, 1) @ padded
+    return np.sqrt(np.einsum("gij,gij->g", gram, gram))
+
+
+def group_clip_factors(norms_and_bounds: Sequence[tuple[np.ndarray, float]]) -> np.ndarray:
+    """One factor per group, ``min(1, min_k bound_k / norm_k)``: after scaling, every block of the
+    group has norm <= its bound (a zero norm needs no scaling)."""
+    factor = None
+    for norms, bound in norms_and_bounds:
+        n = np.asarray(norms, dtype=np.float64)
+        f = np.minimum(1.0, np.divide(float(bound), n, out=np.ones_like(n), where=n > float(bound)))
+        factor = f if factor is None else np.minimum(factor, f)
+    if factor is None:
+        raise ValueError("group_clip_factors needs at least one block")
+    return factor

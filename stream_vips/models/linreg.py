@@ -74,7 +74,8 @@ import numpy as np
 from scipy import linalg, stats
 
 from stream_vips.models._validate import integer
-from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
+                                    group_sum)
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.records import FieldBatch
 
@@ -224,6 +225,29 @@ class LinearRegression(Model):
         out = {"xx": X.T @ X, "xy": X.T @ y}
         if self.gamma:
             out["yy"] = np.array(y @ y)
+        return out
+
+    supports_key_unit: ClassVar[bool] = True
+
+    def group_clipped_sum(self, batch: Mapping[str, np.ndarray], groups: np.ndarray,
+                          n_groups: int) -> dict[str, np.ndarray]:
+        """Per-key sums of (x x^T, x y[, y^2]) scaled by one factor per key so that each block is
+        within its bound (R^2, R B[, B^2]); the batch sum adds them (privacy rule 12). Every key
+        sum of x x^T is PSD, so the Gram norms come from :func:`group_gram_norms`."""
+        X = clip_rows(np.asarray(batch["x"], dtype=float).reshape(-1, self.dim), self.x_bound)
+        y = np.clip(np.asarray(batch["y"], dtype=float).reshape(-1), -self.y_bound, self.y_bound)
+        g = np.asarray(groups, dtype=np.intp)
+        R, B = self.x_bound, self.y_bound
+        xy = group_sum(X * y[:, None], g, n_groups)
+        parts = [(group_gram_norms(X, g, n_groups), R * R), (np.linalg.norm(xy, axis=1), R * B)]
+        if self.gamma:
+            yy = np.bincount(g, weights=y * y, minlength=n_groups).astype(float)
+            parts.append((yy, B * B))
+        factor = group_clip_factors(parts)
+        Xw = X * np.sqrt(factor[g])[:, None]
+        out = {"xx": Xw.T @ Xw, "xy": factor @ xy}
+        if self.gamma:
+            out["yy"] = np.array(factor @ yy)
         return out
 
     # -- M-step on privatized statistics ---------------------------------------------------
