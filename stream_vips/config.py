@@ -19,7 +19,7 @@ parameter named ``dataset_size`` (the public N of the M-step) defaults to the re
 ...     config_from_dict({"privacy": {"epsilom": 2.0}}, env={})
 ... except ConfigError as exc:
 ...     print(exc)
-privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon, ledger, mode, noise_multiplier, planned_steps, seed)
+privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon, key_field, ledger, max_records_per_key, mode, noise_multiplier, planned_steps, seed, unit)
 """
 
 from __future__ import annotations
@@ -94,6 +94,13 @@ class PrivacyConfig:
     record's loss by the L = ceil(M / every_records) steps it can be in, so the budget is per
     record and the service keeps learning (z is calibrated for L steps; ``planned_steps`` is
     not used). See the window reservoir's proof in docs/privacy.md, rule 13.
+
+    ``unit``: ``record`` protects each record (privacy rule 1); ``key`` protects all records of
+    one key, i.e. one person, whatever their number (privacy rule 12). The key is the JSON field
+    ``key_field`` when it is set (it then wins over the Kafka message key), else the Kafka message
+    key. ``sampling.reservoir`` and ``batch_size`` then count key slots and keys, and the
+    reservoir holds at most ``max_records_per_key`` records of each key (memory: reservoir x
+    max_records_per_key rows).
     """
 
     mode: Literal["private", "non_private"] = "private"
@@ -107,6 +114,9 @@ class PrivacyConfig:
     seed: int | None = None
     block_weights: dict[str, float] | None = None
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    unit: Literal["record", "key"] = "record"
+    key_field: str | None = None
+    max_records_per_key: int = 1
 
 
 @dataclass
@@ -442,6 +452,13 @@ def _validate(cfg: Config) -> None:
     else:
         checks.append(("privacy.noise_multiplier", p.noise_multiplier in (None, 0.0),
                        "must be null or 0 when privacy.mode is non_private"))
+    if p.unit == "key":
+        checks += [
+            ("privacy.max_records_per_key", p.max_records_per_key >= 1, "must be >= 1"),
+            ("privacy.key_field", p.key_field is None or p.key_field != "", "must be a field name or null"),
+            ("privacy.unit", s.reservoir_policy == "uniform" and p.accounting == "stream",
+             "key needs sampling.reservoir_policy: uniform and privacy.accounting: stream"),
+        ]
     if p.block_weights is not None:
         checks.append(("privacy.block_weights", all(w > 0 for w in p.block_weights.values()), "weights must be > 0"))
     for key, ok, message in checks:
@@ -490,6 +507,8 @@ def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | No
     cfg.model.params = check_kwargs(cls, params, "model.params")
     _check_ledger(cfg.privacy.ledger)
     _validate(cfg)
+    if cfg.privacy.unit == "key" and not cls.supports_key_unit:
+        raise ConfigError(f"privacy.unit: key is not supported by the {cfg.model.family} family: {cls.key_unit_note}")
     return cfg
 
 

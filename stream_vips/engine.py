@@ -56,6 +56,8 @@ from stream_vips.sampling import ReservoirNotFull, Sampler
 from stream_vips.schedule import step_size
 
 ADJACENCY = "replace_one"
+#: Privacy units: a record (privacy rule 1) or all records of one key (privacy rule 12).
+UNITS = ("record", "key")
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,17 @@ def allocation_weights(blocks: Sequence[Any], block_weights: Mapping[str, float]
     return dict(zip(names, map(float, w)))
 
 
-def allocation_diameter(model: Model, block_weights: Mapping[str, float] | None = None) -> float:
+def allocation_diameter(model: Model, block_weights: Mapping[str, float] | None = None,
+                        unit: str = "record") -> float:
     """The model's replace-one diameter (in units of the joint bound) for the noise allocation
     the engine will actually use: a model that proves a tighter bound for a given allocation
-    (logistic regression) gets it, and accounting and calibration use the same number."""
+    (logistic regression) gets it, and accounting and calibration use the same number. With
+    ``unit="key"`` it is the diameter of the per-key clipped sums (privacy rule 12)."""
     chosen = block_weights if block_weights is not None else model.default_block_weights()
-    return float(model.diameter(allocation_weights(model.blocks(), chosen)))
+    weights = allocation_weights(model.blocks(), chosen)
+    if unit == "key":
+        return float(model.group_diameter(weights))
+    return float(model.diameter(weights))
 
 
 class PrivateEngine:
@@ -103,6 +110,10 @@ class PrivateEngine:
     ``non_private``); ``rng`` draws both the batches and the noise; ``block_weights`` are
     relative allocation weights a_k per block name (normalised to sum a_k^2 = 1; default
     a_k proportional to C_k); ``seeded`` says whether ``rng`` came from a fixed seed (privacy rule 9).
+    ``unit="key"`` (privacy rule 12) draws key slots from a
+    :class:`~stream_vips.key_reservoir.KeyReservoir` and sums the model's per-key clipped
+    contributions (``group_clipped_sum``); the event is the same, with the key slot as the
+    population member.
     """
 
     def __init__(
@@ -121,8 +132,16 @@ class PrivateEngine:
         non_private: bool = False,
         delta: float = 1e-5,
         rho_min: float = 0.0,
+        unit: str = "record",
     ) -> None:
         z = float(noise_multiplier)
+        if unit not in UNITS:
+            raise ValueError(f"privacy.unit must be one of {UNITS}, got {unit!r}")
+        if unit == "key" and not model.supports_key_unit:
+            raise ValueError(f"privacy.unit: key is not supported by the {model.family} family: {model.key_unit_note}")
+        if (unit == "key") != (getattr(reservoir, "unit", "record") == "key"):
+            raise ValueError(f"privacy.unit {unit!r} needs a {'KeyReservoir' if unit == 'key' else 'Reservoir'}")
+        self.unit = unit
         if non_private:
             if z != 0.0 or monitor is not None:
                 raise ValueError("non_private mode runs with noise_multiplier 0 and no budget monitor")
@@ -151,7 +170,7 @@ class PrivateEngine:
         if block_weights is None:
             block_weights = model.default_block_weights()  # the family's own allocation rule, if any
         self._stds = self._block_stds(block_weights)
-        self.diameter = allocation_diameter(model, block_weights)
+        self.diameter = allocation_diameter(model, block_weights, unit)
         self._local_steps = 0  # non-private mode has no ledger to count steps
         self.last_step: int | None = None
         capacity = reservoir.capacity
@@ -219,6 +238,8 @@ class PrivateEngine:
             ledger_id=self.monitor.ledger.ledger_id if private else None,
             private=private,
             window_steps=self.monitor.window if private else None,
+            unit=self.unit,
+            max_records_per_key=self.reservoir.max_records_per_key if self.unit == "key" else None,
         )
 
     def _noisy_mean(self, sums: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -250,7 +271,11 @@ class PrivateEngine:
         started = time.perf_counter()
         capacity = self.reservoir.capacity
         idx = self.sampler.sample(self.reservoir.size, self.rng, capacity=capacity)
-        sums = self.model.clipped_sum(self.reservoir.take(idx))
+        if self.unit == "key":  # privacy rule 12: idx are key slots; sum per key, clip, then add
+            rows, groups, n_groups = self.reservoir.take_groups(idx)
+            sums = self.model.group_clipped_sum(rows, groups, n_groups)
+        else:
+            sums = self.model.clipped_sum(self.reservoir.take(idx))
         if set(sums) != {b.name for b in self.blocks}:
             raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, model declares {[b.name for b in self.blocks]}")
         if self.non_private:

@@ -37,6 +37,7 @@ import numpy as np
 from stream_vips import messages
 from stream_vips.decoding import DecodedBatch, decode_batch
 from stream_vips.engine import PrivateEngine, StepResult, allocation_diameter
+from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
 from stream_vips.errors import StreamVipsError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
@@ -86,8 +87,12 @@ class PrivateLearner:
         self.model_id = cfg.model.id
         rng, seeded = make_rng(cfg.privacy.seed)
         reservoir_rng, engine_rng = rng.spawn(2)
-        if cfg.sampling.reservoir_policy == "window":
-            self.reservoir: Reservoir = WindowReservoir(self.model.row_layout(), cfg.sampling.reservoir,
+        self.unit = getattr(cfg.privacy, "unit", "record")
+        if self.unit == "key":  # privacy rule 12: key slots of at most max_records_per_key records
+            self.reservoir: Reservoir = KeyReservoir(self.model.row_layout(), cfg.sampling.reservoir,  # type: ignore[assignment]
+                                                     cfg.privacy.max_records_per_key, reservoir_rng)
+        elif cfg.sampling.reservoir_policy == "window":
+            self.reservoir = WindowReservoir(self.model.row_layout(), cfg.sampling.reservoir,
                                                         reservoir_rng, rate=cfg.sampling.window_rate)
         else:
             self.reservoir = Reservoir(self.model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
@@ -103,7 +108,10 @@ class PrivateLearner:
         self._owns_ledger = False
         non_private = cfg.privacy.mode == "non_private"
         try:
-            diameter = allocation_diameter(self.model, cfg.privacy.block_weights)
+            if self.unit == "key" and not self.model.supports_key_unit:
+                raise ConfigError(f"privacy.unit: key is not supported by the {self.model.family} family: "
+                                  f"{self.model.key_unit_note}")
+            diameter = allocation_diameter(self.model, cfg.privacy.block_weights, self.unit)
         except ValueError as exc:
             key = "privacy.block_weights" if "block_weights" in str(exc) else "model.family"
             raise ConfigError(f"{key}: {exc}") from exc
@@ -145,7 +153,7 @@ class PrivateLearner:
             self.engine = PrivateEngine(
                 self.model, self.reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
                 accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
-                non_private=non_private, delta=cfg.privacy.delta, rho_min=cfg.schedule.rho_min)
+                non_private=non_private, delta=cfg.privacy.delta, rho_min=cfg.schedule.rho_min, unit=self.unit)
         except ValueError as exc:
             self.close()
             raise ConfigError(f"privacy: {exc}") from exc
@@ -248,15 +256,19 @@ class PrivateLearner:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def feed(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]]) -> DecodedBatch:
+    def feed(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
+             keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
         """Decode (bytes) or validate (dicts) one batch of records and offer it; returns the
-        decoded batch, whose ``rejected`` lists ``(arrival, reason, detail)``."""
+        decoded batch, whose ``rejected`` lists ``(arrival, reason, detail)``. With
+        ``privacy.unit: key``, ``keys`` are the arrivals' keys (e.g. Kafka message keys); with
+        ``privacy.key_field`` set they are read from that field instead (privacy rule 12)."""
         if len(values) and isinstance(values[0], (bytes, bytearray)):
             batch = decode_batch(self.model, values)
         else:
             batch = _parse(self.model, values)
-        self.offer(batch)
-        return batch
+        if self.unit == "key" and self.config.privacy.key_field is not None:
+            keys = _field_keys(values, self.config.privacy.key_field)
+        return self.offer(batch, keys=keys)
 
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
@@ -269,14 +281,22 @@ class PrivateLearner:
         return self
 
     def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
-              on_step: Callable[[StepResult], None] | None = None) -> None:
+              on_step: Callable[[StepResult], None] | None = None,
+              keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
         """Offer every arrival of ``batch`` to the reservoir, stepping when the trigger fires.
 
         Every arrival, valid or not, takes a reservoir position and counts towards
         ``every_records``: validity depends on the record's value, so membership and update
         times must not (privacy rule 1). A rejected arrival only leaves an empty slot. After
         ``stop()`` the rest of the batch still enters the reservoir, but no new step starts.
+
+        With ``privacy.unit: key`` every arrival needs its key in ``keys`` (privacy rule 12); an
+        arrival without one is rejected as ``missing_key`` and keeps its position. Returns the
+        batch as offered (with those rejections).
         """
+        ids = has = None
+        if self.unit == "key":
+            batch, ids, has = _with_keys(batch, keys)
         ok = batch.ok
         n = len(ok)
         self.rejected.update(reason for _, reason, _ in batch.rejected)
@@ -285,13 +305,18 @@ class PrivateLearner:
         while start < n and not self.halted:
             end = start + self._chunk(n - start)
             lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
-            self.reservoir.add_batch({k: v[lo:hi] for k, v in batch.rows.items()}, accepted=ok[start:end])
+            rows = {k: v[lo:hi] for k, v in batch.rows.items()}
+            if ids is not None:
+                self.reservoir.add_batch(rows, ids[start:end], accepted=ok[start:end], has_key=has[start:end])
+            else:
+                self.reservoir.add_batch(rows, accepted=ok[start:end])
             self.trigger.observe(end - start)
             start = end
             if self.reservoir.full and self.trigger.due() and not stop():
                 result = self.step()
                 if result is not None and on_step is not None:
                     on_step(result)
+        return batch
 
     def time_due(self) -> bool:
         """A time-based step is due (``every_seconds``) and the reservoir is full."""
@@ -324,8 +349,12 @@ class PrivateLearner:
     def _chunk(self, remaining: int) -> int:
         """Arrivals to add before the next possible update, so updates happen at exact positions."""
         res, every = self.reservoir, self.trigger.every_records
-        if not res.full:
+        if not res.full and self.unit == "record":
             return min(remaining, res.capacity - res.seen)
+        if not res.full and every is not None:
+            # a key reservoir fills when K distinct keys have arrived (a public position): check at
+            # every multiple of every_records, so the first update's position is poll-size free
+            return min(remaining, every - self.trigger.pending % every)
         if every is not None:
             return min(remaining, max(1, every - self.trigger.pending))
         return remaining
@@ -342,7 +371,8 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
     ``ledger_path`` is given, no metrics, and a reservoir of at most the data the user has."""
     o = dict(options)
     privacy = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
-                                     "accountant", "accounting", "block_weights", "mode") if k in o}
+                                     "accountant", "accounting", "block_weights", "mode", "unit", "key_field",
+                                     "max_records_per_key") if k in o}
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
     sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy",
@@ -380,6 +410,37 @@ def records_of(data: Any) -> Iterable[Mapping[str, Any]]:
             return records_of((X, data["y"].to_numpy(dtype=float)))
         return records_of(X)
     return iter(data)
+
+
+def _field_keys(values: Sequence[Any], field: str) -> list[Any]:
+    """The ``field`` of each record (``None`` where it cannot be read): the configured key field
+    wins over any other key (privacy rule 12)."""
+    if len(values) and isinstance(values[0], (bytes, bytearray)):
+        from stream_vips import records
+
+        decoded = records.decode_json(values)
+        out: list[Any] = [None] * len(values)
+        for i, obj in zip(decoded.index, decoded.values):
+            out[i] = obj.get(field) if isinstance(obj, Mapping) else None
+        return out
+    return [obj.get(field) if isinstance(obj, Mapping) else None for obj in values]
+
+
+def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
+               ) -> tuple[DecodedBatch, np.ndarray, np.ndarray]:
+    """Key ids of the arrivals, and the batch with keyless arrivals rejected as ``missing_key``."""
+    if keys is None:
+        raise ValueError("privacy.unit: key needs the key of every arrival (keys=, e.g. the Kafka message "
+                         "keys) or privacy.key_field")
+    ids, has = key_ids(keys)
+    if ids.shape[0] != len(batch.ok):
+        raise ValueError(f"{ids.shape[0]} keys for {len(batch.ok)} arrivals")
+    lost = batch.ok & ~has
+    if not lost.any():
+        return batch, ids, has
+    keep = has[batch.ok]  # rows of accepted arrivals that have a key
+    rejected = sorted(batch.rejected + [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(lost)])
+    return DecodedBatch(batch.ok & has, {k: v[keep] for k, v in batch.rows.items()}, rejected), ids, has
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterable[list[Any]]:

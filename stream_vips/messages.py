@@ -120,6 +120,8 @@ def privacy_report(
     ledger_id: str | None = None,
     private: bool = True,
     window_steps: int | None = None,
+    unit: str = "record",
+    max_records_per_key: int | None = None,
 ) -> dict[str, Any]:
     """The ``privacy`` section; ``paper_sigma = z / diameter`` (z/2 by default, privacy rule 2 in
     docs/privacy.md).
@@ -131,6 +133,10 @@ def privacy_report(
     the accounting is per record over the at most L steps a record can be in (window accounting:
     ``epsilon_spent`` is then the most any record has spent); otherwise the accounting composes
     the whole stream.
+
+    ``unit`` says whom epsilon protects: one record (``"record"``, privacy rule 1) or one key,
+    i.e. all records of one person whatever their number (``"key"``, privacy rule 12, reported
+    with ``max_records_per_key``).
     """
     if private:
         eps, budget, acct = float(epsilon_spent), float(epsilon_budget), str(accountant)
@@ -156,6 +162,8 @@ def privacy_report(
         **({"ledger_id": str(ledger_id)} if ledger_id is not None else {}),
         "accounting": "stream" if window_steps is None else "window",
         **({"window_steps": int(window_steps)} if window_steps is not None else {}),
+        "unit": str(unit),
+        **({"max_records_per_key": int(max_records_per_key)} if max_records_per_key is not None else {}),
     }
 
 

@@ -1,0 +1,310 @@
+"""Privacy per key (privacy rule 12): the key reservoir, per-key clipping, reports, audit."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from stream_vips import PrivateLearner, messages
+from stream_vips.audit.release import AUDIT_BUDGET, claimed_epsilon, flatten
+from stream_vips.audit.stats import audit_samples
+from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.engine import PrivateEngine, allocation_weights
+from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
+from stream_vips.models.base import group_gram_norms, group_sum
+from stream_vips.models.linreg import LinearRegression
+from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.sampling import make_sampler
+
+LAYOUT = {"x": (np.float64, ())}
+
+
+def _reference(batches, K, L, seed):
+    """One-by-one statement of the key reservoir's rules (module docstring), same draws per batch."""
+    rng, sub_rng = np.random.default_rng(seed).spawn(2)
+    owner, count, cells, filled, seen = [None] * K, [0] * K, [[None] * L for _ in range(K)], 0, 0
+    for keys, vals in batches:
+        n = len(keys)
+        draws, u = rng.integers(0, seen + np.arange(n) + 1), sub_rng.random(n)
+        for i, (k, v) in enumerate(zip(keys, vals)):
+            if k is None:
+                continue
+            if k in owner[:filled]:
+                s = owner.index(k)
+            elif filled < K:
+                s, filled = filled, filled + 1
+                owner[s], count[s], cells[s] = k, 0, [None] * L
+            elif draws[i] < K:
+                s = int(draws[i])
+                owner[s], count[s], cells[s] = k, 0, [None] * L
+            else:
+                continue
+            count[s] += 1
+            sub = count[s] - 1 if count[s] <= L else int(np.floor(u[i] * count[s]))
+            if sub < L:
+                cells[s][sub] = "rejected" if v is None else v
+        seen += n
+    return owner[:filled], cells[:filled]
+
+
+def _offer(res, keys, vals):
+    ids, has = key_ids(keys)
+    ok = np.array([v is not None for v in vals], dtype=bool)
+    res.add_batch({"x": np.array([v for v in vals if v is not None], dtype=float)}, ids, accepted=ok, has_key=has)
+
+
+def test_vectorized_batches_follow_the_one_by_one_rules():
+    for trial in range(150):
+        r = np.random.default_rng(trial)
+        K, L, n_keys = int(r.integers(1, 6)), int(r.integers(1, 4)), int(r.integers(1, 15))
+        batches = []
+        for _ in range(int(r.integers(1, 6))):
+            n = int(r.integers(0, 30))
+            keys = [None if r.random() < 0.1 else int(r.integers(0, n_keys)) for _ in range(n)]
+            vals = [float(v) if r.random() > 0.2 else None for v in r.normal(size=n)]
+            batches.append((keys, vals))
+        res = KeyReservoir(LAYOUT, K, L, np.random.default_rng(99))
+        for keys, vals in batches:
+            _offer(res, keys, vals)
+        owner, cells = _reference(batches, K, L, 99)
+        assert res.owners().tolist() == [int(key_ids([k])[0][0]) for k in owner], trial
+        for s, row in enumerate(cells):
+            for j, cell in enumerate(row):
+                if cell is None:
+                    assert not res._occupied[s, j], (trial, s, j)
+                elif cell == "rejected":
+                    assert res._occupied[s, j] and not res._valid[s, j], (trial, s, j)
+                else:
+                    assert res._valid[s, j] and res._cols["x"][s, j] == cell, (trial, s, j)
+
+
+def _stream(seed, n=4000, n_keys=300):
+    r = np.random.default_rng(seed)
+    keys = np.minimum((r.pareto(1.1, n) * 3).astype(np.int64), n_keys)  # heavy-tailed counts per key
+    return keys, r.normal(size=n)
+
+
+def test_neighbours_keep_every_other_keys_membership_and_contents():
+    """Replacing all records of one key (any values, some now invalid) changes nothing else."""
+    keys, vals = _stream(1)
+    heavy = int(np.bincount(keys).argmax())
+    other = vals.copy()
+    other[keys == heavy] = 1e6 + np.arange((keys == heavy).sum())
+    ok_b = np.ones(keys.size, dtype=bool)
+    ok_b[np.flatnonzero(keys == heavy)[::3]] = False  # the neighbour's records may also turn invalid
+    a = KeyReservoir(LAYOUT, 64, 3, np.random.default_rng(5))
+    b = KeyReservoir(LAYOUT, 64, 3, np.random.default_rng(5))
+    for lo in range(0, keys.size, 700):  # several batches, also of different sizes on each side
+        sl = slice(lo, lo + 700)
+        a.add_batch({"x": vals[sl]}, keys[sl])
+    for lo, hi in [(0, 1), (1, 2500), (2500, keys.size)]:
+        b.add_batch({"x": other[lo:hi][ok_b[lo:hi]]}, keys[lo:hi], accepted=ok_b[lo:hi])
+    assert np.array_equal(a.owners(), b.owners())
+    assert np.array_equal(a._occupied, b._occupied) and np.array_equal(a._count, b._count)
+    heavy_id = key_ids(np.array([heavy]))[0][0]
+    others = a.owners() != heavy_id
+    assert others.sum() >= 63
+    assert np.array_equal(a._cols["x"][:64][others], b._cols["x"][:64][others])
+    assert np.array_equal(a._valid[:64][others], b._valid[:64][others])
+
+
+def _heavy_stream(model, record_of, heavy_value, n_heavy=10_000, n_light=400, seed=0):
+    """10,000 records of key -1 (value ``heavy_value``) spread among light keys' records."""
+    r = np.random.default_rng(seed)
+    keys = np.concatenate([np.full(n_heavy, -1), r.integers(0, 200, n_light)])
+    order = r.permutation(keys.size)
+    keys = keys[order]
+    recs = [record_of(r) for _ in range(n_light)]
+    values = [heavy_value] * n_heavy + recs
+    values = [values[i] for i in order]
+    parsed = model.parse_batch(values)
+    assert len(parsed.accepted) == keys.size
+    return parsed.rows, keys
+
+
+FAMILIES = [
+    (lambda: LinearRegression(dim=2, dataset_size=64, noise="gamma", y_bound=2.0),
+     lambda r: {"x": r.uniform(-1, 1, 2).tolist(), "y": float(r.normal())},
+     {"x": [1.0, 0.0], "y": 2.0}, {"x": [0.0, 1.0], "y": -2.0}),
+    (lambda: BayesianLogisticRegression(dim=2, dataset_size=64),
+     lambda r: {"x": r.uniform(-1, 1, 2).tolist(), "y": int(r.integers(0, 2))},
+     {"x": [1.0, 0.0], "y": 1}, {"x": [-1.0, 0.0], "y": 0}),
+]
+
+
+@pytest.mark.parametrize("family", range(len(FAMILIES)))
+def test_one_key_moves_the_batch_sum_by_at_most_the_bound(family):
+    make, record_of, value_a, value_b = FAMILIES[family]
+    model = make()
+    L = 4
+    sums, held = [], []
+    for value in (value_a, value_b):
+        rows, keys = _heavy_stream(model, record_of, value)
+        res = KeyReservoir(model.row_layout(), 64, L, np.random.default_rng(3))
+        res.add_batch(rows, keys)
+        assert res.full
+        heavy_slot = np.flatnonzero(res.owners() == key_ids(np.array([-1]))[0][0])
+        held.append(res.held_per_slot()[heavy_slot])
+        sums.append(model.group_clipped_sum(*res.take_groups(np.arange(64))))
+    assert held[0].tolist() == held[1].tolist() and all(h <= L for h in held[0])
+    weights = allocation_weights(model.blocks(), model.default_block_weights())
+    whitened = np.sqrt(sum((weights[b.name] / b.bound) ** 2 * np.sum((sums[0][b.name] - sums[1][b.name]) ** 2)
+                           for b in model.blocks()))
+    assert whitened <= model.group_diameter(weights) * (1 + 1e-9)
+    # whatever it sends: one key's 10,000 records in one group stay within every block's bound
+    rows, keys = _heavy_stream(model, record_of, value_a, n_light=0)
+    one = model.group_clipped_sum(rows, np.zeros(keys.size, dtype=np.intp), 1)
+    for block in model.blocks():
+        assert np.linalg.norm(one[block.name]) <= block.bound * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("family", range(len(FAMILIES)))
+def test_group_sums_agree_with_per_record_sums_and_a_plain_loop(family):
+    make, record_of, _, _ = FAMILIES[family]
+    model = make()
+    r = np.random.default_rng(2)
+    rows = model.parse_batch([record_of(r) for _ in range(60)]).rows
+    single = model.group_clipped_sum(rows, np.arange(60), 60)
+    plain = model.clipped_sum(rows)
+    for name in plain:  # records are clipped already: singleton groups are never scaled
+        assert np.allclose(single[name], plain[name], rtol=1e-12, atol=1e-12)
+    groups = r.integers(0, 7, 60)
+    got = model.group_clipped_sum(rows, groups, 8)  # group 7 is empty
+    want = {name: 0.0 for name in plain}
+    for g in range(8):
+        part = model.clipped_sum({k: v[groups == g] for k, v in rows.items()})
+        scale = min([1.0] + [b.bound / np.linalg.norm(part[b.name]) for b in model.blocks()
+                             if np.linalg.norm(part[b.name]) > b.bound])
+        for name in want:
+            want[name] = want[name] + scale * part[name]
+    for name in plain:
+        assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+def test_group_helpers():
+    W = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+    g = np.array([0, 0, 2])
+    assert group_sum(W, g, 3).tolist() == [[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]]
+    want = [np.linalg.norm(np.outer(W[0], W[0]) + np.outer(W[1], W[1])), 0.0, 25.0]
+    assert np.allclose(group_gram_norms(W, g, 3), want)
+
+
+def test_memory_stays_flat_over_a_million_distinct_keys():
+    K, L, batch = 1000, 2, 100_000
+    res = KeyReservoir({"x": (np.float64, (3,))}, K, L, np.random.default_rng(0))
+    nbytes = res.nbytes
+    rows = {"x": np.ones((batch, 3))}
+    tracemalloc.start()
+    try:
+        held = {}
+        for b in range(10):  # 1e6 arrivals, every one a new key
+            res.add_batch(rows, np.arange(b * batch, (b + 1) * batch))
+            assert res.tracked_keys <= K
+            if b in (0, 9):
+                gc.collect()
+                held[b] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert res.nbytes == nbytes and res.seen == 10 * batch and res.full
+    # The only structure that could grow is the owner dict, capped at K entries: the growth from
+    # 1e5 to 1e6 keys stays below one dict of K entries (remembering 9e5 more keys would take MBs).
+    assert held[9] - held[0] < sys.getsizeof({i: i for i in range(K)})
+
+
+def test_checkpoint_continues_exactly():
+    keys, vals = _stream(4)
+    a = KeyReservoir(LAYOUT, 32, 2, np.random.default_rng(1))
+    a.add_batch({"x": vals[:2000]}, keys[:2000])
+    b = KeyReservoir(LAYOUT, 32, 2, np.random.default_rng(7))
+    b.set_state(a.get_state())
+    for res in (a, b):
+        res.add_batch({"x": vals[2000:]}, keys[2000:])
+    assert np.array_equal(a.owners(), b.owners()) and np.array_equal(a._cols["x"], b._cols["x"])
+    with pytest.raises(ValueError, match="unit record"):
+        b.set_state({**a.get_state(), "unit": "record"})
+
+
+def _key_engine(model, rows, keys, K, L, z, seed):
+    res = KeyReservoir(model.row_layout(), K, L, np.random.default_rng(seed))
+    res.add_batch(rows, keys)
+    sampler = make_sampler("fixed", K, K)
+    monitor = BudgetMonitor(AUDIT_BUDGET, 1e-3, make_accountant("strong", "fixed"), MemoryLedger())
+    engine = PrivateEngine(model, res, sampler, monitor, z, np.random.default_rng(seed + 1), tau0=1.0, kappa=1.0,
+                           accountant_name="strong", seeded=True, unit="key")
+    captured = []
+    model.update = lambda mean, rho: captured.append(flatten(mean, tuple(model.blocks())))
+    return engine, captured
+
+
+def test_audit_of_one_release_replacing_a_heavy_key_stays_below_the_claim():
+    """Neighbours: key -1 sends 10,000 records of one value or of another; other keys agree."""
+    z, K, L, delta = 3.0, 4, 4, 1e-3
+    light = [{"x": [0.3], "y": 0.5}, {"x": [-0.2], "y": 0.1}, {"x": [0.5], "y": -0.4}]
+    keys = np.concatenate([np.arange(3), np.full(10_000, -1)])
+    sides = []
+    for y in (1.0, -1.0):
+        model = LinearRegression(dim=1, dataset_size=K)
+        rows = model.parse_batch(light + [{"x": [1.0], "y": y}] * 10_000).rows
+        engine, captured = _key_engine(model, rows, keys, K, L, z, seed=11)
+        for _ in range(9000):
+            engine.step()
+        sides.append(np.array(captured))
+        event = engine.event()
+    claimed = claimed_epsilon(event, delta)
+    a, b = sides
+    result = audit_samples(a[:3000], b[:3000], a[3000:], b[3000:], delta, claimed)
+    assert event.diameter == 2.0 and event.sampling_rate == 1.0
+    # the heavy key holds L = 4 records of xy = +-1 each: unclipped, it would move xy by 8, i.e.
+    # 4x the bound, and the audit would find far more than the claim; clipped, it moves it by 2.
+    assert result.epsilon_lower_bound > 0.3 * claimed  # the test has power
+    assert not result.violated, result.to_dict()
+
+
+def test_learner_key_unit_report_and_key_field():
+    base = dict(dim=2, epsilon=1.0, reservoir=50, batch_size=10, every_records=100, planned_steps=5, seed=3,
+                unit="key", max_records_per_key=2, key_field="user")
+    learner = PrivateLearner("logistic", **base)
+    r = np.random.default_rng(0)
+    recs = [{"x": r.uniform(-1, 1, 2).tolist(), "y": int(r.integers(0, 2)), "user": f"u{int(k)}"}
+            for k in r.integers(0, 80, 600)]
+    recs[5] = {"x": [0.1, 0.2], "y": 1}  # no key: rejected, keeps its position
+    batch = learner.feed(recs)
+    assert (5, MISSING_KEY, "no privacy key") in batch.rejected and not batch.ok[5]
+    assert learner.reservoir.seen == 600 and learner.steps_taken == 5
+    assert learner.reservoir.held_per_slot().max() <= 2
+    report = learner.privacy_report()
+    assert report["unit"] == "key" and report["max_records_per_key"] == 2
+    assert report["q"] == pytest.approx(10 / 50) and report["diameter"] == pytest.approx(np.sqrt(3.6))
+    messages.validate_message(learner.message())
+    record = PrivateLearner("logistic", dim=2, reservoir=50, batch_size=10, every_records=100, planned_steps=5, seed=3)
+    record.feed(recs)
+    assert record.privacy_report()["unit"] == "record" and "max_records_per_key" not in record.privacy_report()
+    with pytest.raises(ValueError, match="needs the key of every arrival"):
+        PrivateLearner("logistic", **{**base, "key_field": None}).feed(recs)
+
+
+def test_config_unit():
+    assert config_from_dict({}, env={}).privacy.unit == "record"
+    cfg = config_from_dict({"privacy": {"unit": "key", "max_records_per_key": 3}}, env={})
+    assert (cfg.privacy.unit, cfg.privacy.max_records_per_key, cfg.privacy.key_field) == ("key", 3, None)
+    with pytest.raises(ConfigError, match=r"^privacy\.unit: key is not supported by the lda family"):
+        config_from_dict({"model": {"family": "lda", "params": {"vocabulary": ["a", "b", "c"], "n_topics": 2}},
+                          "privacy": {"unit": "key"}}, env={})
+    with pytest.raises(ConfigError, match=r"^privacy\.max_records_per_key"):
+        config_from_dict({"privacy": {"unit": "key", "max_records_per_key": 0}}, env={})
+    with pytest.raises(ConfigError, match=r"^privacy\.unit"):
+        config_from_dict({"privacy": {"unit": "person"}}, env={})
+
+
+def test_key_ids():
+    ids, has = key_ids([b"ann", "ann", 42, "42", None, 1.5, True])
+    assert has.tolist() == [True, True, True, True, False, False, False]
+    assert ids[0] == ids[1] and ids[2] != ids[3]
+    assert key_ids(np.array([42]))[0][0] == ids[2]
