@@ -29,8 +29,8 @@ SUITE=bookworm
 BASE_PACKAGES=python3,python3-venv,ca-certificates
 BASE_IMAGE=localhost/stream-vips-base:$SUITE
 IMAGE=localhost/stream-vips:ci
-# The image on the bookworm base measures about 515 MB (the base alone about 180 MB; numpy, scipy,
-# matplotlib from dp-accounting's dependencies and river make most of the rest).
+# The image on the bookworm base measures 513 MB (the base alone 179 MB; numpy, scipy, and
+# matplotlib, which autodp requires, make most of the rest).
 IMAGE_BUDGET_MB=650
 CACHE="$ROOT/tools/image/cache"     # gitignored: the base tarball, reused while under a week old
 BASE_MAX_AGE_DAYS=7
