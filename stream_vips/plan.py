@@ -8,7 +8,11 @@ Poisson, autodp for fixed-size unless ``--accountant`` says otherwise; guarantee
 replace-one adjacency (privacy rule 1). Every epsilon printed is what the budget monitor will
 report after that many steps: with pld an upper bound that is exact at a grid of step counts
 (``accounted_steps``, at most 1/256 above the count asked for). Time and memory do not grow with
-the number of steps or the target: the PLD grid follows epsilon.
+the number of steps or the target: the PLD grid follows epsilon. The privacy unit is a record
+(``--unit record``) or a key, i.e. all records of one person (``--unit key``, privacy rule 12:
+S and M then count keys and key slots, and a key keeps at most ``--max-records-per-key``
+records); the report shows what record-level privacy gives a person with k records (group
+privacy: about k times epsilon).
 
     stream-vips plan --sampling poisson --batch-size 1000 --reservoir 10000 --steps 200 \\
         --delta 1e-5 --epsilon 1.0 --json
@@ -72,6 +76,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="noise std / C; prints the epsilon it spends")
     knob.add_argument("--epsilon", type=_positive_float, metavar="E",
                       help="target epsilon; prints the calibrated noise multiplier")
+    p.add_argument("--unit", choices=("record", "key"), default="record",
+                   help="privacy unit: one record, or one key (all records of one person)")
+    p.add_argument("--max-records-per-key", type=_positive_int, default=None, metavar="K",
+                   help="with --unit key: most records of one key in the reservoir (default 1)")
     p.add_argument("--accountant", choices=("pld", "autodp"), default=None,
                    help="default: pld for poisson, autodp for fixed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -83,9 +91,23 @@ def checkpoints(steps: int) -> list[int]:
     return sorted({max(1, steps * k // 10) for k in (1, 2, 5)} | {steps})
 
 
+def group_privacy(epsilon: float, delta: float, sizes: list[int]) -> list[dict]:
+    """What an (epsilon, delta) record-level guarantee gives a group of k records (one person's):
+    (k epsilon, k e^((k - 1) epsilon) delta), the standard group-privacy bound.
+
+    >>> [(g["records"], g["epsilon"]) for g in group_privacy(0.5, 1e-6, [1, 4])]
+    [(1, 0.5), (4, 2.0)]
+    """
+    out = []
+    for k in sizes:
+        with_delta = k * math.exp(min((k - 1) * epsilon, 700.0)) * delta
+        out.append({"records": k, "epsilon": k * epsilon, "delta": min(with_delta, 1.0), "vacuous": with_delta >= 1.0})
+    return out
+
+
 def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: float,
          noise_multiplier: float | None = None, epsilon: float | None = None,
-         accountant: str | None = None) -> dict:
+         accountant: str | None = None, unit: str = "record", max_records_per_key: int | None = None) -> dict:
     """The planning report as a dict (what ``--json`` prints)."""
     from .privacy.accountant import UnsupportedEvent, calibrate_noise_multiplier, make_accountant
     from .privacy.events import SubsampledGaussianEvent
@@ -94,6 +116,11 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
         raise ValueError(f"--batch-size {batch_size} exceeds --reservoir {reservoir} (q = S/M must be <= 1)")
     if (noise_multiplier is None) == (epsilon is None):
         raise ValueError("give exactly one of --noise-multiplier and --epsilon")
+    if unit not in ("record", "key"):
+        raise ValueError(f"--unit must be record or key, got {unit!r}")
+    if unit == "record" and max_records_per_key is not None:
+        raise ValueError("--max-records-per-key needs --unit key")
+    per_key = (max_records_per_key or 1) if unit == "key" else None
     q = batch_size / reservoir
     acct = make_accountant(accountant or "auto", sampling)
     why = acct.why_unsupported(SubsampledGaussianEvent(1.0, q, sampling))
@@ -105,7 +132,10 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
     event = SubsampledGaussianEvent(z, q, sampling)
     by_steps = {t: acct.epsilon([event.with_count(t)], delta) for t in checkpoints(steps)}
     grid = getattr(acct, "grid", None)
+    sizes = sorted({2, 10, 100} | ({per_key} if per_key and per_key > 1 else set()))
     return {
+        "unit": unit, **({"max_records_per_key": per_key} if per_key else {}),
+        "group_privacy": group_privacy(by_steps[steps], delta, sizes),
         "epsilon": by_steps[steps], "delta": delta, "noise_multiplier": z, "paper_sigma": event.paper_sigma,
         "q": q, "steps": steps, "accounted_steps": grid(steps) if grid is not None else steps,
         "sampling": sampling, "accountant": acct.name,
@@ -130,7 +160,32 @@ def _render(report: dict) -> str:
         f"{'steps':>10}  epsilon",
     ]
     lines += [f"{t:>10}  {e:.6g}" for t, e in report["epsilon_by_steps"].items()]
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + _unit_lines(report))
+
+
+def _unit_lines(report: dict) -> list[str]:
+    """What the guarantee is for, and the trade-off between the two units (privacy rule 12)."""
+    eps = report["epsilon"]
+    if report["unit"] == "key":
+        k = report["max_records_per_key"]
+        lines = [
+            f"unit:             key: epsilon {eps:.6g} protects all records of one key (one person), however",
+            f"                  many it sends. S and M count keys and key slots; each key keeps at most {k}",
+            f"                  record(s) (memory: M x {k} records), and a key's records are summed and clipped",
+            "                  to one record's bound C, so heavy keys count as much as light ones.",
+            "trade-off:        the same noise at record level would protect a person with k records only at",
+            "                  the group-privacy bound:",
+        ]
+    else:
+        lines = [
+            f"unit:             record: epsilon {eps:.6g} protects each record. A person with k records is",
+            "                  protected at the group-privacy bound below; --unit key protects every person",
+            "                  at epsilon whatever k (each key's records are summed and clipped to C).",
+        ]
+    lines.append(f"{'k records':>10}  {'epsilon':>9}  delta")
+    lines += [f"{g['records']:>10}  {g['epsilon']:>9.4g}  " + ("1 (no guarantee)" if g["vacuous"] else f"{g['delta']:.3g}")
+              for g in report["group_privacy"]]
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = plan(args.sampling, args.batch_size, args.reservoir, args.steps, args.delta,
-                      noise_multiplier=args.noise_multiplier, epsilon=args.epsilon, accountant=args.accountant)
+                      noise_multiplier=args.noise_multiplier, epsilon=args.epsilon, accountant=args.accountant,
+                      unit=args.unit, max_records_per_key=args.max_records_per_key)
     except UnsupportedEvent as exc:
         print(f"{PROG}: error: unsupported sampling/accountant pair: {exc}", file=sys.stderr)
         return 2

@@ -308,3 +308,23 @@ def test_key_ids():
     assert has.tolist() == [True, True, True, True, False, False, False]
     assert ids[0] == ids[1] and ids[2] != ids[3]
     assert key_ids(np.array([42]))[0][0] == ids[2]
+
+
+def test_plan_unit_key_and_the_group_privacy_trade_off(capsys):
+    from stream_vips import plan
+
+    key = plan.plan("poisson", 100, 1000, 20, 1e-5, noise_multiplier=5.0, unit="key", max_records_per_key=4)
+    record = plan.plan("poisson", 100, 1000, 20, 1e-5, noise_multiplier=5.0)
+    assert key["epsilon"] == record["epsilon"]  # the same event, with the key slot as the unit
+    assert (key["unit"], key["max_records_per_key"], record["unit"]) == ("key", 4, "record")
+    eps = record["epsilon"]
+    rows = {g["records"]: g for g in key["group_privacy"]}
+    assert sorted(rows) == [2, 4, 10, 100]
+    assert rows[4]["epsilon"] == pytest.approx(4 * eps)
+    assert rows[4]["delta"] == pytest.approx(min(1.0, 4 * np.exp(3 * eps) * 1e-5))
+    with pytest.raises(ValueError, match="needs --unit key"):
+        plan.plan("poisson", 100, 1000, 20, 1e-5, noise_multiplier=5.0, max_records_per_key=2)
+    assert plan.main(["--sampling", "fixed", "--batch-size", "10", "--reservoir", "100", "--steps", "5",
+                      "--delta", "1e-5", "--noise-multiplier", "4", "--unit", "key", "--max-records-per-key", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "unit:             key" in out and "at most 3" in out and "group-privacy bound" in out

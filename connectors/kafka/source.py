@@ -22,7 +22,7 @@ from stream_vips.io import RawRecord, RecordBatch
 
 
 class KafkaSource:
-    """Records from Kafka topics as :class:`RawRecord` (origin: topic, partition, offset, timestamp).
+    """Records from Kafka topics as :class:`RawRecord` (origin: topic, partition, offset, timestamp, key).
 
     ``commit()`` marks every record returned by ``poll()`` so far as processed and commits those
     offsets (manual commits only: a record counts as processed when the pipeline says so), at
@@ -320,7 +320,10 @@ _VALUE = attrgetter("value")
 
 
 def _origin(topic: str, partition: int, record: Any) -> dict[str, Any]:
-    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp}
+    """Where a record came from, with its message key (bytes or None): the privacy key of
+    ``privacy.unit: key`` unless ``privacy.key_field`` names a JSON field (privacy rule 12)."""
+    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp,
+            "key": record.key}
 
 
 def _listener_base() -> type:
