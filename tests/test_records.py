@@ -156,6 +156,7 @@ FAMILY_PARAMS = {
     "sgld": {"dim": 2, "batch_size": 10, "step_size": 0.01, "epsilon": 1.0, "delta": 1e-5, "passes": 1.0},
     "sep_probit": {"dim": 2, "clip": 1.0}, "sep_mixture": {"n_components": 2, "dim": 2, "clip": 1.0},
     "lda": {"vocabulary": ["apple", "pear"], "doc_length": 4},
+    "sbn": {"n_visible": 2, "n_latent": 2}, "sep_bnn": {"dim": 2, "clip": 1.0},
 }
 
 
@@ -170,6 +171,9 @@ def test_every_family_rejects_booleans_for_numbers_and_keeps_0_1_labels(family):
     if family == "lda":
         good = [b'{"counts": {"apple": 2, "pear": 1}}', b'{"tokens": ["apple", "pear"]}']
         bad = [b'{"counts": {"apple": true}}', b'{"counts": {"apple": 1, "pear": false}}']
+    elif family == "sbn":  # a binary vector
+        good = [b'{"y": [0, 1]}', b'{"y": [1, 1]}', b'{"y": [1.0, 0.0]}']
+        bad = [b'{"y": [true, 0]}', b'{"y": [0, false]}']
     elif family == "sep_mixture":  # no label
         good, bad = [b'{"x": [0.5, -0.5]}', b'{"x": [0, 1]}'], [b'{"x": [true, 0.5]}', b'{"x": [0.5, false]}']
     else:
