@@ -11,14 +11,16 @@
 #      against the test broker (tools/kafka/broker.py) on loopback, whose model topic is then read
 #      back from the host.
 #
-# The container is started with `podman run --read-only --user 10001` where the OCI runtime works.
-# Where it cannot (a sandbox without CAP_SYS_RESOURCE, where crun fails to set the container's
-# rlimits), the same image is run the way a runtime would set it up, minus the namespaces it cannot
-# have: the image's read-only root filesystem (`podman image mount`) in a private mount and PID
-# namespace, tmpfs on /tmp and /var/lib/stream-vips, the config bind-mounted read-only, chrooted as
-# 10001:10001 with the image's environment. Both say which one ran.
+# The container is started with `podman run --read-only --user 10001`: with podman's default OCI
+# runtime (crun) where it works, else with runc (Debian's package), which copes with hosts whose
+# cgroups are in hybrid mode, with rlimits lowered to 4096 (without CAP_SYS_RESOURCE a runtime
+# cannot set the host's own limits again). Where neither can start a container, the same image is
+# run the way a runtime would set it up, minus the namespaces it cannot have: the image's read-only
+# root filesystem (`podman image mount`) in a private mount and PID namespace, tmpfs on /tmp and
+# /var/lib/stream-vips, the config bind-mounted read-only, chrooted as 10001:10001 with the image's
+# environment. The log says which one ran.
 #
-# Needs root (mmdebstrap, podman). Installs podman, buildah and mmdebstrap with apt-get. Under CI=true
+# Needs root (mmdebstrap, podman). Installs podman, buildah, runc and mmdebstrap with apt-get. Under CI=true
 # every failure fails the run; nothing is skipped. Usage: bash .ci/image-test.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,7 @@ need=()
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
@@ -131,9 +134,26 @@ chmod 0755 "$work" "$work/etc"
 
 mapfile -t image_env < <(podman image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
 
-mode=podman
-if ! podman run --rm --read-only --user "$UID_RUN:$UID_RUN" --network host --entrypoint /bin/true "$IMAGE" \
-      > "$work/probe.log" 2>&1; then
+# How to start a container: podman with its default OCI runtime (crun); else runc, which copes
+# with a host whose cgroups are in hybrid mode, with rlimits below the host's (a process without
+# CAP_SYS_RESOURCE may lower its limits but not set them again); else the chroot runner below.
+probe() { "$@" run --rm --read-only --user "$UID_RUN:$UID_RUN" --network host --entrypoint /bin/true "$IMAGE" \
+            > "$work/probe.log" 2>&1; }
+podman_cmd=()
+if probe podman; then
+  podman_cmd=(podman)
+fi
+ulimits=()
+if [ ${#podman_cmd[@]} -eq 0 ] && command -v runc >/dev/null 2>&1; then
+  ulimits=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+  if podman --runtime runc run --rm "${ulimits[@]}" --read-only --user "$UID_RUN:$UID_RUN" --network host \
+       --entrypoint /bin/true "$IMAGE" > "$work/probe.log" 2>&1; then
+    podman_cmd=(podman --runtime runc)
+  fi
+fi
+if [ ${#podman_cmd[@]} -gt 0 ]; then
+  mode="${podman_cmd[*]} run"
+else
   mode=chroot
   log "podman run is not possible here ($(tail -1 "$work/probe.log")); running the image's" \
       "read-only root filesystem chrooted as $UID_RUN in private mount and PID namespaces"
@@ -146,14 +166,19 @@ fi
 printf 'ENV=(' > "$work/env.sh"; printf '%q ' "${image_env[@]}" >> "$work/env.sh"; printf ')\n' >> "$work/env.sh"
 
 # in_image ARGV...: run ARGV inside the image as 10001:10001 in /var/lib/stream-vips; /tmp and
-# /var/lib/stream-vips are fresh tmpfs, $work/etc is /etc/stream-vips (read-only), the network is
+# /var/lib/stream-vips are fresh and empty (tmpfs, or a host directory under podman), $work/etc is /etc/stream-vips (read-only), the network is
 # the host's (the test broker listens on loopback).
 in_image() {
-  if [ "$mode" = podman ]; then
-    timeout "$STEP_TIMEOUT_S" podman run --rm --timeout "$STEP_TIMEOUT_S" --read-only --read-only-tmpfs=false --user "$UID_RUN:$UID_RUN" --network host \
-      --tmpfs /tmp:rw,size=64m,mode=1777 \
-      --tmpfs "/var/lib/stream-vips:rw,size=256m,mode=0750,uid=$UID_RUN,gid=$UID_RUN" \
-      -v "$work/etc:/etc/stream-vips:ro" --entrypoint "$1" "$IMAGE" "${@:2}"
+  if [ "$mode" != chroot ]; then
+    # a fresh state directory owned by 10001, as the PersistentVolume is (fsGroup) in the pod
+    local state
+    state=$(mktemp -d "$work/state.XXXXXX")
+    chown "$UID_RUN:$UID_RUN" "$state" && chmod 0750 "$state"
+    timeout "$STEP_TIMEOUT_S" "${podman_cmd[@]}" run --rm --timeout "$STEP_TIMEOUT_S" "${ulimits[@]}" \
+      --read-only --read-only-tmpfs=false --tmpfs /tmp:rw,size=64m,mode=1777 \
+      --user "$UID_RUN:$UID_RUN" --network host \
+      -v "$state:/var/lib/stream-vips" -v "$work/etc:/etc/stream-vips:ro" \
+      --entrypoint "$1" "$IMAGE" "${@:2}"
     return
   fi
   # shellcheck disable=SC2016
