@@ -21,7 +21,8 @@
 # environment. The log says which one ran.
 #
 # Needs root (mmdebstrap, podman). Installs podman, buildah, runc and mmdebstrap with apt-get. Under CI=true
-# every failure fails the run; nothing is skipped. Usage: bash .ci/image-test.sh [--keep]
+# every failure fails the run; nothing is skipped. Usage: bash .ci/image-test.sh
+# (IMAGE_TEST_RUNNER=chroot forces the last-resort runner)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -140,11 +141,13 @@ mapfile -t image_env < <(podman image inspect --format '{{range .Config.Env}}{{p
 probe() { "$@" run --rm --read-only --user "$UID_RUN:$UID_RUN" --network host --entrypoint /bin/true "$IMAGE" \
             > "$work/probe.log" 2>&1; }
 podman_cmd=()
-if probe podman; then
+if [ "${IMAGE_TEST_RUNNER:-auto}" = chroot ]; then  # force the last resort (to test it)
+  echo "IMAGE_TEST_RUNNER=chroot" > "$work/probe.log"
+elif probe podman; then
   podman_cmd=(podman)
 fi
 ulimits=()
-if [ ${#podman_cmd[@]} -eq 0 ] && command -v runc >/dev/null 2>&1; then
+if [ ${#podman_cmd[@]} -eq 0 ] && [ "${IMAGE_TEST_RUNNER:-auto}" != chroot ] && command -v runc >/dev/null 2>&1; then
   ulimits=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
   if podman --runtime runc run --rm "${ulimits[@]}" --read-only --user "$UID_RUN:$UID_RUN" --network host \
        --entrypoint /bin/true "$IMAGE" > "$work/probe.log" 2>&1; then
