@@ -430,8 +430,10 @@ def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
                ) -> tuple[DecodedBatch, np.ndarray, np.ndarray]:
     """Key ids of the arrivals, and the batch with keyless arrivals rejected as ``missing_key``."""
     if keys is None:
-        raise ValueError("privacy.unit: key needs the key of every arrival (keys=, e.g. the Kafka message "
-                         "keys) or privacy.key_field")
+        from stream_vips.config import ConfigError
+
+        raise ConfigError("privacy.unit: key needs the key of every arrival (feed(values, keys=...), e.g. the "
+                          "Kafka message keys) or privacy.key_field; stream-vips run does not pass keys yet")
     ids, has = key_ids(keys)
     if ids.shape[0] != len(batch.ok):
         raise ValueError(f"{ids.shape[0]} keys for {len(batch.ok)} arrivals")
