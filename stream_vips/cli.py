@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"cannot start: {type(exc).__name__}: {exc}")
             return 5
         raise
-    for warning in console.budget_warnings(app, config):
+    for warning in console.startup_warnings(app, config):
         say(f"warning: {warning}")
     progress = None if args.no_progress else console.Progress()
     app.progress = progress

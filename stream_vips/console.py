@@ -69,6 +69,19 @@ def expected_steps(records: int, reservoir: int, every_records: int | None) -> i
     return 0 if records < first else (records - first) // every_records + 1
 
 
+def startup_warnings(app: Application, config: Any) -> list[str]:
+    """What an operator should fix before relying on the run: Kafka settings that make restarts
+    slow or block readers, and a finite source that leaves the budget unspent."""
+    out = []
+    if config.source.type == "kafka" and not config.source.options.get("group_instance_id"):
+        out.append("source.group_instance_id is not set: a restarted member waits for the group's session "
+                   "timeout before it consumes again (static membership makes the rejoin immediate)")
+    if config.sink.type == "kafka" and not config.sink.options.get("transactional_id"):
+        out.append("sink.transactional_id is not set: a crashed publisher's open transaction blocks "
+                   "read-committed readers until it times out (a stable id aborts it at the next start)")
+    return out + budget_warnings(app, config)
+
+
 def budget_warnings(app: Application, config: Any) -> list[str]:
     """Warnings for a finite source that cannot reach the planned steps (budget left unspent)."""
     if app.engine.non_private or not isinstance(app.source, FiniteSource):
