@@ -266,9 +266,16 @@ class PrivateLearner:
             batch = decode_batch(self.model, values)
         else:
             batch = _parse(self.model, values)
-        if self.unit == "key" and self.config.privacy.key_field is not None:
-            keys = _field_keys(values, self.config.privacy.key_field)
-        return self.offer(batch, keys=keys)
+        return self.offer(batch, keys=self.keys_of(values, keys))
+
+    def keys_of(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> Sequence[Any] | None:
+        """The privacy units of ``values``: the configured ``privacy.key_field`` when set (it wins
+        over any other key), else ``keys`` (e.g. Kafka message keys); ``None`` for ``unit: record``."""
+        if self.unit != "key":
+            return None
+        if self.config.privacy.key_field is not None:
+            return _field_keys(values, self.config.privacy.key_field)
+        return keys
 
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
@@ -433,7 +440,7 @@ def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
         from stream_vips.config import ConfigError
 
         raise ConfigError("privacy.unit: key needs the key of every arrival (feed(values, keys=...), e.g. the "
-                          "Kafka message keys) or privacy.key_field; stream-vips run does not pass keys yet")
+                          "Kafka message keys) or privacy.key_field")
     ids, has = key_ids(keys)
     if ids.shape[0] != len(batch.ok):
         raise ValueError(f"{ids.shape[0]} keys for {len(batch.ok)} arrivals")

@@ -387,11 +387,14 @@ class Application:
         is committed, but no new step starts)."""
         n = len(raws)
         self.stats.records += n
-        self.stats.accepted += int(np.count_nonzero(batch.ok))
         self.metrics.records_consumed.inc(n)
+        keys = None
+        if self.learner.unit == "key":  # privacy rule 12: the key field wins over the message key
+            keys = self.learner.keys_of(values_of(raws), [raw.origin.get("key") for raw in raws])
+        batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
+        self.stats.accepted += int(np.count_nonzero(batch.ok))
         if batch.rejected:
             self._dead_letter(raws, batch.rejected)
-        self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released)
         self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)
 

@@ -328,3 +328,59 @@ def test_plan_unit_key_and_the_group_privacy_trade_off(capsys):
                       "--delta", "1e-5", "--noise-multiplier", "4", "--unit", "key", "--max-records-per-key", "3"]) == 0
     out = capsys.readouterr().out
     assert "unit:             key" in out and "at most 3" in out and "group-privacy bound" in out
+
+
+def test_the_pipeline_passes_keys_from_the_key_field_and_the_message_key():
+    """`stream-vips run` with unit: key: keys come from privacy.key_field when set (it wins over
+    the message key), else from the source's message key; arrivals without one are dead letters
+    (missing_key) and keep their positions."""
+    import json as _json
+
+    from connectors.memory import MemoryDeadLetterSink, MemorySink
+    from stream_vips.io import RawRecord
+    from stream_vips.pipeline import Application
+
+    class KeyedSource:
+        def __init__(self, raws):
+            self.raws, self.done = list(raws), False
+
+        def poll(self, max_records, timeout_s):
+            out, self.raws = self.raws[:max_records], self.raws[max_records:]
+            return out
+
+        def commit(self, positions=None): ...
+
+        def pause(self): ...
+
+        def resume(self): ...
+
+        @property
+        def exhausted(self):
+            return not self.raws
+
+        def close(self): ...
+
+    rng = np.random.default_rng(4)
+    raws = []
+    for i in range(3000):
+        x = rng.uniform(-0.5, 0.5, 2).tolist()
+        doc = {"x": x, "y": float(sum(x)), **({"user": f"u{i % 97}"} if i % 50 else {})}
+        raws.append(RawRecord(_json.dumps(doc).encode(), {"key": f"k{i % 13}".encode(), "offset": i}))
+
+    def run(key_field):
+        cfg = config_from_dict({
+            "model": {"family": "linreg", "params": {"dim": 2}},
+            "privacy": {"epsilon": 50.0, "noise_multiplier": 3.0, "unit": "key", "key_field": key_field,
+                        "max_records_per_key": 2, "ledger": {"type": "memory"}},
+            "sampling": {"reservoir": 10, "batch_size": 5}, "schedule": {"every_records": 500},
+            "metrics": {"enabled": False}, "runtime": {"on_halt": "exit", "publish_interval_s": 0},
+        }, env={})
+        dead = MemoryDeadLetterSink()
+        app = Application.from_config(cfg, source=KeyedSource(raws), sink=MemorySink(), dead_letter=dead)
+        return app, app.run(), dead
+
+    app, stats, dead = run("user")
+    assert stats.updates > 0 and app.reservoir.seen == 3000
+    assert {l.reason for l in dead.letters} == {"missing_key"} and len(dead.letters) == 60  # every 50th has no user
+    app, stats, dead = run(None)  # the message key: all present
+    assert stats.updates > 0 and not dead.letters

@@ -53,7 +53,8 @@ class KafkaDeadLetterSink:
             if letter.length is not None:
                 headers += [("length", str(letter.length).encode()), ("sha256", str(letter.sha256).encode()),
                             ("truncated", b"true" if letter.truncated else b"false")]
-            headers += [(f"source.{k}", str(v).encode()) for k, v in origin.items()]
+            headers += [(f"source.{k}", v if isinstance(v, bytes) else str(v).encode())
+                        for k, v in origin.items() if v is not None]
             key = None
             if {"topic", "partition", "offset"} <= set(origin):
                 key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
