@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
 
 import numpy as np
@@ -213,9 +212,11 @@ def test_memory_stays_flat_over_a_million_distinct_keys():
     finally:
         tracemalloc.stop()
     assert res.nbytes == nbytes and res.seen == 10 * batch and res.full
-    # The only structure that could grow is the owner dict, capped at K entries: the growth from
-    # 1e5 to 1e6 keys stays below one dict of K entries (remembering 9e5 more keys would take MBs).
-    assert held[9] - held[0] < sys.getsizeof({i: i for i in range(K)})
+    # The only structure that could grow is the owner dict, capped at K entries. Remembering the
+    # 9e5 further keys would take at least 9e5 dict entries of >= 64 bytes (57 MB); the traced
+    # growth must stay under 1% of that (other allocations of the process, e.g. caches warmed by
+    # earlier tests, move the traced total by tens of kB).
+    assert held[9] - held[0] < 0.01 * 9 * batch * 64
 
 
 def test_checkpoint_continues_exactly():
