@@ -242,7 +242,8 @@ class ProgressBar:
 
 
 def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None = None, metrics_port: int = 0,
-             seed: int = 0, progress: bool = True, family: str = "linreg") -> dict[str, Any]:
+             seed: int = 0, progress: bool = True, family: str = "linreg",
+             on_app: Callable[[Application], None] | None = None) -> dict[str, Any]:
     """Run the private demo of ``family`` and its non-private comparison; return the summary."""
     fam = FAMILIES[family]
     records = fam.records if records is None else records
@@ -259,6 +260,8 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
     app = Application.from_config(demo_config(out_dir, epsilon, metrics_port, seed, family=family, params=params),
                                   source=source, progress=bar)
     stats = app.run()
+    if on_app is not None:
+        on_app(app)
     if bar is not None:
         bar.finish(app)
     held_out = fam.held_out(source)  # fresh draws from the same generator, after the stream
@@ -306,7 +309,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"model messages       {s['messages_file']}",
         f"dead letters         {s['dead_letters_file']}",
         f"ledger               {s['ledger_file']}",
-        f"metrics served on    port {s['metrics_port']} during the run",
+        f"metrics served on    port {s['metrics_port']} during the run (--serve-s keeps them up after)",
         f"wall time            {s['seconds']:.2f} s",
     ])
 
@@ -326,6 +329,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0, help="metrics port (default 0: any free port)")
     p.add_argument("--seed", type=int, default=0, help="seed of data and noise (demo only; reported as seeded)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--serve-s", type=float, default=0.0, metavar="SECONDS",
+                   help="keep serving the run's metrics this long after it ends (default 0)")
     return p
 
 
@@ -338,9 +343,27 @@ def run(args: argparse.Namespace) -> int:
     if not args.epsilon > 0:
         print("--epsilon must be > 0", file=sys.stderr)
         return 2
+    apps: list[Application] = []
     summary = run_demo(args.records, args.epsilon, args.out, args.metrics_port, args.seed,
-                       progress=not args.no_progress, family=args.family)
+                       progress=not args.no_progress, family=args.family, on_app=apps.append)
     print(format_summary(summary))
     if args.json_summary:
         Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if args.serve_s > 0:
+        serve_metrics(apps[0], summary["metrics_port"], args.serve_s)
     return 0
+
+
+def serve_metrics(app: Application, port: int, seconds: float) -> None:
+    """Keep serving the finished run's metrics on the same port (to point a Prometheus at them)."""
+    from stream_vips.metrics import MetricsServer
+
+    server = MetricsServer(app.metrics, "127.0.0.1", port)
+    print(f"serving the run's metrics on http://127.0.0.1:{server.port}/metrics for {seconds:g} s "
+          "(Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()

@@ -172,3 +172,33 @@ def test_synthetic_lda_documents_follow_the_generative_process():
     # Its configuration keys are checked like every connector's, naming the bad key.
     with pytest.raises(ConfigError, match="source.n_topic"):
         config_from_dict({"source": {"type": "synthetic_lda", "n_topic": 3}}, env={})
+
+
+def test_serve_s_keeps_the_runs_metrics_up_after_the_summary(tmp_path):
+    """The demo's metrics can be scraped after the run (the same port, the final counters)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "stream_vips.cli", "demo", "--no-progress", "--serve-s", "20",
+                             "--out", str(tmp_path / "out"), "--json-summary", str(tmp_path / "s.json")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "s.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        port = json.loads((tmp_path / "s.json").read_text())["metrics_port"]
+        body = ""
+        while time.monotonic() < deadline and "stream_vips_updates_total" not in body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "stream_vips_updates_total" in body and "stream_vips_halted 1.0" in body
+    finally:
+        proc.terminate()
+        proc.wait(30)
