@@ -87,7 +87,11 @@ def privacy_line(p: Mapping[str, Any]) -> str:
     """One line on what a privacy report guarantees (a non-private report claims nothing)."""
     if p.get("private") is False or p.get("epsilon_spent") is None:
         return "privacy: NONE (a non-private run: no noise, no ledger, no guarantee)"
-    return (f"privacy: epsilon {p['epsilon_spent']:.6g} of {p['epsilon_budget']:.6g} "
+    unit = (f"per key (at most {p.get('max_records_per_key')} records of one key)" if p.get("unit") == "key"
+            else "per record")
+    if p.get("accounting") == "window":
+        unit += f", over the at most {p.get('window_steps')} steps a record is in (window accounting)"
+    return (f"privacy: epsilon {p['epsilon_spent']:.6g} of {p['epsilon_budget']:.6g} {unit} "
             f"(delta {p['delta']:.3g}, {p['adjacency']}, accountant {p['accountant']}"
             + (f", ledger {p['ledger_id']}" if p.get("ledger_id") else "") + ")")
 
