@@ -44,6 +44,10 @@ def startup_lines(app: Application, config: Any) -> list[str]:
             f"budget         epsilon {monitor.epsilon_budget:g}, delta {monitor.delta:g}, planned steps "
             f"{cfg.privacy.planned_steps}; spent so far {monitor.spent():.4g} in {monitor.steps} ledger steps",
             f"ledger         {where} (id {ledger.ledger_id})",
+            f"guarantee      per {'key' if app.learner.unit == 'key' else 'record'}"
+            + (f" (at most {cfg.privacy.max_records_per_key} records of one key)" if app.learner.unit == "key" else "")
+            + (f", window accounting over L = {app.learner.window_steps} steps (the service keeps learning)"
+               if app.learner.window_steps else ", over the whole stream (updates halt when the budget is spent)"),
         ]
         if engine.seeded:
             lines.append("seeded         yes: the noise is reproducible and gives NO guarantee (tests and demos only)")
