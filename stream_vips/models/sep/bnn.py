@@ -76,7 +76,7 @@ from scipy.special import ndtr
 
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.models.sep.core import SITE
+from stream_vips.models.sep.core import SITE, DampedSite
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
 
@@ -205,7 +205,7 @@ def _public_vector(name: str, value: Any, dim: int, positive_only: bool = False)
     return arr
 
 
-class BNNSEP(Model):
+class BNNSEP(DampedSite, Model):
     """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
 
     Records are ``{"x": [dim numbers], "y": number}`` in original units; constructor arguments
@@ -341,19 +341,6 @@ class BNNSEP(Model):
         return {SITE: sites.sum(axis=0)}
 
     # -- after the noise: post-processing -----------------------------------------------------
-
-    def step_fraction(self, rho: float) -> float:
-        """s = min(1, gamma * rho): the weight of this step's site mean in the averaged site."""
-        if not (math.isfinite(rho) and 0 < rho <= 1):
-            raise ValueError(f"step size rho must be in (0, 1], got {rho!r}")
-        return min(1.0, self.damping * rho)
-
-    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
-        """The public noise std on each coordinate of the released mean (z C / Z)."""
-        std = float(mean_stds[SITE])
-        if not (math.isfinite(std) and std >= 0):
-            raise ValueError(f"site noise std must be finite and >= 0, got {std!r}")
-        self.site_noise_std = std
 
     @property
     def weight_floor(self) -> float:

@@ -128,7 +128,28 @@ def _vector(name: str, value: Any, dim: int) -> np.ndarray:
     return arr
 
 
-class SEPModel(Model):
+class DampedSite:
+    """What every SEP family shares about its one released site: the damped step fraction and
+    the public noise level the engine reports (``damping`` and ``site_noise_std`` attributes)."""
+
+    damping: float
+    site_noise_std: float
+
+    def step_fraction(self, rho: float) -> float:
+        """s = min(1, gamma * rho): the weight of this step's site mean in the averaged site."""
+        if not (math.isfinite(rho) and 0 < rho <= 1):
+            raise ValueError(f"step size rho must be in (0, 1], got {rho!r}")
+        return min(1.0, self.damping * rho)
+
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """Tell the model the public noise std on each coordinate of the released mean (z C / Z)."""
+        std = float(mean_stds[SITE])
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"site noise std must be finite and >= 0, got {std!r}")
+        self.site_noise_std = std
+
+
+class SEPModel(DampedSite, Model):
     """Shared DP-SEP machinery for families whose posterior is K independent d-dim Gaussians.
 
     Subclasses define the local sites of a batch (``local_sites``, or an override of
@@ -214,12 +235,6 @@ class SEPModel(Model):
             sites = sites * clip_factors(np.linalg.norm(sites, axis=1), self.clip)[:, None]
         return {SITE: sites.sum(axis=0) if len(sites) else np.zeros_like(self._site)}
 
-    def step_fraction(self, rho: float) -> float:
-        """s = min(1, gamma * rho): the weight of this step's site mean in the averaged site."""
-        if not (math.isfinite(rho) and 0 < rho <= 1):
-            raise ValueError(f"step size rho must be in (0, 1], got {rho!r}")
-        return min(1.0, self.damping * rho)
-
     def release_bound(self, rho: float, normaliser: float) -> float:
         """C_rel = N s C / Z: one record's bound in the released natural parameters (see module doc).
 
@@ -239,13 +254,6 @@ class SEPModel(Model):
             raise ValueError(f"noisy mean {SITE!r} contains NaN or infinity")
         s = self.step_fraction(rho)
         return self._prior + self.dataset_size * ((1.0 - s) * self._site + s * m)
-
-    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
-        """Tell the model the public noise std on each coordinate of the released mean (z C / Z)."""
-        std = float(mean_stds[SITE])
-        if not (math.isfinite(std) and std >= 0):
-            raise ValueError(f"site noise std must be finite and >= 0, got {std!r}")
-        self.site_noise_std = std
 
     @property
     def eigen_floor(self) -> float:
