@@ -76,7 +76,7 @@ from scipy.special import ndtr
 
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.models.sep.core import SITE, DampedSite
+from stream_vips.models.sep.core import SITE, DampedSite, public_vector
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
 
@@ -192,19 +192,6 @@ def gamma_site(mf: np.ndarray, vf: np.ndarray, y: np.ndarray, alpha: float, beta
     return np.where(ok, a_new - alpha, 0.0), np.where(ok, beta - b_new, 0.0), ok
 
 
-def _public_vector(name: str, value: Any, dim: int, positive_only: bool = False) -> np.ndarray:
-    try:
-        arr = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        arr = np.full(0, np.nan)
-    if arr.ndim == 0:
-        arr = np.full(dim, float(arr))
-    if arr.shape != (dim,) or not np.all(np.isfinite(arr)) or (positive_only and np.any(arr <= 0)):
-        kind = "positive" if positive_only else "finite"
-        raise ValueError(f"{name} must be a {kind} number or a list of {dim} {kind} numbers, got {value!r}")
-    return arr
-
-
 class BNNSEP(DampedSite, Model):
     """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
 
@@ -253,9 +240,9 @@ class BNNSEP(DampedSite, Model):
         self.dataset_size = integer("dataset_size", dataset_size)
         self.clip = optional_positive("clip", clip)
         self.damping = positive("damping", damping)
-        self.x_mean = _public_vector("x_mean", x_mean, self.dim)
-        self.x_std = _public_vector("x_std", x_std, self.dim, positive_only=True)
-        self.y_mean = float(_public_vector("y_mean", y_mean, 1)[0])
+        self.x_mean = public_vector("x_mean", x_mean, self.dim)
+        self.x_std = public_vector("x_std", x_std, self.dim, positive_only=True)
+        self.y_mean = float(public_vector("y_mean", y_mean, 1)[0])
         self.y_std = positive("y_std", y_std)
         self.input_clip = positive("input_clip", input_clip)
         self.weight_precision_shape = positive("weight_precision_shape", weight_precision_shape)

@@ -116,15 +116,18 @@ def unpack(v: np.ndarray, n_factors: int, dim: int) -> tuple[np.ndarray, np.ndar
     return eta.copy(), prec
 
 
-def _vector(name: str, value: Any, dim: int) -> np.ndarray:
+def public_vector(name: str, value: Any, dim: int, positive_only: bool = False) -> np.ndarray:
+    """A public constant given as one number or ``dim`` numbers (finite; > 0 with
+    ``positive_only``), as a vector of length ``dim``; ValueError naming ``name`` otherwise."""
     try:
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):
         arr = np.full(0, np.nan)
     if arr.ndim == 0:
         arr = np.full(dim, float(arr))
-    if arr.shape != (dim,) or not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be a finite number or a list of {dim} finite numbers, got {value!r}")
+    if arr.shape != (dim,) or not np.all(np.isfinite(arr)) or (positive_only and np.any(arr <= 0)):
+        kind = "positive" if positive_only else "finite"
+        raise ValueError(f"{name} must be a {kind} number or a list of {dim} {kind} numbers, got {value!r}")
     return arr
 
 
@@ -191,7 +194,7 @@ class SEPModel(DampedSite, Model):
         self.clip = optional_positive("clip", clip)
         self.damping = positive("damping", damping)
         self.prior_var = positive("prior_var", prior_var)
-        self.prior_mean = _vector("prior_mean", prior_mean, self.dim)
+        self.prior_mean = public_vector("prior_mean", prior_mean, self.dim)
         floor = 1.0 / self.prior_var if precision_floor is None else precision_floor
         self.precision_floor = positive("precision_floor", floor)
         self.floor_factor = positive("floor_factor", floor_factor)
