@@ -127,3 +127,14 @@ def test_window_accounting_needs_a_sliding_window_and_a_record_schedule():
     with pytest.raises(ConfigError, match="privacy.accounting"):
         PrivateLearner("linreg", dim=2, accounting="window", reservoir_policy="window", every_seconds=5.0,
                        every_records=None)
+
+
+def test_a_failed_append_changes_nothing_in_window_accounting():
+    class FullDisk(MemoryLedger):
+        def append_many(self, entries):
+            raise OSError(28, "No space left on device")
+
+    monitor = BudgetMonitor(5.0, DELTA, make_accountant("pld", "poisson"), FullDisk(), window=4, prepay=3, stride=10)
+    with pytest.raises(OSError):
+        monitor.admit(SubsampledGaussianEvent(3.0, 1.0, "poisson"), position=100)
+    assert monitor.steps == 0 and monitor.spent() == 0.0 and not monitor._recent.units

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, Mapping
 
 from .accountant import Accountant
 
@@ -70,7 +70,7 @@ class BudgetMonitor:
         self.ledger = ledger
         events = ledger.events()
         self._counts: OrderedDict = accountant.group(events)
-        self._recent: deque = deque(maxlen=window - 1) if window else deque()
+        self._recent = _Sliding(window - 1 if window else 0)
         self._window_eps: dict[tuple, float] = {}
         self._window_max = 0.0
         if window:
@@ -169,32 +169,27 @@ class BudgetMonitor:
 
     # -- window (per-record) accounting ---------------------------------------------------------
 
-    def _window_epsilon(self, units: Any) -> float:
-        """epsilon of one window's steps (cached by its composition: identical windows cost one
-        accountant evaluation, however long the ledger)."""
-        counts: OrderedDict = OrderedDict()
-        for unit in units:
-            counts[unit] = counts.get(unit, 0) + unit.count
-        key = tuple(counts.items())
+    def _window_epsilon(self, counts: Mapping[Any, int]) -> float:
+        """epsilon of one window's composition (cached by it: identical windows cost one accountant
+        evaluation, however long the ledger; composition does not depend on the order of steps)."""
+        key = tuple(sorted(((repr(u), n) for u, n in counts.items() if n)))
         if key not in self._window_eps:
             if len(self._window_eps) > 4096:
                 self._window_eps.clear()
-            self._window_eps[key] = self.accountant.epsilon_of_counts(counts, self.delta)
+            self._window_eps[key] = self.accountant.epsilon_of_counts(
+                OrderedDict((u, n) for u, n in counts.items() if n), self.delta)
         return self._window_eps[key]
 
     def _replay_windows(self, events: list) -> None:
         """The largest window epsilon over the ledger, and the last L - 1 steps for the next
-        check; windows are only evaluated where the sequence of events changes."""
-        window: deque = deque(maxlen=self.window)
-        last_key = None
+        check; O(1) per event (a sliding count), an accountant call only for a new composition."""
+        window = _Sliding(self.window)
         for event in events:
             self.accountant.check(event)
-            window.append(event.unit())
-            key = tuple(window)
-            if key != last_key:
-                self._window_max = max(self._window_max, self._window_epsilon(window))
-                last_key = key
-        self._recent.extend(list(window)[1:] if len(window) == self.window else window)
+            window.push(event.unit())
+            self._window_max = max(self._window_max, self._window_epsilon(window.counts))
+        for unit in list(window.units)[-(self.window - 1):] if self.window > 1 else []:
+            self._recent.push(unit)
         if self._window_max > self.epsilon_budget:
             self._halt(f"the ledger already holds {self.window} consecutive steps with epsilon "
                        f"{self._window_max:.6g} > budget {self.epsilon_budget:g} at delta {self.delta:g}")
@@ -208,23 +203,24 @@ class BudgetMonitor:
             if self._prepaid_unit == unit:
                 return self._prepaid.popleft()
             self._prepaid.clear()
-        recent = deque(self._recent, maxlen=self._recent.maxlen)
+        recent = self._recent.copy()
         stride = self.stride or 0
         entries: list = []
+        worst = self._window_max
         while len(entries) < self.prepay:
-            eps = self._window_epsilon([*recent, unit])
+            eps = self._window_epsilon(recent.with_unit(unit))
             if eps > self.epsilon_budget:
                 break
             entries.append((event, None if position is None else position + len(entries) * stride))
-            self._window_max = max(self._window_max, eps)
-            recent.append(unit)
+            worst = max(worst, eps)
+            recent.push(unit)
         if not entries:
             self._halt(f"step {self._steps} would make {self.window} consecutive steps spend epsilon "
-                       f"{self._window_epsilon([*self._recent, unit]):.6g} > budget {self.epsilon_budget:g} "
-                       f"at delta {self.delta:g}")
+                       f"{self._window_epsilon(self._recent.with_unit(unit)):.6g} > budget "
+                       f"{self.epsilon_budget:g} at delta {self.delta:g}")
             return None
-        first = self.ledger.append_many(entries)
-        self._recent = recent
+        first = self.ledger.append_many(entries)  # durable first: a failed append changes nothing
+        self._recent, self._window_max = recent, worst
         self._counts[unit] = self._counts.get(unit, 0) + len(entries) * event.count
         self._steps += len(entries)
         self._prepaid.extend(range(first + 1, first + len(entries)))
@@ -234,3 +230,32 @@ class BudgetMonitor:
     def _halt(self, reason: str) -> None:
         self.halted = True
         self.halt_reason = reason
+
+
+class _Sliding:
+    """The last ``size`` step units and their counts, updated in O(1) per step."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.units: deque = deque()
+        self.counts: dict = {}
+
+    def push(self, unit: Any) -> None:
+        if self.size == 0:
+            return
+        self.units.append(unit)
+        self.counts[unit] = self.counts.get(unit, 0) + unit.count
+        if len(self.units) > self.size:
+            old = self.units.popleft()
+            self.counts[old] -= old.count
+
+    def with_unit(self, unit: Any) -> dict:
+        """The counts of these units plus one more ``unit`` (not stored)."""
+        counts = dict(self.counts)
+        counts[unit] = counts.get(unit, 0) + unit.count
+        return counts
+
+    def copy(self) -> "_Sliding":
+        other = _Sliding(self.size)
+        other.units, other.counts = deque(self.units), dict(self.counts)
+        return other
