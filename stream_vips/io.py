@@ -29,6 +29,8 @@ class RecordBatch(Sequence[RawRecord]):
     >>> batch = RecordBatch([([b"a", b"b"], lambda r: {"part": 0}), ([b"c"], lambda r: {"part": 1})], bytes)
     >>> batch.values, len(batch), batch[2]
     ([b'a', b'b', b'c'], 3, RawRecord(value=b'c', origin={'part': 1}))
+    >>> batch.origin_field("part")
+    [0, 0, 1]
     """
 
     def __init__(self, segments: Sequence[tuple[Sequence[Any], Callable[[Any], Mapping[str, Any]]]],
@@ -85,6 +87,11 @@ class RecordBatch(Sequence[RawRecord]):
             batch.values.extend(vals)
         return batch, dropped
 
+
+    def origin_field(self, name: str) -> list[Any]:
+        """One origin field (e.g. the Kafka message key) of every record, in order, without
+        building a RawRecord per record."""
+        return [origin(r).get(name) for recs, origin in self._segments for r in recs]
 
     def ends(self) -> dict[tuple[Any, Any], int]:
         """``{(topic, partition): last offset + 1}`` over the segments whose origin has offsets."""

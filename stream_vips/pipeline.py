@@ -390,7 +390,9 @@ class Application:
         self.metrics.records_consumed.inc(n)
         keys = None
         if self.learner.unit == "key":  # privacy rule 12: the key field wins over the message key
-            keys = self.learner.keys_of(values_of(raws), [raw.origin.get("key") for raw in raws])
+            message_keys = (raws.origin_field("key") if isinstance(raws, RecordBatch)
+                            else [raw.origin.get("key") for raw in raws])
+            keys = self.learner.keys_of(values_of(raws), message_keys)
         batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
         if batch.rejected:
