@@ -338,7 +338,7 @@ class PrivateLearner:
                 self.skipped_steps += 1
                 return None
             self._replay_until = None
-        if self.engine.non_private is False and not self.engine.halted:
+        if not self.engine.non_private and not self.engine.halted:
             empty = 1.0 - float(np.mean(self.reservoir.valid)) if self.reservoir.size else 0.0
             if empty > self.max_rejected_fraction:
                 top = ", ".join(f"{reason} ({count})" for reason, count in self.rejected.most_common(3))
