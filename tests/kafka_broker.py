@@ -9,6 +9,10 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
+#: The Kafka client libraries the connectors can run on (``client`` of a connection); tests of
+#: the connectors' invariants run on each (``@pytest.mark.parametrize("client", CLIENTS)``).
+from connectors.kafka.connection import CLIENTS
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("stream_vips_kafka_broker", ROOT / "tools" / "kafka" / "broker.py")
 broker_mod = importlib.util.module_from_spec(_spec)
@@ -84,8 +88,11 @@ def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_
                     group_id: str, model_id: str = "m", reservoir: int = 5000, batch_size: int = 500,
                     every_records: int = 5000, epsilon: float = 2.0, planned_steps: int = 20,
                     source_options: dict | None = None, sink_options: dict | None = None,
-                    seed: int | None = None, noise_multiplier: float | None = None) -> dict:
-    """The YAML layout of a Kafka-to-Kafka linreg pipeline used by the end-to-end tests.
+                    seed: int | None = None, noise_multiplier: float | None = None,
+                    client: str = "kafka-python") -> dict:
+    """The YAML layout of a Kafka-to-Kafka linreg pipeline used by the end-to-end tests, every
+    Kafka connector on the ``client`` library (:func:`build_app` gives the Kafka ledger the
+    source's).
 
     ``noise_multiplier=None`` calibrates z to ``epsilon`` over ``planned_steps`` (seconds of
     PLD work); tests that do not exercise halting pass a fixed z and a large budget.
@@ -98,10 +105,11 @@ def pipeline_config(bootstrap: str, *, input_topic: str, model_topic: str, dead_
         "sampling": {"method": "poisson", "reservoir": reservoir, "batch_size": batch_size},
         "schedule": {"every_records": every_records},
         "source": {"type": "kafka", "bootstrap_servers": bootstrap, "topics": input_topic,
-                   "group_id": group_id, **(source_options or {})},
+                   "group_id": group_id, "client": client, **(source_options or {})},
         "sink": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": model_topic,
-                 "transactional_id": f"{group_id}-models", **(sink_options or {})},
-        "dead_letter": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": dead_letter_topic},
+                 "transactional_id": f"{group_id}-models", "client": client, **(sink_options or {})},
+        "dead_letter": {"type": "kafka", "bootstrap_servers": bootstrap, "topic": dead_letter_topic,
+                        "client": client},
         "metrics": {"enabled": False},
         "runtime": {"on_halt": "exit", "poll_max_records": 5000, "poll_timeout_s": 0.2, "publish_interval_s": 0.0},
     }
@@ -120,7 +128,8 @@ def build_app(spec: dict):
     else:
         config["privacy"] = {**config["privacy"], "ledger": {"type": "kafka", "options": {
             "bootstrap_servers": config["source"]["bootstrap_servers"], "topic": spec["ledger_topic"],
-            "ledger_id": spec["ledger_id"], **WEAK_LEDGER}}}
+            "ledger_id": spec["ledger_id"], "client": config["source"].get("client", "kafka-python"),
+            **WEAK_LEDGER}}}
     if spec.get("checkpoint"):
         config["runtime"] = {**config.get("runtime", {}), "checkpoint_path": spec["checkpoint"],
                              "checkpoint_interval_s": spec.get("checkpoint_interval_s", 0.0)}

@@ -25,13 +25,14 @@ import numpy as np
 import pytest
 
 from connectors.kafka import KafkaConnectorError, KafkaSource, dead_letter_from_record, read_topic
-from kafka_broker import WEAK_LEDGER, build_app, create_topic, pipeline_config, produce, unique_topic
+from kafka_broker import CLIENTS, WEAK_LEDGER, build_app, create_topic, pipeline_config, produce, unique_topic
 from stream_vips.checkpoint import Checkpoint
 from stream_vips.pipeline import DeadLetterError
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerMismatch
 
 pytestmark = pytest.mark.kafka
+each_client = pytest.mark.parametrize("client", CLIENTS)
 HERE = Path(__file__).resolve().parent
 DELTA = 1e-5
 
@@ -86,7 +87,8 @@ def config(bs: str, n: dict, **kw) -> dict:
     return cfg
 
 
-def test_restore_then_two_rebalances_never_offer_a_record_twice(kafka_bootstrap, tmp_path):
+@each_client
+def test_restore_then_two_rebalances_never_offer_a_record_twice(kafka_bootstrap, tmp_path, client):
     """Life 1 checkpoints and stops mid-stream; life 2 restores, then a second member joins
     (reads a partition without committing) and leaves: every produced record is offered to the
     reservoir exactly once over both lives (the malformed ones are dead letters), and the
@@ -96,7 +98,7 @@ def test_restore_then_two_rebalances_never_offer_a_record_twice(kafka_bootstrap,
     total = 6000
     produce(bs, n["in"], id_records(total, bad_every=97), partitions=2)
     bad = sum(1 for i in range(total) if i % 97 == 96)
-    spec = {"config": config(bs, n), "ledger_topic": n["ledger"], "ledger_id": "reb",
+    spec = {"config": config(bs, n, client=client), "ledger_topic": n["ledger"], "ledger_id": "reb",
             "checkpoint": str(tmp_path / "ckpt.npz")}
 
     first = build_app(spec)
@@ -135,13 +137,13 @@ def test_restore_then_two_rebalances_never_offer_a_record_twice(kafka_bootstrap,
     while second.stats.records < 500 and time.monotonic() < deadline:
         time.sleep(0.05)
     other = KafkaSource(bs, n["in"], group_id=n["g"], session_timeout_ms=6000, heartbeat_interval_ms=500,
-                        commit_interval_s=3600.0)
+                        commit_interval_s=3600.0, client=client)
     taken = 0
     joined = time.monotonic()
     while time.monotonic() - joined < 4:
         taken += len(other.poll(100, 0.1))  # reads without ever committing: its records come back
-    other._consumer.close(autocommit=False)  # leaves the group: a second rebalance
     other._closed.set()
+    other._client.close()  # leaves the group without committing: a second rebalance
     member_left.set()
     thread.join(120)
     assert not thread.is_alive() and not errors, "\n".join(errors)
@@ -158,19 +160,20 @@ def test_restore_then_two_rebalances_never_offer_a_record_twice(kafka_bootstrap,
     assert len({(d["source"]["partition"], d["source"]["offset"]) for d in letters}) == bad
 
 
-def test_duplicates_below_the_delivered_offset_are_dropped_by_the_source(kafka_bootstrap):
+@each_client
+def test_duplicates_below_the_delivered_offset_are_dropped_by_the_source(kafka_bootstrap, client):
     """Resuming a partition at an older offset (a failed commit, an eviction, a stale seek)
     never hands the pipeline a record it already returned."""
     bs, n = kafka_bootstrap, names()
     create_topic(bs, n["in"], partitions=1)
     produce(bs, n["in"], id_records(300))
-    src = KafkaSource(bs, n["in"], group_id=n["g"], until_end=True)
+    src = KafkaSource(bs, n["in"], group_id=n["g"], until_end=True, client=client)
     try:
         got = []
         while len(got) < 300:
             got.extend(r.origin["offset"] for r in src.poll(100, 0.5))
-        (tp,) = src._consumer.assignment()
-        src._consumer.seek(tp, 50)  # as if the partition came back at an old committed offset
+        (tp,) = src._client.assignment()
+        src._client.seek(tp, 50)  # as if the partition came back at an old committed offset
         produce(bs, n["in"], id_records(10, start=300))
         again = []
         deadline = time.monotonic() + 20
@@ -292,7 +295,9 @@ def test_the_kafka_ledger_refuses_weak_durability_unless_told(kafka_bootstrap):
         KafkaLedger(kafka_bootstrap, topic, name="w", create_topic=False)
 
 
-def test_an_oversized_malformed_record_is_one_truncated_dead_letter_and_costs_nothing(kafka_bootstrap, tmp_path):
+@each_client
+def test_an_oversized_malformed_record_is_one_truncated_dead_letter_and_costs_nothing(kafka_bootstrap, tmp_path,
+                                                                                      client):
     """1.2 MB of garbage on a stream whose dead-letter topic takes 100 KB: one truncated dead
     letter (length and hash kept), no crash, and the same steps as without it. A dead-letter
     topic that refuses a letter stops the run with nothing committed past it, and the restart
@@ -312,12 +317,14 @@ def test_an_oversized_malformed_record_is_one_truncated_dead_letter_and_costs_no
     prod.close()
     source = {"max_partition_fetch_bytes": 2_000_000}
     reference = build_app({"config": config(bs, {**n, "g": n["g"] + "-ref", "dlq": n["dlq"] + "-ref",
-                                                  "models": n["models"] + "-ref"}, source_options=source),
+                                                  "models": n["models"] + "-ref"}, source_options=source,
+                                            client=client),
                            "ledger_topic": n["ledger"], "ledger_id": "ref"})
     reference.run()  # the same stream, uninterrupted: the steps it should cost
     assert reference.stats.updates == 5  # a step per 500 arrivals from 500 to 2500
 
-    spec = {"config": config(bs, n, source_options=source), "ledger_topic": n["ledger"], "ledger_id": "big",
+    spec = {"config": config(bs, n, source_options=source, client=client), "ledger_topic": n["ledger"],
+            "ledger_id": "big",
             "checkpoint": str(tmp_path / "ckpt.npz"), "checkpoint_interval_s": 600.0}
     spec["config"]["runtime"]["dead_letter_max_bytes"] = 900_000  # too big for the topic: refused
     with pytest.raises(DeadLetterError, match="not delivered"):

@@ -19,7 +19,7 @@ import pytest
 
 from connectors.kafka import KafkaLedger, dead_letter_from_record, read_topic
 from kafka_broker import (
-    KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
+    CLIENTS, KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
 )
 from stream_vips import inspect as sv_inspect
 from stream_vips import messages
@@ -29,6 +29,7 @@ from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 
 pytestmark = pytest.mark.kafka
+each_client = pytest.mark.parametrize("client", CLIENTS)
 HERE = Path(__file__).resolve().parent
 
 
@@ -63,14 +64,16 @@ def _committed_total(bootstrap: str, group: str) -> int:
         admin.close()
 
 
-@pytest.fixture(scope="module")
-def e2e(kafka_bootstrap):
-    """100,000 records over 3 partitions (plus 10,000 that arrive after the budget is spent)."""
+@pytest.fixture(scope="module", params=CLIENTS)
+def e2e(kafka_bootstrap, request):
+    """100,000 records over 3 partitions (plus 10,000 that arrive after the budget is spent), on
+    each Kafka client library."""
     names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
     create_topic(kafka_bootstrap, names["in"], partitions=3)
     produce(kafka_bootstrap, names["in"], linreg_records(110_000), partitions=3)
     spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
-                                      dead_letter_topic=names["dlq"], group_id=names["g"], planned_steps=20),
+                                      dead_letter_topic=names["dlq"], group_id=names["g"], planned_steps=20,
+                                      client=request.param),
             "ledger_topic": names["ledger"], "ledger_id": "m"}
     app = build_app(spec)
     stats = app.run()
@@ -218,7 +221,8 @@ def test_broker_outage_of_10_seconds_is_survived(tmp_path):
         assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
 
 
-def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootstrap, tmp_path):
+@each_client
+def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootstrap, tmp_path, client):
     bs = kafka_bootstrap
     n = 40_000
     names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
@@ -226,7 +230,7 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     placed = produce(bs, names["in"], linreg_records(n, seed=11), partitions=3)
     cfg = pipeline_config(bs, input_topic=names["in"], model_topic=names["models"], dead_letter_topic=names["dlq"],
                           group_id=names["g"], reservoir=2000, batch_size=200, every_records=1000,
-                          noise_multiplier=2.0, epsilon=5.0,
+                          noise_multiplier=2.0, epsilon=5.0, client=client,
                           source_options={"until_end": True, "group_instance_id": "kill-0",
                                                              "session_timeout_ms": 10000})
     cfg["runtime"]["poll_max_records"] = 250
@@ -282,7 +286,8 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
 
 
-def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(kafka_bootstrap):
+@each_client
+def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(kafka_bootstrap, client):
     """A second member joins while the pipeline has a batch in flight in its decode worker: the
     revocation applies that batch and commits after it, so the two members together process
     every record once (the committed offsets count exactly the records both processed)."""
@@ -295,7 +300,8 @@ def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(
     member = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "commit_interval_s": 3600.0}
     cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                           dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000, batch_size=100,
-                          every_records=1000, noise_multiplier=2.0, epsilon=50.0, source_options=member)
+                          every_records=1000, noise_multiplier=2.0, epsilon=50.0, source_options=member,
+                          client=client)
     cfg["runtime"].update(decode_workers=1, poll_max_records=100)
     app = build_app({"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "rebal"})
     in_flight_at_revocation, handed_over = [], []
@@ -323,7 +329,7 @@ def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(
     deadline = time.monotonic() + 60
     while app.stats.records < 1000 and time.monotonic() < deadline:
         time.sleep(0.05)
-    other = KafkaSource(kafka_bootstrap, names["in"], group_id=names["g"], **member)
+    other = KafkaSource(kafka_bootstrap, names["in"], group_id=names["g"], **member, client=client)
     got = 0
     while not in_flight_at_revocation and time.monotonic() < deadline:
         got += len(other.poll(100, 0.1))  # joins; commits nothing yet

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_broker import create_topic, linreg_records, produce, unique_topic
+from kafka_broker import CLIENTS, create_topic, linreg_records, produce, unique_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -37,10 +37,10 @@ MEMBER = r"""
 import json, sys, time
 from connectors.kafka import KafkaSource
 
-bootstrap, topic, group, instance, session_ms = sys.argv[1:6]
+bootstrap, topic, group, instance, session_ms, client = sys.argv[1:7]
 t0 = time.monotonic()
 source = KafkaSource(bootstrap, topic, group_id=group, group_instance_id=instance or None,
-                     session_timeout_ms=int(session_ms), heartbeat_interval_ms=1000)
+                     session_timeout_ms=int(session_ms), heartbeat_interval_ms=1000, client=client)
 while True:
     records = source.poll(500, 0.2)
     if records:
@@ -52,10 +52,10 @@ while time.monotonic() < deadline:
 """
 
 
-def _start(bootstrap: str, topic: str, group: str, instance: str | None) -> subprocess.Popen[str]:
+def _start(bootstrap: str, topic: str, group: str, instance: str | None, client: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, "-c", MEMBER, bootstrap, topic, group, instance or "", str(SESSION_TIMEOUT_MS)],
+        [sys.executable, "-c", MEMBER, bootstrap, topic, group, instance or "", str(SESSION_TIMEOUT_MS), client],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
 
 
@@ -73,18 +73,18 @@ def _first_records_s(proc: subprocess.Popen[str], timeout_s: float = 90.0) -> fl
     return json.loads(line)["first_records_s"]
 
 
-def _crash_and_rejoin(bootstrap: str, instance: str | None) -> float:
+def _crash_and_rejoin(bootstrap: str, instance: str | None, client: str = "kafka-python") -> float:
     """Start a member, let it consume, SIGKILL it, start its replacement; the replacement's rejoin time."""
     topic = create_topic(bootstrap, unique_topic("static-membership"), partitions=2)
     produce(bootstrap, topic, linreg_records(2000), partitions=2)
     group = unique_topic("static-group")
-    first = _start(bootstrap, topic, group, instance)
+    first = _start(bootstrap, topic, group, instance, client)
     second = None
     try:
         _first_records_s(first)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
-        second = _start(bootstrap, topic, group, instance)
+        second = _start(bootstrap, topic, group, instance, client)
         return _first_records_s(second)
     finally:
         for p in (first, second):
@@ -93,8 +93,9 @@ def _crash_and_rejoin(bootstrap: str, instance: str | None) -> float:
                 p.wait(timeout=10)
 
 
-def test_a_sigkilled_static_member_rejoins_in_under_5_s(kafka_bootstrap):
-    rejoin = _crash_and_rejoin(kafka_bootstrap, instance="stream-vips-0")
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_sigkilled_static_member_rejoins_in_under_5_s(kafka_bootstrap, client):
+    rejoin = _crash_and_rejoin(kafka_bootstrap, instance="stream-vips-0", client=client)
     assert rejoin < REJOIN_LIMIT_S, f"static member took {rejoin:.1f} s to get its partitions back"
 
 
@@ -127,7 +128,8 @@ time.sleep(120)  # killed here, inside the transaction
 """
 
 
-def _publish_after_a_crashed_transaction(bootstrap: str, transactional_id: str | None) -> tuple[float, list[bytes]]:
+def _publish_after_a_crashed_transaction(bootstrap: str, transactional_id: str | None,
+                                         client: str = "kafka-python") -> tuple[float, list[bytes]]:
     """SIGKILL a publisher inside a transaction, start a model sink (``transactional_id`` None: the
     sink's random default), publish; seconds until a read-committed reader has the new model."""
     from kafka import KafkaConsumer, TopicPartition
@@ -148,7 +150,7 @@ def _publish_after_a_crashed_transaction(bootstrap: str, transactional_id: str |
         crashed.wait(timeout=10)
     t0 = time.monotonic()
     sink = KafkaModelSink(bootstrap, topic=topic, create_topic=False,
-                          transactional_id=tid if transactional_id else None)
+                          transactional_id=tid if transactional_id else None, client=client)
     try:
         sink.publish("model", {"model_id": "model", "version": 1})
     finally:
@@ -168,8 +170,9 @@ def _publish_after_a_crashed_transaction(bootstrap: str, transactional_id: str |
     pytest.fail(f"the new model never became readable; read {seen}")
 
 
-def test_a_fixed_transactional_id_unblocks_readers_at_restart(kafka_bootstrap):
-    waited, seen = _publish_after_a_crashed_transaction(kafka_bootstrap, transactional_id="fixed")
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_fixed_transactional_id_unblocks_readers_at_restart(kafka_bootstrap, client):
+    waited, seen = _publish_after_a_crashed_transaction(kafka_bootstrap, transactional_id="fixed", client=client)
     assert b"never committed" not in seen, "an aborted transaction's record reached a read-committed reader"
     assert waited < REJOIN_LIMIT_S, f"readers waited {waited:.1f} s for the restarted publisher's model"
 

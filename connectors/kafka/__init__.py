@@ -1,8 +1,13 @@
-"""Kafka connectors (kafka-python): record source, model sink, dead-letter sink and durable ledger.
+"""Kafka connectors: record source, model sink, dead-letter sink and durable ledger, on
+kafka-python (the default) or confluent-kafka (``client: confluent``).
 
 * :mod:`.connection` -- :class:`KafkaConnection`: bootstrap servers, security settings (unset
-  ones from ``STREAM_VIPS_KAFKA_<NAME>`` environment variables), reconnect backoff and client id
-  prefix, turned into kafka-python's keyword arguments in one place; the connector errors.
+  ones from ``STREAM_VIPS_KAFKA_<NAME>`` environment variables), reconnect backoff, client id
+  prefix and client library, turned into kafka-python's keyword arguments in one place; the
+  connector errors.
+* :mod:`.clients` -- the seam between the connectors' rules and a client library (consumer and
+  producer), with the kafka-python side; :mod:`.confluent` -- the confluent-kafka side
+  (librdkafka names, rebalance callbacks, delivery reports, the guarded librdkafka logger).
 * :mod:`.admin` -- :func:`ensure_topic` (create, or check an existing topic's settings and
   replication), :func:`read_topic` (every committed record).
 * :mod:`.source` -- :class:`KafkaSource`, a consumer-group member with manual offset commits,

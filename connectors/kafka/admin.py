@@ -124,11 +124,18 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
 
 
 def _retriable(exc: BaseException) -> bool:
-    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout)."""
+    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout), for
+    either client: kafka-python's errors carry a ``retriable`` flag, confluent-kafka's
+    ``KafkaException`` wraps a ``KafkaError`` (:func:`connectors.kafka.confluent.transient`)."""
     from kafka.errors import KafkaTimeoutError
 
     cause = exc.__cause__ or exc
-    return isinstance(cause, KafkaTimeoutError) or bool(getattr(cause, "retriable", False))
+    error = cause.args[0] if cause.args else None
+    if callable(getattr(error, "retriable", None)):
+        from connectors.kafka.confluent import transient
+
+        return transient(error)
+    return isinstance(cause, KafkaTimeoutError) or getattr(cause, "retriable", False) is True
 
 
 def _check_future(future: Any, timeout_s: float, what: str) -> Any:

@@ -7,6 +7,11 @@ to ``STREAM_VIPS_KAFKA_<NAME>`` environment variables (so secrets need not live 
 Every long-lived client reconnects with at most ``reconnect_backoff_max_ms`` (default 1 s, the
 Java client's default; kafka-python's own 30 s would stall recovery for half a minute after a
 broker restart).
+
+``client`` picks the client library behind every connector of the connection: ``kafka-python``
+(the default) or ``confluent`` (confluent-kafka on librdkafka, several times faster at reading;
+:mod:`connectors.kafka.confluent`). Both give the same guarantees; topic administration and
+reading a whole topic back (ledger replay, ``Sink.latest``) use kafka-python in either case.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 import os
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from stream_vips.errors import StreamVipsError
 from stream_vips.logsafety import guard_client_logging
@@ -30,6 +35,9 @@ guard_client_logging()  # the client logs record bytes at DEBUG; every user of t
 SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
                  "ssl_cafile", "ssl_certfile", "ssl_keyfile")
 ENV_PREFIX = "STREAM_VIPS_KAFKA_"
+#: The client libraries a connection can use (``KafkaConnection.client``).
+ClientName = Literal["kafka-python", "confluent"]
+CLIENTS: tuple[str, ...] = typing.get_args(ClientName)
 
 
 class KafkaConnectorError(StreamVipsError, RuntimeError):
@@ -95,12 +103,15 @@ class KafkaConnection:
     ssl_keyfile: str | None = None
     reconnect_backoff_max_ms: int = 1000
     client_id_prefix: str = "stream-vips"
+    client: ClientName = "kafka-python"
     #: kafka-python's security keyword arguments (environment fallbacks applied).
     security: dict[str, Any] = field(init=False, repr=False, compare=False)
     #: The bootstrap servers as a list of ``host:port``.
     servers: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.client not in CLIENTS:
+            raise KafkaConnectorError(f"client must be kafka-python or confluent, got {self.client!r}")
         object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in SECURITY_KEYS}))
         object.__setattr__(self, "servers", _servers(self.bootstrap_servers))
 
@@ -115,13 +126,14 @@ class KafkaConnection:
 
 
 #: Connection settings a connector takes as flat arguments after its own ones.
-_TRAILING = ("reconnect_backoff_max_ms", *SECURITY_KEYS)
+_TRAILING = ("reconnect_backoff_max_ms", *SECURITY_KEYS, "client")
 
 
 def takes_connection(init: Callable[..., None]) -> Callable[..., None]:
     """Let a connector's ``__init__(self, ..., *, connection)`` also take the connection settings
     as flat arguments, where they stood before :class:`KafkaConnection` existed:
-    ``bootstrap_servers`` first, ``reconnect_backoff_max_ms`` and the security settings last.
+    ``bootstrap_servers`` first, ``reconnect_backoff_max_ms``, the security settings and
+    ``client`` last.
 
     Configuration files use the flat names and ``stream_vips.config`` checks them against the
     constructor's signature, so the wrapper publishes that signature with its annotations.

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from connectors.kafka.admin import _check_future, ensure_topic
+from connectors.kafka.admin import ensure_topic
+from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, takes_connection
 from stream_vips.io import DeadLetter
 
@@ -36,14 +37,12 @@ class KafkaDeadLetterSink:
         *,
         connection: KafkaConnection,
     ) -> None:
-        from kafka import KafkaProducer
-
         self.topic = topic
         self.send_timeout_s = float(send_timeout_s)
         ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
                      create=create_topic, security=connection.security)
-        self._producer = KafkaProducer(**connection.client_options(client_id or connection.client_id("dead-letters")),
-                                       acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5)
+        self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
+            acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5))
         self._pending: list[Any] = []
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
@@ -58,7 +57,7 @@ class KafkaDeadLetterSink:
             key = None
             if {"topic", "partition", "offset"} <= set(origin):
                 key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
-            self._pending.append(self._producer.send(self.topic, value=letter.record.value, key=key, headers=headers))
+            self._pending.append(self._producer.send(self.topic, letter.record.value, key, headers))
         if len(self._pending) > 10_000:
             self.flush()
 
@@ -67,16 +66,14 @@ class KafkaDeadLetterSink:
         pipeline then stops without committing the source past it)."""
         if not self._pending:
             return
-        self._producer.flush(timeout=self.send_timeout_s)
         pending, self._pending = self._pending, []
-        for f in pending:
-            _check_future(f, self.send_timeout_s, f"dead letter to {self.topic!r}")
+        self._producer.confirm(pending, self.send_timeout_s, f"dead letters to {self.topic!r}")
 
     def close(self) -> None:
         try:
             self.flush()
         finally:
-            self._producer.close(timeout=self.send_timeout_s)
+            self._producer.close(self.send_timeout_s)
 
 
 def dead_letter_from_record(record: Any) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from connectors.kafka.admin import _check_future, _retriable, ensure_topic, read_topic
+from connectors.kafka.admin import _retriable, ensure_topic, read_topic
+from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
 from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
@@ -53,8 +54,6 @@ class KafkaLedger(LedgerSteps):
         *,
         connection: KafkaConnection,
     ) -> None:
-        from kafka import KafkaProducer
-
         name = name or ledger_id or "default"
         if "/" in name:
             raise KafkaConnectorError(f"ledger name must not contain '/', got {name!r}")
@@ -72,9 +71,8 @@ class KafkaLedger(LedgerSteps):
                      configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
                      create=create_topic, security=connection.security,
                      min_replication=1 if allow_weak_durability else 3)
-        self._producer = KafkaProducer(
-            **connection.client_options(connection.client_id(f"ledger-{name}")), acks="all",
-            enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0)
+        self._producer = producer_client(connection, connection.client_id(f"ledger-{name}"), dict(
+            acks="all", enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0))
         self._producer.init_transactions()  # fences an older writer and aborts its open transaction
         self._failed: Exception | None = None
         genesis, self._events, self._positions = self._replay()
@@ -131,19 +129,17 @@ class KafkaLedger(LedgerSteps):
         deadline = time.monotonic() + self.append_timeout_s
         while True:
             try:
-                self._producer.begin_transaction()
-                futures = [self._producer.send(self.topic, value=v, key=k, partition=0) for k, v in records]
-                self._producer.flush(timeout=self.send_timeout_s)
-                for future in futures:
-                    _check_future(future, self.send_timeout_s, what)
-                self._producer.commit_transaction()
+                self._producer.begin()
+                handles = [self._producer.send(self.topic, v, k, partition=0) for k, v in records]
+                self._producer.confirm(handles, self.send_timeout_s, what)
+                self._producer.commit()
                 return
             except Exception as exc:
                 error = exc if isinstance(exc, KafkaPublishError) else KafkaPublishError(
                     f"{what} was not committed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc.__cause__ if isinstance(exc, KafkaPublishError) else exc
                 try:
-                    self._producer.abort_transaction()
+                    self._producer.abort()
                 except Exception as abort_exc:
                     log.error("aborting the ledger transaction failed (%s): outcome of %s unknown", abort_exc, what)
                     self._failed = error
@@ -154,4 +150,4 @@ class KafkaLedger(LedgerSteps):
                 time.sleep(0.5)
 
     def close(self) -> None:
-        self._producer.close(timeout=self.send_timeout_s)
+        self._producer.close(self.send_timeout_s)

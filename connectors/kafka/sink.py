@@ -14,7 +14,8 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.admin import _check_future, _retriable, ensure_topic, read_topic
+from connectors.kafka.admin import _retriable, ensure_topic, read_topic
+from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
                                          takes_connection)
 
@@ -70,8 +71,6 @@ class KafkaModelSink:
         *,
         connection: KafkaConnection,
     ) -> None:
-        from kafka import KafkaProducer
-
         if compression not in ("zstd", "lz4", "gzip", "snappy", "none"):
             raise KafkaConnectorError(f"compression must be zstd, lz4, gzip, snappy or none, got {compression!r}")
         if max_message_bytes <= 2 * RECORD_OVERHEAD:
@@ -84,16 +83,16 @@ class KafkaModelSink:
         ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
                      configs={"cleanup.policy": "compact", "max.message.bytes": str(self.max_message_bytes)},
                      create=create_topic, security=connection.security)
+        self._client_id = client_id or connection.client_id("model-sink")
         self._producer_options = dict(
-            **connection.client_options(client_id or connection.client_id("model-sink")), acks="all",
-            enable_idempotence=True, transactional_id=transactional_id or f"stream-vips-models-{uuid.uuid4().hex}",
+            acks="all", enable_idempotence=True,
+            transactional_id=transactional_id or f"stream-vips-models-{uuid.uuid4().hex}",
             compression_type=None if compression == "none" else compression,
             max_request_size=self.max_message_bytes, linger_ms=0,
         )
         self._connection = connection
-        self._producer = KafkaProducer(**self._producer_options)
-        self._producer.init_transactions()
-        self._partitions = len(self._producer.partitions_for(topic) or []) or partitions
+        self._producer = self._new_producer()
+        self._partitions = self._producer.partitions(topic) or partitions
         self.chunked_messages = 0
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
@@ -123,33 +122,32 @@ class KafkaModelSink:
                 log.warning("%s: %s; retrying", what, exc)
                 time.sleep(0.5)
 
+    def _new_producer(self) -> Any:
+        producer = producer_client(self._connection, self._client_id, self._producer_options)
+        producer.init_transactions()
+        return producer
+
     def _send_transaction(self, records: list[tuple[bytes, bytes, list]], partition: int, what: str) -> None:
         """All records of one message in one transaction; aborted (or the producer replaced,
         which fences and aborts) on failure."""
-        from kafka import KafkaProducer
-
         try:
-            self._producer.begin_transaction()
-            futures = [self._producer.send(self.topic, value=v, key=k, headers=h, partition=partition)
-                       for k, v, h in records]
-            self._producer.flush(timeout=self.send_timeout_s)
-            for i, f in enumerate(futures):
-                _check_future(f, self.send_timeout_s, f"{what} part {i + 1}/{len(futures)}")
-            self._producer.commit_transaction()
+            self._producer.begin()
+            handles = [self._producer.send(self.topic, v, k, h, partition) for k, v, h in records]
+            self._producer.confirm(handles, self.send_timeout_s, what)
+            self._producer.commit()
         except Exception as exc:
             try:
-                self._producer.abort_transaction()
+                self._producer.abort()
             except Exception as abort_exc:
                 log.warning("aborting the model transaction failed (%s): starting a new producer", abort_exc)
-                self._producer.close(timeout=0)
-                self._producer = KafkaProducer(**self._producer_options)
-                self._producer.init_transactions()
+                self._producer.close(0)
+                self._producer = self._new_producer()
             if isinstance(exc, KafkaPublishError):
                 raise
             raise KafkaPublishError(f"{what} was not published: {type(exc).__name__}: {exc}") from exc
 
     def flush(self) -> None:
-        self._producer.flush(timeout=self.send_timeout_s)
+        self._producer.flush(self.send_timeout_s)
 
     def latest(self, key: str) -> dict[str, Any] | None:
         """The last committed message for ``key`` on the topic (reassembled), or ``None``."""
@@ -163,7 +161,7 @@ class KafkaModelSink:
         return None if found is None else json.loads(found)
 
     def close(self) -> None:
-        self._producer.close(timeout=self.send_timeout_s)
+        self._producer.close(self.send_timeout_s)
 
 
 def chunk_info(headers: Sequence[tuple[str, bytes]] | None) -> tuple[int, int, str, str] | None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
-from functools import partial
-from operator import attrgetter
+from bisect import bisect_left
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from connectors.kafka.admin import _retriable
+from connectors.kafka.clients import CommitRefused, consumer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
 from stream_vips.io import RawRecord, RecordBatch
 
@@ -38,13 +38,15 @@ class KafkaSource:
     A pipeline that keeps a polled batch in flight (decoding in a worker process while it polls
     the next) passes the :meth:`positions` after that batch to ``commit(positions)``, and sets
     ``before_revoke`` to a callable that finishes the batch in flight and returns the positions
-    after it: the rebalance listener calls it (on kafka-python's IO thread, while ``poll()``
-    waits; not during a keep-alive poll) before committing and giving partitions up, so a clean
-    rebalance still hands over exactly the records processed. Offsets are only ever committed
-    for partitions this member holds.
+    after it: the rebalance hooks call it (:meth:`revoking`; on kafka-python's IO thread while
+    ``poll()`` waits, with confluent-kafka inside ``poll()`` on the calling thread; not during a
+    keep-alive poll) before committing and giving partitions up, so a clean rebalance still hands
+    over exactly the records processed. Offsets are only ever committed for partitions this
+    member holds. The same rules run on either client library (``client``,
+    :mod:`connectors.kafka.clients`).
 
-    Connection settings come flat (``bootstrap_servers``, security, ``reconnect_backoff_max_ms``)
-    or as one ``connection`` (:func:`~connectors.kafka.connection.takes_connection`); the client
+    Connection settings come flat (``bootstrap_servers``, security, ``reconnect_backoff_max_ms``,
+    ``client``) or as one ``connection`` (:func:`~connectors.kafka.connection.takes_connection`); the client
     id defaults to ``<prefix>-source``.
     """
 
@@ -68,8 +70,6 @@ class KafkaSource:
         *,
         connection: KafkaConnection,
     ) -> None:
-        from kafka import KafkaConsumer
-
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
             raise KafkaConnectorError("topics is empty")
@@ -84,15 +84,16 @@ class KafkaSource:
         self.commit_timeout_ms = int(commit_timeout_s * 1000)
         self.commit_interval_s = float(commit_interval_s)
         self.long_update_s = float(long_update_s)
-        self._consumer = KafkaConsumer(
-            **connection.client_options(client_id or connection.client_id("source")), group_id=group_id,
-            group_instance_id=group_instance_id, enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
-            isolation_level="read_committed", session_timeout_ms=session_timeout_ms,
-            max_poll_interval_ms=max_poll_interval_ms, heartbeat_interval_ms=heartbeat_interval_ms,
-            fetch_max_bytes=fetch_max_bytes, max_partition_fetch_bytes=max_partition_fetch_bytes,
-        )
+        self._client = consumer_client(connection, client_id or connection.client_id("source"), dict(
+            group_id=group_id, group_instance_id=group_instance_id, enable_auto_commit=False,
+            auto_offset_reset=auto_offset_reset, isolation_level="read_committed",
+            session_timeout_ms=session_timeout_ms, max_poll_interval_ms=max_poll_interval_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, fetch_max_bytes=fetch_max_bytes,
+            max_partition_fetch_bytes=max_partition_fetch_bytes))
+        self._consumer = self._client.raw  # the library's own consumer (tests and audits reach it)
+        self._offset_of = self._client.offset_of
         self._lock = threading.RLock()
-        self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last returned record
+        self._next: dict[Any, int] = {}  # (topic, partition) -> offset after the last returned record
         self._seek: dict[Any, int] = {}  # applied once, at the partition's next assignment
         self.duplicates_dropped = 0
         self._done: dict[Any, int] = {}  # offsets marked processed by commit()
@@ -105,7 +106,7 @@ class KafkaSource:
         self._closed = threading.Event()
         self.before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
         self._polling_thread: int | None = None  # set while poll() (not the keep-alive) is in the consumer's poll
-        self._consumer.subscribe(self.topics, listener=_SeekListener(self))
+        self._client.subscribe(self.topics, self)
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
         self._keepalive.start()
 
@@ -113,25 +114,26 @@ class KafkaSource:
 
     def poll(self, max_records: int, timeout_s: float) -> Sequence[RawRecord]:
         with self._lock:
+            client, offset_of = self._client, self._offset_of
             if self._long_paused and not self._halted:
-                self._consumer.resume(*self._consumer.assignment())
+                client.resume(client.assignment())
             self._long_paused = False
             self._polling_thread = threading.get_ident()
             try:
-                batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+                batches = client.fetch(max_records, timeout_s)
             finally:
                 self._polling_thread = None
             if self._halted:  # pause() from a rebalance callback during this poll
-                self._consumer.pause(*self._consumer.assignment())
+                client.pause(client.assignment())
             segments = []
-            for tp, recs in batches.items():
+            for tp, recs in batches:
                 floor = self._next.get(tp)
-                if recs and floor is not None and recs[0].offset < floor:
+                if recs and floor is not None and offset_of(recs[0]) < floor:
                     recs = self._above_floor(tp, recs, floor)
                 if recs:
-                    segments.append((recs, partial(_origin, tp.topic, tp.partition)))
-                    self._next[tp] = recs[-1].offset + 1
-            out = RecordBatch(segments, _VALUE)
+                    segments.append((recs, client.origin(tp[0], tp[1])))
+                    self._next[tp] = offset_of(recs[-1]) + 1
+            out = RecordBatch(segments, client.value_of)
             if not out:
                 if self._due():
                     self._flush()  # idle: do not leave processed records uncommitted
@@ -144,10 +146,11 @@ class KafkaSource:
         """Drop records this process already returned (a partition given back after a rebalance,
         an eviction or a failed commit resumes at the last commit, which can be behind): a record
         must never reach the reservoir twice."""
-        cut = next((i for i, r in enumerate(recs) if r.offset >= floor), len(recs))
+        offsets = list(map(self._offset_of, recs))
+        cut = bisect_left(offsets, floor)
         self.duplicates_dropped += cut
         log.warning("%s/%d: dropped %d records at offsets %d..%d already returned in this process",
-                    tp.topic, tp.partition, cut, recs[0].offset, recs[cut - 1].offset)
+                    tp[0], tp[1], cut, offsets[0], offsets[cut - 1])
         return recs[cut:]
 
     def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
@@ -169,23 +172,15 @@ class KafkaSource:
             self._last_poll = time.monotonic()
 
     def _mark(self, positions: Mapping[tuple[str, int], int] | None) -> None:
-        if positions is None:
-            self._done.update(self._next)
-            return
-        from kafka.structs import TopicPartition
-
-        self._done.update({TopicPartition(t, p): off for (t, p), off in positions.items()})
+        self._done.update(self._next if positions is None else {(t, p): off for (t, p), off in positions.items()})
 
     def _due(self) -> bool:
         return time.monotonic() - self._last_commit >= self.commit_interval_s
 
-    def _pending(self) -> dict[Any, Any]:
-        """Marked offsets of held partitions that the broker does not have yet, as commit offsets."""
-        from kafka.structs import OffsetAndMetadata
-
-        held = self._consumer.assignment()
-        return {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._done.items()
-                if tp in held and self._committed.get(tp) != off}
+    def _pending(self) -> dict[Any, int]:
+        """Marked offsets of held partitions that the broker does not have yet."""
+        held = self._client.assignment()
+        return {tp: off for tp, off in self._done.items() if tp in held and self._committed.get(tp) != off}
 
     def _flush(self) -> None:
         """Synchronously commit the marked offsets the broker does not have yet (caller holds the lock).
@@ -194,8 +189,6 @@ class KafkaSource:
         refused because the group rebalanced is logged, not raised: the partition's new owner
         resumes from the last committed offset (at-least-once).
         """
-        from kafka.errors import CommitFailedError, KafkaError
-
         offsets = self._pending()
         if not offsets:
             return
@@ -203,38 +196,36 @@ class KafkaSource:
         deadline = time.monotonic() + self.commit_timeout_ms / 1000
         while True:
             try:
-                self._consumer.commit(offsets, timeout_ms=self.commit_timeout_ms)
-            except CommitFailedError as exc:
+                self._client.commit(offsets, self.commit_timeout_ms / 1000)
+            except CommitRefused as exc:
                 log.warning("offset commit refused after a rebalance: %s", exc)
                 return
-            except KafkaError as exc:
+            except Exception as exc:
                 if not _retriable(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("offset commit failed (%s); retrying", exc)
                 time.sleep(0.5)
                 continue
-            self._committed.update({tp: meta.offset for tp, meta in offsets.items()})
+            self._committed.update(offsets)
             return
 
     def pause(self) -> None:
-        from kafka.errors import KafkaError
-
         if self._polling_thread not in (None, threading.get_ident()):
             self._halted = True  # from a rebalance callback while poll() holds the lock: poll() pauses
             return
         with self._lock:
             self._halted = True
-            self._consumer.pause(*self._consumer.assignment())
+            self._client.pause(self._client.assignment())
             try:
                 self._flush()
-            except KafkaError as exc:  # the marked offsets stay pending for the next commit or close
+            except Exception as exc:  # the marked offsets stay pending for the next commit or close
                 log.warning("offset commit on pause failed: %s", exc)
 
     def resume(self) -> None:
         with self._lock:
             self._halted = False
             self._long_paused = False
-            self._consumer.resume(*self._consumer.assignment())
+            self._client.resume(self._client.assignment())
 
     @property
     def exhausted(self) -> bool:
@@ -246,7 +237,7 @@ class KafkaSource:
             try:
                 self._flush()
             finally:
-                self._consumer.close(autocommit=False)
+                self._client.close()
         self._keepalive.join(timeout=5)
 
     # -- offsets -------------------------------------------------------------------------------
@@ -254,20 +245,18 @@ class KafkaSource:
     def positions(self) -> dict[tuple[str, int], int]:
         """``{(topic, partition): next offset}`` after every record returned so far."""
         with self._lock:
-            return {(tp.topic, tp.partition): off for tp, off in self._next.items()}
+            return {(tp[0], tp[1]): off for tp, off in self._next.items()}
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Start these partitions at these offsets (a checkpoint's) now or at their next
         assignment, once: a later assignment resumes at the committed offset, and records below
         what this process already returned are dropped (:meth:`_above_floor`)."""
-        from kafka.structs import TopicPartition
-
         with self._lock:
-            self._seek = {TopicPartition(t, p): int(o) for (t, p), o in offsets.items()}
+            self._seek = {(t, p): int(o) for (t, p), o in offsets.items()}
             self._next.update(self._seek)
-            for tp in self._consumer.assignment():
+            for tp in self._client.assignment():
                 if tp in self._seek:
-                    self._consumer.seek(tp, self._seek.pop(tp))
+                    self._client.seek(tp, self._seek.pop(tp))
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records behind the end of each assigned partition, from the high watermarks of the last
@@ -275,27 +264,19 @@ class KafkaSource:
         ``consumer_lag_records`` gauge."""
         with self._lock:
             out = {}
-            for tp in self._consumer.assignment():
-                high = self._consumer.highwater(tp)
+            for tp in self._client.assignment():
+                high = self._client.highwater(tp)
                 if high is not None:
-                    out[(tp.topic, tp.partition)] = max(0, high - self._next.get(tp, 0))
+                    out[(tp[0], tp[1])] = max(0, high - self._next.get(tp, 0))
             return out
 
     def paused_partitions(self) -> set[tuple[str, int]]:
         with self._lock:
-            return {(tp.topic, tp.partition) for tp in self._consumer.paused()}
+            return {(tp[0], tp[1]) for tp in self._client.paused()}
 
     def _at_end(self) -> bool:
-        from kafka.errors import KafkaError
-
-        assigned = self._consumer.assignment()
-        if not assigned:
-            return False
-        try:
-            ends = self._consumer.end_offsets(list(assigned))
-        except KafkaError:  # broker unreachable right now: not known to be at the end
-            return False
-        return all(self._consumer.position(tp) >= ends[tp] for tp in assigned)
+        assigned = self._client.assignment()
+        return bool(assigned) and self._client.at_end(assigned, self._next)
 
     def _keepalive_loop(self) -> None:
         while not self._closed.wait(self.long_update_s / 2):
@@ -307,23 +288,49 @@ class KafkaSource:
                 if self._closed.is_set():
                     return
                 if not self._long_paused:
-                    self._consumer.pause(*self._consumer.assignment())
+                    self._client.pause(self._client.assignment())
                     self._long_paused = True
-                self._consumer.poll(timeout_ms=0)  # paused: fetches nothing, keeps the member alive
+                self._client.keepalive()  # paused: fetches nothing, keeps the member alive
             except Exception as exc:  # the pipeline's next poll() reports real failures
                 log.debug("keep-alive poll failed: %s", exc)
             finally:
                 self._lock.release()
 
 
-_VALUE = attrgetter("value")
+    # -- rebalance hooks (the client calls them from inside its poll) ----------------------------
+
+    @property
+    def halted(self) -> bool:
+        return self._halted
+
+    def revoking(self, revoked: set[Any]) -> dict[Any, int]:
+        """Before partitions are revoked: finish the batch in flight (``before_revoke``, only
+        when the pipeline's own ``poll()`` is running, not a keep-alive) and return the offsets
+        to commit, so the next owner starts after what this member processed, not after its
+        last commit. The pipeline's thread is inside ``poll()`` holding the lock meanwhile
+        (kafka-python calls this on its IO thread), so nothing here takes the lock."""
+        if not revoked:
+            return {}  # a first join revokes nothing: there is nothing to finish or commit
+        if self.before_revoke is not None and self._polling_thread is not None:
+            positions = self.before_revoke()  # the pipeline finishes its batch in flight
+            if positions:
+                self._mark(positions)
+        return self._pending()
+
+    def revoke_committed(self, offsets: Mapping[Any, int]) -> None:
+        self._committed.update(offsets)
+        self._last_commit = time.monotonic()
+
+    def assigned(self, assigned: set[Any]) -> dict[Any, int]:
+        """The checkpoint offsets to start newly assigned partitions at (each applies once)."""
+        return {tp: self._seek.pop(tp) for tp in assigned if tp in self._seek}
 
 
-def _origin(topic: str, partition: int, record: Any) -> dict[str, Any]:
-    """Where a record came from, with its message key (bytes or None): the privacy key of
-    ``privacy.unit: key`` unless ``privacy.key_field`` names a JSON field (privacy rule 12)."""
-    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp,
-            "key": record.key}
+def partitions_lost(lost: Iterable[Any]) -> None:
+    """Evicted from the group (no poll or heartbeat in time): the partitions already have new
+    owners, which resume from the last commit, so there is nothing left to commit here."""
+    log.warning("partitions lost to an eviction (records since the last commit are consumed again): %s",
+                sorted(f"{tp[0]}/{tp[1]}" for tp in lost))
 
 
 def _listener_base() -> type:
@@ -333,14 +340,13 @@ def _listener_base() -> type:
 
 
 class _SeekListener(_listener_base()):
-    """Commits processed offsets before partitions are revoked; applies :meth:`KafkaSource.seek`
-    offsets when partitions are assigned; keeps pauses.
+    """kafka-python's rebalance listener over :class:`KafkaSource`'s hooks: commits processed
+    offsets before partitions are revoked, applies :meth:`KafkaSource.seek` offsets when
+    partitions are assigned, keeps pauses.
 
     kafka-python 3 runs rebalance listeners on the consumer's IO thread, where the blocking
-    ``commit()`` refuses to run (it would wait on that same thread), so the listener is the async
-    kind and awaits the coordinator's commit coroutine (a private kafka-python 3.0 API: the only
-    way to commit synchronously inside a revocation). The pipeline's thread is blocked in
-    ``poll()`` meanwhile, holding the source's lock, so nothing here takes that lock.
+    ``commit()`` refuses to run, so the listener is the async kind and awaits the commit
+    (:meth:`~connectors.kafka.clients.KafkaPythonConsumer.commit_in_callback`).
     """
 
     def __init__(self, source: KafkaSource) -> None:
@@ -350,35 +356,23 @@ class _SeekListener(_listener_base()):
         from kafka.errors import CommitFailedError, KafkaError
 
         src = self.source
-        revoked = set(revoked)
-        if not revoked:
-            return  # a first join revokes nothing: there is nothing to finish or commit
-        if src.before_revoke is not None and src._polling_thread is not None:
-            positions = src.before_revoke()  # the pipeline finishes its batch in flight
-            if positions:
-                src._mark(positions)
-        offsets = src._pending()
+        offsets = src.revoking(set(revoked))
         if not offsets:
             return
-        try:  # the next owner starts after what this member processed, not after its last commit
-            await src._consumer._coordinator._commit_offsets_sync_async(offsets, timeout_ms=src.commit_timeout_ms)
+        try:
+            await src._client.commit_in_callback(offsets, src.commit_timeout_ms / 1000)
         except (CommitFailedError, KafkaError) as exc:
             log.warning("offset commit before revocation failed (records may be consumed twice): %s", exc)
             return
-        src._committed.update({tp: meta.offset for tp, meta in offsets.items()})
-        src._last_commit = time.monotonic()
+        src.revoke_committed(offsets)
 
     async def on_partitions_lost(self, lost: Iterable[Any]) -> None:
-        """Evicted from the group (no poll or heartbeat in time): the partitions already have new
-        owners, which resume from the last commit, so there is nothing left to commit here."""
-        log.warning("partitions lost to an eviction (records since the last commit are consumed again): %s",
-                    sorted(f"{tp.topic}/{tp.partition}" for tp in lost))
+        partitions_lost(lost)
 
     async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
         src = self.source
-        for tp in assigned:
-            if tp in src._seek:  # a checkpoint's position applies once
-                src._consumer.seek(tp, src._seek.pop(tp))
-        if src._halted:
+        assigned = set(assigned)
+        for tp, offset in src.assigned(assigned).items():
+            src._consumer.seek(tp, offset)
+        if src.halted:
             src._consumer.pause(*assigned)
-
