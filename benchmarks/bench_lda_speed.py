@@ -76,7 +76,7 @@ def scenario(split, warmup: int) -> dict:
     batch = rows[:S]
     bags = Bags.from_rows(batch)
     iterations = np.concatenate([b.iterations for b in e_step(
-        bags, np.exp(dirichlet_expectation(lam0)), ALPHA, MAX_ITER, TOL, model.block_size)])
+        bags, np.ascontiguousarray(np.exp(dirichlet_expectation(lam0)).T), ALPHA, MAX_ITER, TOL, model.block_size)])
 
     # -- ours
     rng = np.random.default_rng(1)

@@ -13,7 +13,7 @@ from scipy.special import gammaln, psi
 from stream_vips import messages
 from stream_vips.config import check_kwargs, model_class
 from stream_vips.engine import PrivateEngine
-from stream_vips.models.lda import LDA, Bags, e_step, hellinger, topic_recovery
+from stream_vips.models.lda import LDA, Bags, _theta_phinorm, e_step, hellinger, topic_recovery
 from stream_vips.privacy.accountant import PldAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
@@ -45,11 +45,12 @@ def ref_exp_elog(x):
 
 
 def ref_doc(counts: dict[int, float], eb, alpha, max_iter, tol):
-    """Per-document fixed point; returns gamma, exp E[log theta], phi[w][k]."""
+    """Per-document fixed point; returns gamma, exp E[log theta], phi[w][k], phinorm[w] and the
+    number of iterations run."""
     K = len(eb)
     n = sum(counts.values())
     gamma = [alpha + n / K] * K
-    for _ in range(max_iter):
+    for iterations in range(1, max_iter + 1):
         t = ref_exp_elog(gamma)
         phinorm = {w: sum(t[k] * eb[k][w] for k in range(K)) + 1e-100 for w in counts}
         new = [alpha + t[k] * sum(c * eb[k][w] / phinorm[w] for w, c in counts.items()) for k in range(K)]
@@ -60,7 +61,7 @@ def ref_doc(counts: dict[int, float], eb, alpha, max_iter, tol):
     t = ref_exp_elog(gamma)
     phinorm = {w: sum(t[k] * eb[k][w] for k in range(K)) + 1e-100 for w in counts}
     phi = {w: [t[k] * eb[k][w] / phinorm[w] for k in range(K)] for w in counts}
-    return gamma, t, phi, phinorm
+    return gamma, t, phi, phinorm, iterations
 
 
 def ref_step(lam, rows, alpha, eta, a, N, D, rho, max_iter, tol, normaliser):
@@ -75,7 +76,7 @@ def ref_step(lam, rows, alpha, eta, a, N, D, rho, max_iter, tol, normaliser):
         counts: dict[int, float] = {}
         for w in row:
             counts[int(w)] = counts.get(int(w), 0.0) + 1.0
-        _, _, phi, _ = ref_doc(counts, eb, alpha, max_iter, tol)
+        _, _, phi, _, _ = ref_doc(counts, eb, alpha, max_iter, tol)
         contrib = [[0.0] * V for _ in range(K)]
         for w, c in counts.items():
             for k in range(K):
@@ -101,7 +102,7 @@ def ref_perplexity(lam, docs_counts, alpha, max_iter, tol):
         eb.append([math.exp(psi(lam[k][v]) - psi(total)) for v in range(V)])
     elbo, words = 0.0, 0.0
     for counts in docs_counts:
-        gamma, t, _, phinorm = ref_doc(counts, eb, alpha, max_iter, tol)
+        gamma, t, _, phinorm, _ = ref_doc(counts, eb, alpha, max_iter, tol)
         elog = [math.log(x) for x in t]
         elbo += sum(c * math.log(phinorm[w]) for w, c in counts.items())
         elbo += sum((alpha - g) * e + gammaln(g) for g, e in zip(gamma, elog))
@@ -161,6 +162,52 @@ def test_perplexity_matches_loop_implementation_of_eq32():
         model.perplexity(["text"])
 
 
+@pytest.mark.parametrize("block_size, cache_bytes", [(1, 1 << 20), (4, 1 << 20), (128, 1 << 20), (128, 2000)])
+def test_vectorized_e_step_matches_per_document_reference(block_size, cache_bytes):
+    """Every document's gamma, exp E[log theta], phinorm and iteration count equal the plain
+    per-document loop, for any blocking (one document per block, several, all, or blocks cut by
+    the cache budget), while documents converge at different iterations (compaction runs) and some
+    run to the cap."""
+    K, alpha, tol = 4, 0.05, 1e-6
+    model = LDA(VOCAB, dataset_size=30, n_topics=K, doc_length=25, alpha=alpha, seed=7)
+    docs = tiny_corpus(5, 40, length=25)
+    model.update({"s": model.clipped_sum(model.parse_batch(docs).rows)["s"] / 40}, 0.8)  # topics with structure
+    rows = model.parse_batch(docs).rows["words"]
+    bags = Bags.from_rows(rows)
+    eb = model._exp_elog_beta_t.T.tolist()
+    blocks = list(e_step(bags, model._exp_elog_beta_t, alpha, 60, tol, block_size, cache_bytes))
+    assert sorted(np.concatenate([b.docs for b in blocks]).tolist()) == list(range(len(rows)))
+    iterations = []
+    for blk in blocks:
+        for b, d in enumerate(blk.docs):
+            ids, cts = bags.ids[bags.indptr[d]:bags.indptr[d + 1]], bags.counts[bags.indptr[d]:bags.indptr[d + 1]]
+            gamma, t, _, phinorm, its = ref_doc(dict(zip(ids.tolist(), cts.tolist())), eb, alpha, 60, tol)
+            n = len(ids)
+            np.testing.assert_array_equal(blk.ids[b, :n], ids)
+            assert not blk.counts[b, n:].any()
+            np.testing.assert_allclose(blk.gamma[b], gamma, rtol=1e-11)
+            np.testing.assert_allclose(blk.exp_elog_theta[b], t, rtol=1e-11)
+            np.testing.assert_allclose(blk.phinorm[b, :n], [phinorm[w] for w in ids.tolist()], rtol=1e-11)
+            assert blk.iterations[b] == its
+            iterations.append(its)
+    assert len(set(iterations)) > 3 and min(iterations) < 60 == max(iterations)  # early stops and the cap
+
+
+def test_digamma_skipped_only_where_gamma_is_exactly_alpha():
+    """theta from the shortcut (psi(alpha) copied where gamma == alpha) is bit-for-bit the plain
+    exp(psi(gamma) - psi(sum gamma)), whichever branch runs."""
+    rng = np.random.default_rng(8)
+    alpha, K, L = 0.02, 30, 7
+    beta = rng.gamma(1.0, 1.0, (5, L, K))
+    for share in (0.0, 0.4, 0.9, 1.0):
+        gamma = np.where(rng.random((5, K)) < share, alpha, rng.gamma(2.0, 5.0, (5, K)))
+        theta, phinorm = np.empty((5, K)), np.empty((5, L))
+        _theta_phinorm(gamma, beta, theta, phinorm, np.empty(5), np.empty((5, K), bool), alpha, float(psi(alpha)))
+        plain = np.exp(psi(gamma) - psi(gamma @ np.ones(K))[:, None])
+        np.testing.assert_array_equal(theta, plain)
+        np.testing.assert_allclose(phinorm, (beta @ plain[:, :, None])[:, :, 0] + 1e-100, rtol=1e-14)
+
+
 def test_sparse_clipping_norms_equal_dense():
     rng = np.random.default_rng(4)
     V, K, N = 300, 5, 60
@@ -168,15 +215,15 @@ def test_sparse_clipping_norms_equal_dense():
     model = LDA(vocab, dataset_size=100, n_topics=K, doc_length=N, seed=5, block_size=4)
     rows = rng.integers(0, V, size=(23, N)).astype(np.int32)
     bags = Bags.from_rows(rows)
+    eb = model._exp_elog_beta_t.T
     seen = 0
-    for blk in e_step(bags, model._exp_elog_beta, model.alpha, model.max_iter, model.tol, model.block_size):
-        sparse = blk.expected_counts(model._exp_elog_beta_t)  # (nb, L, K)
-        sparse_norms = np.sqrt(np.einsum("blk,blk->b", sparse, sparse))
+    for blk in e_step(bags, model._exp_elog_beta_t, model.alpha, model.max_iter, model.tol, model.block_size):
         for b, d in enumerate(blk.docs):
-            dense = np.zeros((K, V))
+            dense = np.zeros((K, V))  # c_dv phi_dvk, one word slot at a time
             for l in range(len(blk.ids[b])):
-                dense[:, blk.ids[b, l]] += sparse[b, l]
-            assert np.linalg.norm(dense) == pytest.approx(sparse_norms[b], rel=1e-12)
+                v = blk.ids[b, l]
+                dense[:, v] += blk.counts[b, l] * blk.exp_elog_theta[b] * eb[:, v] / blk.phinorm[b, l]
+            assert np.linalg.norm(dense) == pytest.approx(np.sqrt(blk.sq_norms[b]), rel=1e-12)
             assert dense.sum() == pytest.approx(N, rel=1e-12)  # expected counts sum to N
             np.testing.assert_array_equal(np.flatnonzero(dense.sum(0)), np.unique(rows[d]))
             seen += 1

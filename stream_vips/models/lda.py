@@ -10,9 +10,10 @@ document's expected counts always sum to N. The reservoir row is the document's 
 Behind the privacy wall, :meth:`LDA.clipped_sum` runs the Hoffman et al. (2010) fixed-point
 iterations for each document's gamma and phi, vectorized over blocks of documents sorted by
 their number of distinct words (documents are sparse unique-word counts; no K x V array per
-document is ever formed), forms the per-document expected counts ``c_dv * phi_dvk`` (a K x V
-matrix with as many non-zero columns as the document has distinct words), clips each to L2 norm
-``a * N`` and sums them. :meth:`LDA.update` is the M-step on the privatized mean: negatives to 0,
+document is ever formed), takes the L2 norm of each document's expected counts
+``c_dv * phi_dvk`` (a K x V matrix with as many non-zero columns as the document has distinct
+words) from that sparse form, clips each to ``a * N`` and sums them with one sparse product.
+:meth:`LDA.update` is the M-step on the privatized mean: negatives to 0,
 ``lambda_hat = eta + D * s`` with D the configured corpus size (``dataset_size``), blended with
 rho_t.
 
@@ -53,8 +54,6 @@ from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_O
 
 #: Guards 0/0 in phi's normaliser, as in Hoffman et al.'s reference code.
 _EPS = 1e-100
-#: Expected counts are scattered into K x V once this many bytes of them are pending.
-_SCATTER_BYTES = 16 << 20
 #: Largest accepted count in a ``{"counts": ...}`` record (keeps int64 cumulative sums exact).
 MAX_COUNT = 2**31 - 1
 
@@ -90,7 +89,8 @@ class EStepBlock:
     """Converged variational parameters for one block of documents (padded to L distinct words).
 
     ``phi`` for word slot l of document b is ``exp_elog_theta[b] * exp(E[log beta])[:, ids[b, l]]
-    / phinorm[b, l]``; padded slots have ``counts == 0``.
+    / phinorm[b, l]``; padded slots have ``counts == 0``. ``sq_norms[b]`` is the squared L2 norm
+    of document b's expected word-topic counts ``c_bl * phi_blk`` (its K x V contribution).
     """
 
     docs: np.ndarray  # (nb,) indices into the Bags
@@ -100,17 +100,7 @@ class EStepBlock:
     exp_elog_theta: np.ndarray  # (nb, K)
     phinorm: np.ndarray  # (nb, L)
     iterations: np.ndarray  # (nb,) fixed-point iterations run per document
-
-    def expected_counts(self, exp_elog_beta_t: np.ndarray) -> np.ndarray:
-        """(nb, L, K): c_dl * phi_dlk, the documents' expected word-topic counts (0 on padding).
-
-        ``exp_elog_beta_t`` is the V x K transpose of the E-step's exp(E[log beta]); gathering
-        its rows gives a contiguous (nb, L, K) array, ready to scatter by word id.
-        """
-        out = np.take(exp_elog_beta_t, self.ids, axis=0)
-        out *= self.exp_elog_theta[:, None, :]
-        out *= (self.counts / self.phinorm)[:, :, None]
-        return out
+    sq_norms: np.ndarray  # (nb,)
 
 
 def dirichlet_expectation(x: np.ndarray) -> np.ndarray:
@@ -118,33 +108,63 @@ def dirichlet_expectation(x: np.ndarray) -> np.ndarray:
     return psi(x) - psi(x.sum(axis=-1, keepdims=True))
 
 
+def _theta_phinorm(gamma: np.ndarray, beta: np.ndarray, theta: np.ndarray, phinorm: np.ndarray,
+                   row_buf: np.ndarray, fresh: np.ndarray, alpha: float, psi_alpha: float) -> None:
+    """In place: theta = exp(E[log theta]) of the rows of gamma (n x K), and phinorm (n x L) =
+    theta . beta_l + eps for the gathered beta (n x L x K).
+
+    Most of a converging document's topics end with gamma_k == alpha exactly (their expected
+    count is below half an ulp of alpha), so once at least half of the entries are alpha,
+    digamma is evaluated only on the others (``fresh`` is an n x K bool buffer) and psi(alpha)
+    is copied: bit-for-bit the same theta at a fraction of the cost. Row sums are BLAS products.
+    """
+    np.matmul(gamma, np.ones(gamma.shape[1]), out=row_buf)
+    psi(row_buf, out=row_buf)
+    np.not_equal(gamma, alpha, out=fresh)
+    if 2 * np.count_nonzero(fresh) < fresh.size:
+        theta.fill(psi_alpha)
+        theta[fresh] = psi(gamma[fresh])
+    else:
+        psi(gamma, out=theta)
+    np.subtract(theta, row_buf[:, None], out=theta)
+    np.exp(theta, out=theta)
+    np.matmul(beta, theta[:, :, None], out=phinorm[:, :, None])
+    np.add(phinorm, _EPS, out=phinorm)
+
+
 def e_step(
     bags: Bags,
-    exp_elog_beta: np.ndarray,
+    exp_elog_beta_t: np.ndarray,
     alpha: float,
     max_iter: int,
     tol: float,
     block_size: int = 128,
-    cache_bytes: int = 1 << 20,
+    cache_bytes: int = 4 << 20,
 ) -> Iterator[EStepBlock]:
     """Hoffman-style fixed-point iterations for gamma and phi, one block of documents at a time.
 
-    ``exp_elog_beta`` is exp(E[log beta]), K x V. Each document starts from
+    ``exp_elog_beta_t`` is exp(E[log beta]) transposed, V x K. Each document starts from
     gamma = alpha + N_d / K and iterates
     gamma <- alpha + exp(E[log theta]) * sum_l (c_l / phinorm_l) beta_l, phinorm_l = exp(E[log theta]) . beta_l
     until the mean absolute change of gamma falls below ``tol`` or ``max_iter`` iterations ran
-    (gensim's and scikit-learn's rule). Documents are processed in blocks of ``block_size`` sorted by
-    their number of distinct words, so padding is small; a block holds at most ``block_size``
-    documents and its gathered (block, K, L) array at most ``cache_bytes``, so it stays in cache
-    across iterations (both products are one BLAS matrix-vector call per document, looped in C).
+    (gensim's and scikit-learn's rule, checked for every document after every iteration).
+    Documents are processed in blocks sorted by their number of distinct words, so padding is
+    small; a block holds at most ``block_size`` documents and its gathered (block, L, K) rows of
+    beta at most ``cache_bytes``, so they stay in cache across iterations. One iteration of a
+    block is a fixed number of numpy calls on preallocated arrays (both products are one BLAS
+    matrix-vector call per document, looped in C); converged documents leave the working set,
+    which is compacted once a quarter of it has converged (compacting costs about an iteration).
     """
-    K = exp_elog_beta.shape[0]
+    K = exp_elog_beta_t.shape[1]
     lengths = np.diff(bags.indptr)
     order = np.argsort(lengths, kind="stable")
     start = 0
+    workspace = np.empty(0)  # reused for every block's gathered beta (no fresh pages per block)
+    psi_alpha = float(psi(np.float64(alpha)))
+    beta_sq = np.square(exp_elog_beta_t)
     while start < len(order):
         L = int(lengths[order[min(start + block_size, len(order)) - 1]])
-        nb = max(1, min(block_size, cache_bytes // (K * L * exp_elog_beta.itemsize)))
+        nb = max(1, min(block_size, cache_bytes // (K * L * exp_elog_beta_t.itemsize)))
         docs = order[start : start + nb]
         start += nb
         nb, L = len(docs), int(lengths[docs[-1]])
@@ -153,38 +173,58 @@ def e_step(
         pos = np.where(mask, bags.indptr[docs][:, None] + slot[None, :], 0)
         ids = np.where(mask, bags.ids[pos], 0)
         counts = np.where(mask, bags.counts[pos], 0.0)
-        beta = np.take(exp_elog_beta, ids, axis=1).transpose(1, 0, 2)
-        gamma = alpha + counts.sum(axis=1, keepdims=True) / K * np.ones((1, K))
-        theta = np.exp(dirichlet_expectation(gamma))
-        phinorm = (theta[:, None, :] @ beta)[:, 0, :] + _EPS
-        iterations = np.zeros(nb, dtype=np.int64)
-        # Working set ws (block rows still iterated) and live (rows of ws not yet converged).
-        # Converged rows are stored at once; the working arrays are compacted only once a
-        # quarter of them are dead, since compacting costs about one iteration.
-        ws, live = np.arange(nb), np.ones(nb, dtype=bool)
-        b_w, c_w, g_w, t_w, p_w = beta, counts, gamma, theta, phinorm
-        for _ in range(max_iter):
-            new = alpha + t_w * (b_w @ (c_w / p_w)[:, :, None])[:, :, 0]
-            t_w = np.exp(dirichlet_expectation(new))
-            p_w = (t_w[:, None, :] @ b_w)[:, 0, :] + _EPS
-            done = live & (np.abs(new - g_w).mean(axis=1) < tol)
-            g_w = new
-            iterations[ws[live]] += 1
-            if done.any():
-                idx = ws[done]
-                gamma[idx], theta[idx], phinorm[idx] = g_w[done], t_w[done], p_w[done]
-                live &= ~done
-                n_live = int(live.sum())
-                if not n_live:
-                    break
-                if n_live <= 0.75 * len(ws):
-                    ws = ws[live]
-                    b_w, c_w, g_w, t_w, p_w = b_w[live], c_w[live], g_w[live], t_w[live], p_w[live]
-                    live = np.ones(n_live, dtype=bool)
+        if workspace.size < nb * L * K:
+            workspace = np.empty(nb * L * K)
+        beta = workspace[: nb * L * K].reshape(nb, L, K)
+        np.take(exp_elog_beta_t, ids, axis=0, out=beta, mode="clip")  # ids are in range: Bags hold word ids
+        gamma = np.empty((nb, K))
+        gamma[:] = alpha + counts.sum(axis=1, keepdims=True) / K
+        theta, phinorm = np.empty((nb, K)), np.empty((nb, L))
+        iterations = np.full(nb, max_iter, dtype=np.int64)
+        # Working set: rows ws of the block still iterated; a converged row keeps iterating until
+        # the set is compacted (once a quarter of it has converged: compacting costs about an
+        # iteration), with tolerance -inf so that it is stored only once.
+        ws, tol_w, n_live = np.arange(nb), np.full(nb, float(tol)), nb
+        b_w, c_w, g_w = beta, counts, gamma.copy()
+        t_w, p_w, new, r_w = np.empty((nb, K)), np.empty((nb, L)), np.empty((nb, K)), np.empty((nb, L))
+        row_buf, change, done = np.empty(nb), np.empty(nb), np.empty(nb, dtype=bool)
+        fresh, means = np.empty((nb, K), dtype=bool), np.full(K, 1.0 / K)  # means as a BLAS product
+        _theta_phinorm(g_w, b_w, t_w, p_w, row_buf, fresh, alpha, psi_alpha)
+        for it in range(max_iter):
+            np.divide(c_w, p_w, out=r_w)
+            np.matmul(r_w[:, None, :], b_w, out=new[:, None, :])
+            new *= t_w
+            new += alpha
+            np.subtract(new, g_w, out=g_w)  # g_w is free once its change is taken
+            np.abs(g_w, out=g_w)
+            np.matmul(g_w, means, out=change)
+            g_w, new = new, g_w
+            _theta_phinorm(g_w, b_w, t_w, p_w, row_buf, fresh, alpha, psi_alpha)
+            np.less(change, tol_w, out=done)
+            if not done.any():
+                continue
+            idx = ws[done]
+            gamma[idx], theta[idx], phinorm[idx] = g_w[done], t_w[done], p_w[done]
+            iterations[idx] = it + 1
+            tol_w[done] = -np.inf
+            n_live -= len(idx)
+            if not n_live:
+                break
+            if n_live <= 0.75 * len(ws):
+                live = tol_w > -np.inf
+                ws, b_w, c_w, g_w, t_w, p_w = ws[live], b_w[live], c_w[live], g_w[live], t_w[live], p_w[live]
+                new, r_w = np.empty_like(g_w), np.empty_like(p_w)
+                row_buf, change, done = np.empty(n_live), np.empty(n_live), np.empty(n_live, dtype=bool)
+                fresh = np.empty((n_live, K), dtype=bool)
+                tol_w = np.full(n_live, float(tol))
         else:
+            live = tol_w > -np.inf
             idx = ws[live]
             gamma[idx], theta[idx], phinorm[idx] = g_w[live], t_w[live], p_w[live]
-        yield EStepBlock(docs, ids, counts, gamma, theta, phinorm, iterations)
+        # sum_lk (c_l phi_lk)^2 = sum_l (c_l / phinorm_l)^2 (theta^2 . beta_l^2), with beta^2 gathered
+        np.take(beta_sq, ids, axis=0, out=beta, mode="clip")
+        sq_norms = np.einsum("bl,bl->b", np.square(counts / phinorm), (beta @ np.square(theta)[:, :, None])[:, :, 0])
+        yield EStepBlock(docs, ids, counts, gamma, theta, phinorm, iterations, sq_norms)
 
 
 def hellinger(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -431,9 +471,11 @@ class LDA(Model):
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sum of the batch's per-document expected counts, each clipped to L2 norm a * N.
 
-        Norms come from the sparse (distinct words x K) form: a document's ids are distinct,
-        so its K x V matrix's squared norm is the sum of squares of those entries. The clipped
-        entries are scattered into K x V with one sparse product per block.
+        Document d's contribution is u_dkv = theta_dk beta_kv sum_l [w_dl = v] c_dl / phinorm_dl
+        (theta = exp(E[log theta_d]), beta = exp(E[log beta])); its norm comes from the E-step's
+        sparse form (:attr:`EStepBlock.sq_norms`), giving the clip factor f_d. The clipped sum
+        is then beta_kv * (sum_d f_d theta_dk R_dv) with R the sparse D x V matrix of
+        c_dl / phinorm_dl: one sparse-dense product, never a K x V array per document.
         """
         words = np.asarray(batch["words"])
         if words.ndim != 2 or words.shape[1] != self.doc_length:
@@ -442,28 +484,16 @@ class LDA(Model):
         if words.size and (words.min() < 0 or words.max() >= V):  # only a corrupt checkpoint gets here
             raise ValueError(f"batch.words: word ids must be in [0, {V}); the reservoir holds "
                              f"{int(words.min())}..{int(words.max())}")
-        total_t = np.zeros((V, K))
-        pending_ids: list[np.ndarray] = []
-        pending: list[np.ndarray] = []
-
-        def flush() -> None:
-            ids, rows = np.concatenate(pending_ids), np.concatenate(pending)
-            onehot = sp.csr_matrix((np.ones(len(ids)), ids, np.arange(len(ids) + 1)), shape=(len(ids), V))
-            np.add(total_t, onehot.T @ rows, out=total_t)
-            pending_ids.clear(), pending.clear()
-
-        blocks = e_step(Bags.from_rows(words), self._exp_elog_beta, self.alpha, self.max_iter, self.tol,
-                        self.block_size)
-        for blk in blocks:
-            contrib = blk.expected_counts(self._exp_elog_beta_t)
-            norms = np.sqrt(np.einsum("blk,blk->b", contrib, contrib))
-            contrib *= clip_factors(norms, self.clip_bound)[:, None, None]
-            pending_ids.append(blk.ids.ravel()), pending.append(contrib.reshape(-1, K))
-            if sum(map(len, pending_ids)) * K * 8 > _SCATTER_BYTES:
-                flush()
-        if pending:
-            flush()
-        return {"s": np.ascontiguousarray(total_t.T)}
+        bags = Bags.from_rows(words)
+        theta = np.zeros((bags.n_docs, K))
+        ratios = np.zeros(len(bags.ids))  # c_dl / phinorm_dl in the Bags' CSR order
+        for blk in e_step(bags, self._exp_elog_beta_t, self.alpha, self.max_iter, self.tol, self.block_size):
+            theta[blk.docs] = blk.exp_elog_theta * clip_factors(np.sqrt(blk.sq_norms), self.clip_bound)[:, None]
+            slot = blk.counts > 0
+            pos = bags.indptr[blk.docs][:, None] + np.arange(blk.ids.shape[1])[None, :]
+            ratios[pos[slot]] = (blk.counts / blk.phinorm)[slot]
+        R = sp.csr_matrix((ratios, bags.ids, bags.indptr), shape=(bags.n_docs, V))
+        return {"s": (R.T @ theta).T * self._exp_elog_beta}
 
     # -- M-step on privatized statistics ----------------------------------------------------------
 
@@ -509,7 +539,7 @@ class LDA(Model):
             raise ValueError("perplexity: no document has a word in the vocabulary")
         K, a = self.n_topics, self.alpha
         elbo = 0.0
-        for blk in e_step(bags, self._exp_elog_beta, a, self.max_iter, self.tol, self.block_size):
+        for blk in e_step(bags, self._exp_elog_beta_t, a, self.max_iter, self.tol, self.block_size):
             elog_theta = dirichlet_expectation(blk.gamma)
             elbo += float((blk.counts * np.log(blk.phinorm)).sum())
             elbo += float(((a - blk.gamma) * elog_theta + gammaln(blk.gamma)).sum())
