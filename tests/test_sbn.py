@@ -12,40 +12,51 @@ from scipy.special import expit
 from stream_vips.client import posterior_from_message
 from stream_vips.learner import PrivateLearner
 from stream_vips.models.logistic import pg_mean
-from stream_vips.models.sbn import HALF_WIDTH, SigmoidBeliefNetwork, pixel_accuracy
+from stream_vips.models.sbn import HALF_WIDTH, SigmoidBeliefNetwork, fit_rule, pixel_accuracy
 
 
 def random_state(model: SigmoidBeliefNetwork, rng: np.random.Generator, scale: float = 1.0) -> None:
     """Put the model in a non-trivial public state: random means, covariances, biases."""
     J, K = model.n_visible, model.n_latent
     st = model.state()
-    A = rng.normal(size=(J, K, K))
-    st["w_stat"] = 50.0 * np.einsum("jkl,jml->jkm", A, A) / K + np.eye(K)
-    st["w_h"] = scale * rng.normal(size=(J, K)) * 50.0
-    st["c_h"], st["c_prec"] = rng.normal(size=J), rng.uniform(0.5, 2.0, J)
+    A = rng.normal(size=(J, K + 1, K + 1))
+    st["w_stat"] = 50.0 * np.einsum("jkl,jml->jkm", A, A) / (K + 1) + np.eye(K + 1)
+    st["w_h"] = scale * rng.normal(size=(J, K + 1)) * 50.0
     st["b_h"], st["b_prec"] = rng.normal(size=K), rng.uniform(0.5, 2.0, K)
     model.load_state(st)
 
 
 def moments(model: SigmoidBeliefNetwork):
-    mu, Sig = model._mu_w, model._Sigma
-    M = Sig + mu[:, :, None] * mu[:, None, :]
-    return mu, M, model._mu_c, model._mu_c**2 + model._var_c, model._mu_b
+    """Mean (J, K + 1) and second moment (J, K + 1, K + 1) of the joint q(w_j, c_j), rebuilt from
+    the state's natural parameters (without noise the projection is the identity), and E[b]."""
+    K = model.n_latent
+    P = model.state()["w_stat"].copy()
+    P[:, np.arange(K), np.arange(K)] += model.state()["w_prior"]
+    P[:, K, K] += 1.0 / model.nu_c
+    Sig = np.linalg.inv(P)
+    mu = np.einsum("jkl,jl->jk", Sig, model.state()["w_h"])
+    return mu, Sig + mu[:, :, None] * mu[:, None, :], model._mu_b
+
+
+def augment(z: np.ndarray) -> np.ndarray:
+    """zt = (z, 1): c_j is the weight of a constant latent unit."""
+    return np.hstack([z, np.ones((len(z), 1))])
 
 
 def brute_round(model: SigmoidBeliefNetwork, y: np.ndarray, pi: np.ndarray):
     """One E-step round by enumerating z in {0,1}^K: E[psi^2] under q(z) q(theta), then
     d_k = E_{q(z_-k)}[L(z_k = 1) - L(z_k = 0)] for the expected augmented log joint L."""
-    mu, M, muc, ec2, mub = moments(model)
+    mu, M, mub = moments(model)
     K = model.n_latent
     zs = np.array(list(itertools.product([0.0, 1.0], repeat=K)))
     qz = np.prod(np.where(zs > 0, pi, 1 - pi), axis=1)
-    e_psi2 = np.einsum("zk,jkl,zl->zj", zs, M, zs) + 2 * muc * (zs @ mu.T) + ec2  # (2^K, J)
+    e_psi2 = np.einsum("zk,jkl,zl->zj", augment(zs), M, augment(zs))  # (2^K, J)
     xi = pg_mean(np.sqrt(qz @ e_psi2))
 
     def L(z):
-        return ((y - 0.5) * (z @ mu.T + muc)).sum(-1) - 0.5 * (xi * (
-            np.einsum("zk,jkl,zl->zj", z, M, z) + 2 * muc * (z @ mu.T) + ec2)).sum(-1) + ((z - 0.5) * mub).sum(-1)
+        zt = augment(z)
+        return ((y - 0.5) * (zt @ mu.T)).sum(-1) - 0.5 * (xi * np.einsum("zk,jkl,zl->zj", zt, M, zt)).sum(-1) \
+            + ((z - 0.5) * mub).sum(-1)
 
     d = np.zeros(K)
     for k in range(K):
@@ -79,12 +90,12 @@ def test_single_latent_unit_posterior_is_exact_given_omega():
     random_state(model, rng)
     y = (rng.random(6) < 0.5).astype(float)
     pi, xi = model._e_step(y[None])
-    mu, M, muc, ec2, mub = moments(model)
+    mu, M, mub = moments(model)
     logj = []
     for z in (0.0, 1.0):
-        zz = np.array([[z]])
-        logj.append(float(((y - 0.5) * (zz @ mu.T + muc)).sum() - 0.5 * (xi[0] * (
-            np.einsum("zk,jkl,zl->zj", zz, M, zz)[0] + 2 * muc * (zz @ mu.T)[0] + ec2)).sum() + (z - 0.5) * mub[0]))
+        zt = augment(np.array([[z]]))
+        logj.append(float(((y - 0.5) * (zt @ mu.T)).sum() - 0.5 * (xi[0] * np.einsum(
+            "zk,jkl,zl->zj", zt, M, zt)[0]).sum() + (z - 0.5) * mub[0]))
     assert pi[0, 0] == pytest.approx(expit(logj[1] - logj[0]), rel=1e-12)
 
 
@@ -220,3 +231,58 @@ def test_state_checkpoint_and_message_round_trip():
         read.update({k: np.zeros(bl.shape) for k, bl in zip(["z", "y", "xi", "z_y", "xi_zz"], read.blocks())}, 0.0)
     with pytest.raises(ValueError, match="dtype"):
         SigmoidBeliefNetwork(4, 2, 10, dtype="float16")
+
+
+def test_public_start_does_not_switch_units_off():
+    """At the public start q(w_jk) has variance ~init_scale^2, so the E-step's -E[w_jk^2] E[omega]/2
+    terms (summed over J = 784 pixels) stay small and q(z | y) is not pinned at 0 for every image
+    (with unit variance they sum to about -J/8 = -98 and W = 0 is a fixed point without noise)."""
+    rng = np.random.default_rng(4)
+    model = SigmoidBeliefNetwork(784, 10, 60_000, seed=0)
+    pi = model.posterior_z((rng.random((50, 784)) < 0.2).astype(float))
+    # d_nk starts near -J E[omega] 2 init_scale^2 / 2 = -2 (pi ~ 0.12), not near -98 (pi ~ 1e-43)
+    assert 0.05 < pi.mean() < 0.5 and np.mean(pi < 1e-3) < 0.01
+
+
+def test_noisy_updates_stay_bounded():
+    """Heavy noise on every block (z = 2 at S = 100, as a private run at a small batch gets it):
+    the joint q(w_j, c_j) update with the eigenvalue floor keeps E[W] and E[c] bounded; the
+    alternating q(c)/q(W) updates diverged on this very stream (|E[c]| about 1e7 after 40 steps)."""
+    rng = np.random.default_rng(5)
+    truth = np.random.default_rng(1234)
+    J, K, S, z = 64, 4, 100, 2.0
+    W = np.where(truth.random((J, K)) < 0.3, truth.normal(0.0, 3.0, (J, K)), 0.0)
+    Y = sample_sbn(rng, 4000, W, np.full(J, -2.0), np.full(K, -1.0))
+    model = SigmoidBeliefNetwork(J, K, 60_000, seed=0)
+    blocks = model.blocks()
+    w = model.default_block_weights()
+    stds = {bl.name: z * bl.bound / w[bl.name] for bl in blocks}
+    model.set_noise_scale({k: v / S for k, v in stds.items()})
+    for t in range(40):
+        sums = model.clipped_sum({"y": Y[rng.choice(len(Y), S, replace=False)]})
+        model.update({bl.name: (sums[bl.name] + stds[bl.name] * rng.standard_normal(bl.shape)) / S
+                      for bl in blocks}, (1.0 + t) ** -0.5)
+        assert np.abs(model.visible_bias).max() < 20 and np.abs(model.weights).max() < 20
+    assert model.eigen_floor > 0
+
+
+def test_fit_rule_uses_public_quantities_and_gives_reasons():
+    private = fit_rule(60_000, 784, 1.0, 1e-4)
+    assert private == fit_rule(60_000, 784, 1.0, 1e-4)  # deterministic, no data
+    assert private["steps"] == 20 and private["batch_size"] * private["steps"] <= 60_000
+    assert private["q"] == pytest.approx(private["batch_size"] / 60_000)
+    non_private = fit_rule(60_000, 784, None, 1e-4)
+    assert non_private["batch_size"] == 400 and non_private["steps"] == 150
+    grid = fit_rule(60_000, 784, 0.95, 1e-4, n_latent=100, batch_size=3200)
+    assert (grid["batch_size"], grid["steps"], grid["model_params"]["n_latent"]) == (3200, 18, 100)
+    for rule in (private, non_private, grid):
+        assert all(isinstance(v, str) and v for v in rule["why"].values())
+        assert {"batch_size", "steps", "kappa", "tau0", "n_latent", "inner_iterations"} <= set(rule["why"])
+        SigmoidBeliefNetwork(784, **rule["model_params"])  # the constructor accepts the rule's parameters
+    assert fit_rule(10, 784, 1.0, 1e-4, batch_size=400)["batch_size"] == 10
+    with pytest.raises(ValueError, match="epsilon"):
+        fit_rule(1000, 10, 0.0, 1e-5)
+    with pytest.raises(ValueError, match="delta"):
+        fit_rule(1000, 10, 1.0, 1.5)
+    with pytest.raises(ValueError, match="n"):
+        fit_rule(0, 10, 1.0, 1e-5)
