@@ -49,20 +49,19 @@ import numpy as np
 
 from stream_vips import messages
 
-#: Families :func:`fit_settings` has a rule for.
-FAMILIES = ("linreg", "logistic")
 #: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
 CALIBRATION_RTOL = 1e-3
 #: Version of the settings rule (reported with every fit).
-RULE_VERSION = "fit_settings/2"
+RULE_VERSION = "fit_settings/3"
 
-#: Logistic rule constants, chosen on synthetic data by benchmarks/fit_rule_evidence.py (docs/fit.md).
+#: Logistic rule constants, chosen on synthetic data and public tuning sets (not the evaluated ones) by
+#: benchmarks/fit_rule_evidence.py (docs/fit.md).
 LOGISTIC_STEPS = 2
 LOGISTIC_KAPPA = 1.0
 LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
-#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std:
-#: sqrt(2) is the spectral edge of the symmetric noise (stream_vips/models/logistic.py).
-LOGISTIC_FLOOR_FACTOR = float(math.sqrt(2.0))
+#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
+#: little below the spectral edge sqrt(2) of the symmetric noise (stream_vips/models/logistic.py).
+LOGISTIC_FLOOR_FACTOR = 1.0
 #: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
 NON_PRIVATE_LOGISTIC_STEPS = 30
 NON_PRIVATE_KAPPA = 0.51
@@ -76,7 +75,9 @@ class Settings:
     number of private releases (the noise multiplier is calibrated so that they spend the whole
     budget), ``tau0``/``kappa`` the step sizes rho_t = (tau0 + t)^-kappa of the M-step blend,
     ``block_weights`` the noise allocation across released blocks (``None``: proportional to
-    the bounds), ``model_params`` extra family parameters, and ``why`` one sentence per choice.
+    the bounds), ``model_params`` extra family parameters, ``accountant`` the privacy
+    accountant that calibrates z and tracks the budget (:func:`accountant_for`), and ``why``
+    one sentence per choice.
     """
 
     family: str
@@ -92,6 +93,7 @@ class Settings:
     model_params: dict[str, Any] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
     rule: str = RULE_VERSION
+    accountant: str = "pld"
 
     @property
     def batch_size(self) -> int:
@@ -104,6 +106,73 @@ class Settings:
         return out
 
 
+def accountant_for(q: float) -> str:
+    """The accountant for a fit whose every step samples at Poisson rate ``q``.
+
+    At q = 1 every step is a plain Gaussian mechanism: the sum over all N records, whose
+    replace-one L2 sensitivity is the model's proven diameter D (in units of the joint bound C,
+    :func:`stream_vips.engine.allocation_diameter`), plus N(0, (z C)^2) noise. Its Renyi DP is
+    exactly alpha D^2 / (2 z^2) at every order alpha, which the ``autodp`` accountant uses
+    (sigma = z / D; T steps compose to alpha T D^2 / (2 z^2), i.e. mu-GDP with mu = sqrt(T) D / z,
+    and its conversion to (epsilon, delta) is within 0.1% of that exact curve: tests/test_fit.py).
+    The ``pld`` accountant accounts a replace-one step at diameter 2 whatever the model proves
+    (its dominating pair is only known for 2; stream_vips/privacy/accountant.py), so for the
+    logistic family (D = 1.44 with the rule's weights) it needs a 2 / D = 1.39 times larger z at
+    the same budget. Subsampled steps (q < 1) keep ``pld``: autodp bounds Poisson sampling under
+    add/remove only.
+
+    >>> accountant_for(1.0), accountant_for(0.3)
+    ('autodp', 'pld')
+    """
+    return "autodp" if q == 1.0 else "pld"
+
+
+_WHY_Q = ("q = 1: the whole data set every step; subsampling's amplification (about q) is cancelled "
+          "by its q times smaller normaliser when the noise is large, and it adds sampling noise")
+_WHY_ACCOUNTANT = ("autodp: at q = 1 a step is a plain Gaussian mechanism, whose Renyi DP alpha D^2 / (2 z^2) "
+                   "uses the model's proven diameter D (the pld accountant counts replace-one at diameter 2)")
+
+
+def _linreg_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+    """One step with rho = 1: conjugate, the statistics do not depend on the posterior."""
+    why = {"q": _WHY_Q,
+           "steps": ("1 step, rho = 1: conjugate, the statistics do not depend on the posterior, so one "
+                     "release with the whole budget is the exact posterior of the noisy statistics"),
+           "block_weights": ("linreg default allocation: equal shares for xx and xy (equal influence on the "
+                             "posterior mean), 1/(d + 1) of the budget for yy (noise precision only)"),
+           "accountant": _WHY_ACCOUNTANT}
+    return Settings("linreg", n, d, epsilon, delta, 1.0, 1, 1.0, 1.0, None, why=why, accountant=accountant_for(1.0))
+
+
+def _logistic_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+    """Few uniformly averaged steps, s2-heavy weights, noise-aware floor (benchmarks/fit_rule_evidence.py)."""
+    why = {"q": _WHY_Q}
+    if non_private:
+        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
+                        "no noise to average, so steps serve convergence only")
+        return Settings("logistic", n, d, None, delta, 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0, NON_PRIVATE_KAPPA,
+                        None, why=why)
+    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
+                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
+                    "budget (benchmarks/fit_rule_evidence.py)")
+    why["block_weights"] = (f"s2:s1 weights {LOGISTIC_WEIGHTS['s2']:g}:{LOGISTIC_WEIGHTS['s1']:g}: the noise on "
+                            "s2 multiplies the whole mean, so s2 gets more than its bound-proportional share "
+                            "(best on synthetic and public tuning data, benchmarks/fit_rule_evidence.py)")
+    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
+                           "its diagonal noise std (public), a little below the noise's spectral edge sqrt(2): "
+                           "directions the noise swamps are not inverted (best of 1, sqrt(2), 2 on tuning data)")
+    why["accountant"] = _WHY_ACCOUNTANT
+    return Settings("logistic", n, d, epsilon, delta, 1.0, LOGISTIC_STEPS, 1.0, LOGISTIC_KAPPA,
+                    dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR}, why=why,
+                    accountant=accountant_for(1.0))
+
+
+#: The settings rule of each family: (n, d, epsilon, delta, non_private) -> Settings.
+RULES = {"linreg": _linreg_rule, "logistic": _logistic_rule}
+#: Families :func:`fit_settings` has a rule for.
+FAMILIES = tuple(RULES)
+
+
 def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, *,
                  non_private: bool = False) -> Settings:
     """The settings rule: public quantities in, :class:`Settings` out (docs/fit.md explains it).
@@ -112,21 +181,24 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
       noise much larger than the sensitivity (every useful budget), subsampling at rate q
       amplifies privacy by about q, which is exactly offset by the q times smaller batch it
       normalises by, so it buys no accuracy and adds sampling noise (docs/fit.md, "Why q = 1").
+      At q = 1 the budget is accounted by :func:`accountant_for` (exact Gaussian RDP with the
+      model's diameter).
     * ``linreg`` (conjugate): one step with rho = 1. Its statistics do not depend on the
       current posterior, so T releases averaged are worth no more than one release with the
       whole budget; one step gives the exact posterior of the noisy statistics. The noise is
       allocated by :func:`stream_vips.models.linreg.default_block_weights`.
     * ``logistic`` (the E-step depends on the current posterior): ``LOGISTIC_STEPS`` steps,
-      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), allocation weights s2:s1 =
-      1.5:1 and the eigenvalue floor of s2 at the spectral edge of its public noise
-      (``floor_factor`` sqrt(2)); chosen on synthetic data (benchmarks/fit_rule_evidence.py). Non-private:
-      ``NON_PRIVATE_LOGISTIC_STEPS`` damped fixed-point steps (kappa = 0.51), no noise to average.
+      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), allocation weights
+      ``LOGISTIC_WEIGHTS`` and the eigenvalue floor of s2 near the spectral edge of its public
+      noise (``LOGISTIC_FLOOR_FACTOR``); chosen on synthetic data and public tuning sets
+      (benchmarks/fit_rule_evidence.py). Non-private: ``NON_PRIVATE_LOGISTIC_STEPS`` damped
+      fixed-point steps (kappa = 0.51), no noise to average.
 
     >>> s = fit_settings("linreg", n=1000, d=5, epsilon=1.0, delta=1e-5)
-    >>> s.steps, s.q, s.tau0, s.kappa
-    (1, 1.0, 1.0, 1.0)
+    >>> s.steps, s.q, s.tau0, s.kappa, s.accountant
+    (1, 1.0, 1.0, 1.0, 'autodp')
     """
-    if family not in FAMILIES:
+    if family not in RULES:
         raise ValueError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
@@ -136,33 +208,7 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    why = {"q": "q = 1: the whole data set every step; subsampling's amplification (about q) is cancelled "
-                "by its q times smaller normaliser when the noise is large, and it adds sampling noise"}
-    if family == "linreg":
-        from stream_vips.models.linreg import default_block_weights
-
-        why["steps"] = ("1 step, rho = 1: conjugate, the statistics do not depend on the posterior, so one "
-                        "release with the whole budget is the exact posterior of the noisy statistics")
-        why["block_weights"] = ("linreg default allocation: equal shares for xx and xy (equal influence on the "
-                                "posterior mean), 1/(d + 1) of the budget for yy (noise precision only)")
-        return Settings(family, int(n), int(d), None if non_private else float(epsilon), float(delta), 1.0, 1,
-                        1.0, 1.0, None, why=why)
-    if non_private:
-        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
-                        "no noise to average, so steps serve convergence only")
-        return Settings(family, int(n), int(d), None, float(delta), 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0,
-                        NON_PRIVATE_KAPPA, None, why=why)
-    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
-                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
-                    "budget (benchmarks/fit_rule_evidence.py)")
-    why["block_weights"] = ("s2:s1 weights 1.5:1: best of s2/s1 in {0.5, 1, 1.5, 2} on synthetic "
-                            "data; s2 (the precision) gets more than its bound-proportional share")
-    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
-                           "its diagonal noise std (public): the spectral edge of the symmetric noise, so "
-                           "directions the noise swamps are not inverted")
-    return Settings(family, int(n), int(d), float(epsilon), float(delta), 1.0, LOGISTIC_STEPS, 1.0,
-                    LOGISTIC_KAPPA, dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR},
-                    why=why)
+    return RULES[family](int(n), int(d), None if non_private else float(epsilon), float(delta), non_private)
 
 
 @dataclass
@@ -242,7 +288,7 @@ def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private:
     privacy: dict[str, Any] = {
         "mode": "non_private" if non_private else "private",
         "epsilon": 1.0 if non_private else settings.epsilon,
-        "delta": settings.delta, "planned_steps": settings.steps, "accountant": "pld", "seed": seed,
+        "delta": settings.delta, "planned_steps": settings.steps, "accountant": settings.accountant, "seed": seed,
         "calibration_rtol": CALIBRATION_RTOL, "block_weights": settings.block_weights,
         "ledger": {"type": "file", "path": str(ledger_path), "prepay_steps": 1} if ledger_path else {"type": "memory"},
     }
@@ -362,7 +408,7 @@ def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, 
         budget = {"private": True, "epsilon_budget": total, "epsilon_spent": spent, "fraction_spent": spent / total,
                   "delta": float(p["delta"]), "noise_multiplier": float(p["noise_multiplier"]),
                   "calibration_rtol": CALIBRATION_RTOL,
-                  "how": (f"z calibrated with calibrate_noise_multiplier (PLD, Poisson q = {settings.q:g}, "
+                  "how": (f"z calibrated with calibrate_noise_multiplier ({p['accountant']}, Poisson q = {settings.q:g}, "
                           f"replace-one, diameter {float(p['diameter']):.4g}) so that {settings.steps} steps "
                           "spend the whole budget")}
     return {

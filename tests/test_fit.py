@@ -11,7 +11,9 @@ import pytest
 
 from stream_vips import messages
 from stream_vips.client import check_message, posterior_from_message
-from stream_vips.privacy.accountant import calibrate_noise_multiplier
+from scipy.stats import norm
+
+from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 
 fitmod = importlib.import_module("stream_vips.fit")
 fit, fit_settings = fitmod.fit, fitmod.fit_settings
@@ -50,8 +52,41 @@ def test_the_noise_multiplier_is_the_projects_calibration_for_the_chosen_steps()
     X, y = linreg_data()
     res = fit((X, y), "linreg", epsilon=1.0, delta=1e-5, seed=0)
     p = res.message["privacy"]
-    z = calibrate_noise_multiplier(1.0, 1e-5, 1.0, res.settings.steps, "poisson", diameter=p["diameter"], rtol=RTOL)
+    assert p["accountant"] == res.settings.accountant == "autodp"
+    z = calibrate_noise_multiplier(1.0, 1e-5, 1.0, res.settings.steps, "poisson", diameter=p["diameter"], rtol=RTOL,
+                                   accountant=make_accountant("autodp", "poisson"))
     assert p["noise_multiplier"] == pytest.approx(z, rel=1e-12)
+
+
+def gaussian_delta(epsilon: float, mu: float) -> float:
+    """Exact delta(epsilon) of mu-GDP: T Gaussian mechanisms with sensitivity D and std z compose
+    to one with mu = sqrt(T) D / z (Dong, Roth & Su 2019, Corollary 2.13)."""
+    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1.0, 1e-5), (0.5, 1e-6), (4.0, 1e-5)])
+def test_logistic_fit_noise_is_the_exact_gaussian_calibration_at_the_models_diameter(epsilon, delta):
+    # q = 1: each step is a Gaussian mechanism of sensitivity D (the model's joint diameter for the
+    # rule's weights) and std z, so the fit's z must (a) be private by the closed form and (b) be
+    # within the calibration tolerance and the RDP conversion slack of the smallest such z
+    from scipy.optimize import brentq
+
+    from stream_vips.models.logistic import joint_diameter
+
+    s = fit_settings("logistic", 1000, 10, epsilon, delta)
+    X, y = logistic_data(300)
+    res = fit((X, y), "logistic", epsilon=epsilon, delta=delta, seed=0)
+    p = res.message["privacy"]
+    D = joint_diameter(s.block_weights["s1"], s.block_weights["s2"])
+    assert p["diameter"] == pytest.approx(D, rel=1e-12) and D < 1.45
+    z, T = p["noise_multiplier"], s.steps
+    assert gaussian_delta(epsilon, math.sqrt(T) * D / z) <= delta
+    z_exact = brentq(lambda zz: gaussian_delta(epsilon, math.sqrt(T) * D / zz) - delta, 0.1, 1e3, xtol=1e-10)
+    assert z_exact <= z <= z_exact * 1.01
+    # the PLD accountant counts replace-one at diameter 2: about 2 / D times more noise
+    z_pld = calibrate_noise_multiplier(epsilon, delta, 1.0, T, "poisson", diameter=D, rtol=RTOL,
+                                       accountant=make_accountant("pld", "poisson"))
+    assert z_pld / z == pytest.approx(2.0 / D, rel=0.01)
 
 
 def test_non_private_baseline_says_so_with_null_epsilon_and_strict_json():
@@ -90,6 +125,8 @@ def test_fit_settings_uses_public_quantities_only():
     a = fit_settings("logistic", 1000, 10, 1.0, 1e-5)
     assert a == fit_settings("logistic", 1000, 10, 1.0, 1e-5)
     assert (a.q, a.steps, a.tau0, a.kappa) == (1.0, fitmod.LOGISTIC_STEPS, 1.0, fitmod.LOGISTIC_KAPPA)
+    assert a.accountant == fitmod.accountant_for(a.q) == "autodp" and fitmod.accountant_for(0.5) == "pld"
+    assert set(fitmod.RULES) == set(fitmod.FAMILIES) == {"linreg", "logistic"}
     assert a.batch_size == 1000
     lin = fit_settings("linreg", 50, 2, 1.0, 1e-5)
     assert (lin.steps, lin.q, lin.tau0, lin.kappa) == (1, 1.0, 1.0, 1.0)
