@@ -286,3 +286,21 @@ def test_fit_rule_uses_public_quantities_and_gives_reasons():
         fit_rule(1000, 10, 1.0, 1.5)
     with pytest.raises(ValueError, match="n"):
         fit_rule(0, 10, 1.0, 1e-5)
+
+
+def test_state_with_separate_bias_factor_loads_exactly():
+    """A checkpoint of the earlier layout (q(c) apart from q(W)) loads into the joint q(w_j, c_j)
+    with the same means: the block-diagonal joint precision changes nothing (the demo's
+    true-network reference builds its model this way)."""
+    W, c, b = true_sbn()
+    J, K = W.shape
+    model = SigmoidBeliefNetwork(J, K, 1)
+    old = {k: v for k, v in model.state().items() if k not in ("w_h", "w_stat")}
+    old.update(w_h=W * 1e6, w_stat=np.broadcast_to(1e6 * np.eye(K), (J, K, K)).copy(),
+               c_h=c * 1e6, c_prec=np.full(J, 1e6), b_h=b * 1e6, b_prec=np.full(K, 1e6))
+    model.load_state(old)
+    np.testing.assert_allclose(model.weights, W, atol=1e-5)
+    np.testing.assert_allclose(model.visible_bias, c, atol=1e-5)
+    np.testing.assert_allclose(model.latent_bias, b, atol=1e-5)
+    with pytest.raises(ValueError, match="'w_h' must have shape"):
+        model.load_state({**old, "c_h": np.zeros(J + 1)})  # not the earlier layout either: clear error

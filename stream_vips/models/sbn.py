@@ -399,7 +399,9 @@ class SigmoidBeliefNetwork(Model):
         }
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore from :meth:`state` (shapes, finiteness and signs checked)."""
+        """Restore from :meth:`state` (shapes, finiteness and signs checked); a state of the earlier
+        layout with a separate q(c) is converted by :meth:`_joint_layout`."""
+        state = self._joint_layout(state)
         arrays = {}
         for name, shape in self._shapes().items():
             if name not in state:
@@ -419,6 +421,20 @@ class SigmoidBeliefNetwork(Model):
         self._tpbn_xi, self._phi_rate, self._omega_rate = arrays["tpbn_xi"], arrays["phi_rate"], arrays["omega_rate"]
         self._noise_var = float(arrays["noise_var"][0])
         self._refresh()
+
+    def _joint_layout(self, state: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """A state with a separate q(c) (``c_h``, ``c_prec``; W-only ``w_h`` (J, K), ``w_stat``
+        (J, K, K)) in the joint layout: the block-diagonal joint precision keeps every mean and
+        variance as it was. Any other state is returned unchanged (and checked as usual)."""
+        J, K = self.n_visible, self.n_latent
+        shapes = {k: np.shape(state.get(k)) for k in ("w_h", "w_stat", "c_h", "c_prec")}
+        if shapes != {"w_h": (J, K), "w_stat": (J, K, K), "c_h": (J,), "c_prec": (J,)}:
+            return state
+        w_stat = np.zeros((J, K + 1, K + 1))
+        w_stat[:, :K, :K], w_stat[:, K, K] = state["w_stat"], state["c_prec"]
+        w_h = np.hstack([np.asarray(state["w_h"], dtype=float), np.asarray(state["c_h"], dtype=float)[:, None]])
+        rest = {k: v for k, v in state.items() if k not in ("c_h", "c_prec")}
+        return {**rest, "w_h": w_h, "w_stat": w_stat}
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
