@@ -75,7 +75,8 @@ def epsilons(S: int) -> dict:
     z_sc = brentq(lambda z: strong.epsilon([SubsampledGaussianEvent(z, S / N, "fixed", count=T)], DELTA) - eps,
                   2.0, 500.0, xtol=1e-3)
     return {"S": S, "steps": T, "paper_epsilon": PAPER_EPSILON.get(S), "ours_epsilon_rdp": eps,
-            "ours_epsilon_rdp_classic_conversion": classic_epsilon(rdp, ev, DELTA), "strong_composition_z": z_sc}
+            "ours_epsilon_rdp_classic_conversion": classic_epsilon(rdp, ev, DELTA), "strong_composition_z": z_sc,
+            "strong_composition_epsilon_same_noise": strong.epsilon([ev], DELTA)}
 
 
 def train_sbn(train: np.ndarray, K: int, S: int, z: float, seed: int, rule: dict) -> SigmoidBeliefNetwork:
@@ -176,6 +177,7 @@ def main() -> None:
     ap.add_argument("--latent", type=int, nargs="+", default=[50, 100])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--select", action="store_true", help="only the fit-rule evidence on synthetic SBN data")
+    ap.add_argument("--summarise", action="store_true", help="only rewrite the header and summary of the JSON")
     args = ap.parse_args()
     if args.select:
         return select_on_synthetic()
@@ -199,6 +201,8 @@ def main() -> None:
         return summarise(data)
 
     _locked_update(OUT, header)
+    if args.summarise:
+        return None
     for seed in args.seeds:
         for K in args.latent:
             for S in args.sizes:

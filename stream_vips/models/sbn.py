@@ -534,7 +534,8 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: i
                   "synthetic SBNs kappa 0.5, 0.75 and 1 (uniform averaging of the noise) gave the same accuracy"),
         "block_weights": "family default a_k proportional to sqrt(C_k) (public bounds only)",
         "n_latent": f"K = {K}: the paper's smaller setting unless given",
-        "inner_iterations": f"{RULE_INNER_ITERATIONS} E-step rounds: q(z) changes by < 1e-3 after 4 on synthetic SBNs",
+        "inner_iterations": (f"{RULE_INNER_ITERATIONS} E-step rounds: on the synthetic SBN q(z) is within 0.015 "
+                             "(mean abs) of 16 rounds (0.037 at 2, 0.004 at 8); E-step cost is linear in rounds"),
         "init_scale": "0.1: small random start that breaks the symmetry between units without switching them off",
         "floor_factor": "1: eigenvalue floor at about half the spectral edge of the symmetric noise",
     }
