@@ -497,7 +497,8 @@ def summary(result: FitResult) -> str:
              f"rho_t = ({s.tau0:g} + t)^-{s.kappa:g}, block weights {s.block_weights}"]
     b = r["budget"]
     if b["private"]:
-        lines.append(f"  z = {b['noise_multiplier']:.4g}; epsilon spent {b['epsilon_spent']:.6g} of "
+        lines.append(f"  z = {b['noise_multiplier']:.4g} ({r['privacy']['accountant']} accountant, diameter "
+                     f"{float(r['privacy']['diameter']):.4g}); epsilon spent {b['epsilon_spent']:.6g} of "
                      f"{b['epsilon_budget']:g} ({100 * b['fraction_spent']:.2f}%), delta {b['delta']:g}")
     else:
         lines.append("  NON-PRIVATE baseline: no noise, no privacy guarantee (epsilon_spent: null)")
