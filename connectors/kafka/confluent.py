@@ -115,7 +115,9 @@ class ConfluentConsumer:
 
     ``fetch`` is one ``consume()`` grouped into per-partition runs (C-level ``groupby``, no
     Python work per record for one topic). Messages a keep-alive ``consume()`` returns (none
-    should: the partitions are paused) are kept for the next fetch, never dropped.
+    should: the partitions are paused) are kept for the next fetch, never dropped. The
+    assignment is tracked from the rebalance callbacks, the only way it changes here: asking
+    librdkafka waits on its main thread, milliseconds per call while it fetches.
     """
 
     offset_of = staticmethod(Message.offset)
@@ -126,6 +128,7 @@ class ConfluentConsumer:
         self.hooks: Rebalance | None = None
         self._topic: str | None = None
         self._paused: set[tuple[str, int]] = set()
+        self._assigned: set[tuple[str, int]] = set()
         self._kept: list[Message] = []
 
     def subscribe(self, topics: list[str], hooks: Rebalance) -> None:
@@ -139,6 +142,7 @@ class ConfluentConsumer:
         assigned = {_key(p) for p in partitions}
         seeks = self.hooks.assigned(assigned)
         consumer.assign([_tp(_key(p), seeks.get(_key(p))) for p in partitions])  # a checkpoint's offsets, once
+        self._assigned = assigned
         self._paused.clear()
         if self.hooks.halted:
             self.pause(assigned)
@@ -147,7 +151,8 @@ class ConfluentConsumer:
         revoked = {_key(p) for p in partitions}
         self._kept = [m for m in self._kept if _topic_partition(m) not in revoked]
         self._paused -= revoked
-        offsets = self.hooks.revoking(revoked)
+        offsets = self.hooks.revoking(revoked)  # commits only held partitions: still assigned here
+        self._assigned = self._assigned - revoked
         if not offsets:
             return
         try:
@@ -162,6 +167,7 @@ class ConfluentConsumer:
 
         lost = {_key(p) for p in partitions}
         self._kept = [m for m in self._kept if _topic_partition(m) not in lost]
+        self._assigned = self._assigned - lost
         partitions_lost(lost)
 
     # -- the seam ----------------------------------------------------------------------------------
@@ -195,7 +201,7 @@ class ConfluentConsumer:
         return _origin(topic, partition)
 
     def assignment(self) -> set[tuple[str, int]]:
-        return {_key(p) for p in self.raw.assignment()}
+        return set(self._assigned)
 
     def paused(self) -> set[tuple[str, int]]:
         return self._paused & self.assignment()
@@ -250,6 +256,7 @@ class ConfluentConsumer:
 
     def close(self) -> None:
         self.raw.close()
+        self._assigned = set()
 
 
 class _Delivery:
