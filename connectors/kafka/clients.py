@@ -97,6 +97,15 @@ class ProducerClient(Protocol):
     def close(self, timeout_s: float) -> None: ...
 
 
+def part_label(what: str, i: int, n: int) -> str:
+    """How a failed send of item ``i`` of ``n`` is named in an error.
+
+    >>> part_label("ledger events", 0, 1), part_label("model 'm'", 1, 3)
+    ('ledger events', "model 'm' part 2/3")
+    """
+    return what if n == 1 else f"{what} part {i + 1}/{n}"
+
+
 def consumer_client(connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> ConsumerClient:
     """The connection's client library as a consumer; ``settings`` are kafka-python's names."""
     if connection.client == "confluent":
@@ -232,7 +241,7 @@ class KafkaPythonProducer:
 
         self.raw.flush(timeout=timeout_s)
         for i, future in enumerate(handles):
-            _check_future(future, timeout_s, what if len(handles) == 1 else f"{what} part {i + 1}/{len(handles)}")
+            _check_future(future, timeout_s, part_label(what, i, len(handles)))
 
     def flush(self, timeout_s: float) -> None:
         self.raw.flush(timeout=timeout_s)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from connectors.kafka.clients import CommitRefused, Rebalance
+from connectors.kafka.clients import CommitRefused, Rebalance, part_label
 from connectors.kafka.connection import KafkaConnection, KafkaPublishError, log
 from stream_vips.logsafety import CLIENT_LOGGER, guard_client_logging
 
@@ -299,7 +299,7 @@ class ConfluentProducer:
     def confirm(self, handles: Sequence[_Delivery], timeout_s: float, what: str) -> None:
         self.raw.flush(timeout_s)
         for i, d in enumerate(handles):
-            label = what if len(handles) == 1 else f"{what} part {i + 1}/{len(handles)}"
+            label = part_label(what, i, len(handles))
             if not d.done:
                 raise KafkaPublishError(f"{label} was not acknowledged within {timeout_s}s") from KafkaException(
                     KafkaError(KafkaError._TIMED_OUT))
