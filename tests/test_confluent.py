@@ -121,3 +121,27 @@ def test_a_checkpoint_seek_applies_once_at_the_first_assignment(kafka_bootstrap)
         assert src._seek == {}
     finally:
         src.close()
+
+
+def test_lost_partitions_are_not_committed(caplog):
+    """After an eviction the partitions already have new owners: the callback commits nothing
+    and forgets them (the same rule as kafka-python's listener, test_kafka_connectors.py)."""
+    from confluent_kafka import TopicPartition
+
+    from connectors.kafka.confluent import ConfluentConsumer
+
+    class Evicted:
+        halted = False
+
+        def revoking(self, revoked):
+            raise AssertionError("a lost partition must not be committed")
+
+    consumer = ConfluentConsumer(KafkaConnection("127.0.0.1:9"), "lost-test", {"group_id": "g"})
+    try:
+        consumer.hooks, consumer._assigned = Evicted(), {("t", 3), ("t", 4)}
+        with caplog.at_level("WARNING", logger="connectors.kafka"):
+            consumer._on_lost(consumer.raw, [TopicPartition("t", 3)])
+        assert "partitions lost" in caplog.text and "t/3" in caplog.text
+        assert consumer.assignment() == {("t", 4)}
+    finally:
+        consumer.raw.close()
