@@ -128,7 +128,14 @@ class SamplingConfig:
 
     ``reservoir_policy``: ``uniform`` (Algorithm R over the whole stream) or ``window`` (the last
     ``reservoir`` admitted arrivals; each arrival admitted with probability ``window_rate``, by
-    position and the reservoir's RNG only). A window follows a drifting stream."""
+    position and the reservoir's RNG only). A window follows a drifting stream.
+
+    ``validation``: ``all`` decodes and validates every arrival; ``admitted`` decides first which
+    arrivals the reservoir admits (positions and its RNG only, the same draws) and decodes only
+    those, so the reservoir, the steps and the releases are the same as with ``all`` while
+    records that never hold a slot are never parsed. Dead letters and rejection metrics then
+    cover admitted arrivals only. It needs ``runtime.decode_workers: 0`` and, with
+    ``privacy.unit: key``, the Kafka message key (a ``privacy.key_field`` needs decoding first)."""
 
     method: Literal["poisson", "fixed"] = "poisson"
     reservoir: int = 10_000
@@ -136,6 +143,7 @@ class SamplingConfig:
     max_rejected_fraction: float = 0.5
     reservoir_policy: Literal["uniform", "window"] = "uniform"
     window_rate: float = 1.0
+    validation: Literal["all", "admitted"] = "all"
 
     @property
     def q(self) -> float:
@@ -443,6 +451,9 @@ def _validate(cfg: Config) -> None:
         ("runtime.checkpoint_interval_s", rt.checkpoint_interval_s >= 0, "must be >= 0"),
         ("runtime.publish_interval_s", rt.publish_interval_s >= 0, "must be >= 0"),
         ("runtime.decode_workers", rt.decode_workers in (0, 1), "must be 0 or 1"),
+        ("runtime.decode_workers", s.validation == "all" or rt.decode_workers == 0,
+         "must be 0 with sampling.validation: admitted (admitted records are decoded when the reservoir "
+         "admits them, in the pipeline's process, not ahead in a worker)"),
         ("runtime.dead_letter_max_bytes", 0 < rt.dead_letter_max_bytes <= 900_000,
          "must be in [1, 900000] (below Kafka's default 1 MiB request limit)"),
     ]
@@ -458,6 +469,10 @@ def _validate(cfg: Config) -> None:
             ("privacy.key_field", p.key_field is None or p.key_field != "", "must be a field name or null"),
             ("privacy.unit", s.reservoir_policy == "uniform" and p.accounting == "stream",
              "key needs sampling.reservoir_policy: uniform and privacy.accounting: stream"),
+            ("privacy.key_field", p.key_field is None or s.validation == "all",
+             f"{p.key_field!r} must be decoded to find a record's key slot, so sampling.validation: admitted "
+             "cannot decide admission before decoding; use the Kafka message key (key_field: null) or "
+             "sampling.validation: all"),
         ]
     if p.block_weights is not None:
         checks.append(("privacy.block_weights", all(w > 0 for w in p.block_weights.values()), "weights must be > 0"))

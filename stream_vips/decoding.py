@@ -50,12 +50,15 @@ class DecodedBatch:
     """One poll's records after decoding and validation.
 
     ``ok[i]``: arrival ``i`` was accepted; ``rows``: one array per reservoir column holding the
-    accepted arrivals in order; ``rejected``: ``(arrival, reason, detail)`` sorted by arrival.
+    accepted arrivals in order; ``rejected``: ``(arrival, reason, detail)`` sorted by arrival;
+    ``skipped``: arrivals never decoded because the reservoir did not admit them
+    (``sampling.validation: admitted``, :meth:`PrivateLearner.offer_raw`; ``rows`` is then empty).
     """
 
     ok: np.ndarray
     rows: dict[str, np.ndarray]
     rejected: list[tuple[int, str, str]]
+    skipped: int = 0
 
 
 def decode_batch(model: Model, values: Sequence[bytes]) -> DecodedBatch:
@@ -87,6 +90,28 @@ class InlineDecoder:
 
     def close(self) -> None:
         self._queue.clear()
+
+
+class DeferredDecoder:
+    """``sampling.validation: admitted``: nothing is decoded ahead; the learner decodes the
+    arrivals its reservoir admits when the batch is applied (:meth:`PrivateLearner.offer_raw`),
+    so :meth:`result` is ``None``."""
+
+    overlaps = False
+
+    def __init__(self) -> None:
+        self._pending = 0
+
+    def submit(self, values: Sequence[bytes]) -> None:
+        self._pending += 1
+
+    def result(self) -> None:
+        if not self._pending:
+            raise DecoderError("no batch was submitted")
+        self._pending -= 1
+
+    def close(self) -> None:
+        self._pending = 0
 
 
 def _serve(conn: Connection) -> None:
@@ -187,8 +212,14 @@ class ProcessDecoder:
         self._pending = 0
 
 
-def make_decoder(workers: int, model: Model, family: str, params: Mapping[str, Any]) -> InlineDecoder | ProcessDecoder:
-    """``workers`` 0: decode inline with ``model``; 1: in a worker building its own model."""
+def make_decoder(workers: int, model: Model, family: str, params: Mapping[str, Any],
+                 validation: str = "all") -> InlineDecoder | ProcessDecoder | DeferredDecoder:
+    """``workers`` 0: decode inline with ``model``; 1: in a worker building its own model;
+    ``validation: admitted`` (``workers`` 0 only): decode nothing ahead (:class:`DeferredDecoder`)."""
+    if validation == "admitted":
+        if workers != 0:
+            raise ValueError("validation admitted decodes when the reservoir admits a record: decode_workers must be 0")
+        return DeferredDecoder()
     if workers == 0:
         return InlineDecoder(model)
     if workers == 1:

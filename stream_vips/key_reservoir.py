@@ -49,7 +49,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from stream_vips.reservoir import Layout
+from stream_vips.reservoir import Admission, Layout, admitted_mask
 
 #: Rejection reason of an arrival whose privacy key cannot be read (no Kafka key, no field).
 MISSING_KEY = "missing_key"
@@ -127,6 +127,7 @@ class KeyReservoir:
         self._slot_of: dict[int, int] = {}  # owner id -> slot, for the <= K current owners only
         self._rng, self._sub_rng = rng.spawn(2)  # key replacement draws; record draws inside a slot
         self._seen = 0
+        self._pending: Admission | None = None
 
     # -- public shape ---------------------------------------------------------------------------
 
@@ -228,21 +229,47 @@ class KeyReservoir:
         ``has_key``: arrivals with a key (default: all); the others keep their positions only.
         """
         n_rows = self._check_rows(rows)
+        n = np.asarray(keys).shape[0]
+        ok = np.ones(n, dtype=bool) if accepted is None else np.asarray(accepted, dtype=bool)
+        if ok.shape != (n,) or int(ok.sum()) != n_rows:
+            raise ValueError(f"accepted mask has {int(ok.sum())} True entries of {ok.size} for {n_rows} rows "
+                             f"and {n} keys")
+        admission = self.admit(keys, has_key)
+        good = ok[admission.arrivals]
+        self._store(admission, good, rows, (np.cumsum(ok) - 1)[admission.arrivals[good]])
+
+    def place(self, admission: Admission, rows: Mapping[str, np.ndarray],
+              accepted: np.ndarray | None = None) -> None:
+        """Store the arrivals of :meth:`admit` (as :meth:`Reservoir.place`): ``rows`` hold the
+        accepted ones in order, ``accepted`` is a mask over ``admission.arrivals``."""
+        n_rows = self._check_rows(rows)
+        self._store(admission, admitted_mask(admission, n_rows, accepted), rows, np.arange(n_rows))
+
+    def candidates(self, n: int) -> None:
+        """``None``: which sub-slot an arrival takes depends on the owners earlier arrivals leave,
+        so admission is decided batch by batch (:meth:`admit`)."""
+        return None
+
+    def admit(self, keys: np.ndarray, has_key: np.ndarray | None = None) -> Admission:
+        """Decide slot owners, tenures and sub-slots for a batch of arrivals from their keys,
+        positions and the draws only (module docstring), before any record is read: the
+        arrivals that hold a sub-slot after the batch and their cells (``slot * L + sub``).
+        :meth:`place` (or :meth:`add_batch`, which calls both) writes them."""
+        if self._pending is not None:
+            raise RuntimeError("an admission is pending: place() it before admitting more arrivals")
         keys = np.asarray(keys)
         n = keys.shape[0]
         if keys.ndim != 1:
             raise ValueError("keys must be one id per arrival")
         if keys.dtype != np.uint64:
             keys, _ = key_ids(keys)
-        ok = np.ones(n, dtype=bool) if accepted is None else np.asarray(accepted, dtype=bool)
-        if ok.shape != (n,) or int(ok.sum()) != n_rows:
-            raise ValueError(f"accepted mask has {int(ok.sum())} True entries of {ok.size} for {n_rows} rows "
-                             f"and {n} keys")
         present = np.ones(n, dtype=bool) if has_key is None else np.asarray(has_key, dtype=bool)
         if present.shape != (n,):
             raise ValueError("has_key must be one flag per arrival")
+        none = np.zeros(0, dtype=np.int64)
         if n == 0:
-            return
+            self._pending = Admission(self._seen, 0, none, none, renewed=none)
+            return self._pending
         K, L = self._capacity, self._per_key
         positions = self._seen + np.arange(n, dtype=np.int64)
         draws = self._rng.integers(0, positions + 1)  # key replacement: j ~ U{0..p}
@@ -314,8 +341,8 @@ class KeyReservoir:
         # Per-key Algorithm R inside each slot, for the last tenure of each slot in this batch.
         live = np.flatnonzero(slot >= 0)
         if live.size == 0:
-            self._seen += n
-            return
+            self._pending = Admission(self._seen, n, none, none, renewed=none)
+            return self._pending
         s_live = slot[live]
         last_event = np.full(K, -1, dtype=np.int64)
         for t, s in events:  # events are in arrival order per slot; keep the last one
@@ -324,10 +351,6 @@ class KeyReservoir:
         live, s_live = live[keep], s_live[keep]
         renewed = np.flatnonzero(last_event >= 0)
         self._count[renewed] = 0
-        self._valid[renewed] = False
-        self._occupied[renewed] = False
-        for col in self._cols.values():
-            col[renewed] = 0
         by_slot = np.argsort(s_live, kind="stable")
         live, s_live = live[by_slot], s_live[by_slot]
         starts = np.searchsorted(s_live, s_live, "left")
@@ -339,18 +362,31 @@ class KeyReservoir:
         # The last arrival per (slot, sub-slot) wins, as if inserted one by one.
         cell = s_live * L + sub
         order_t = np.argsort(live, kind="stable")
-        live, s_live, sub, cell = live[order_t], s_live[order_t], sub[order_t], cell[order_t]
+        live, cell = live[order_t], cell[order_t]
         _, first_rev = np.unique(cell[::-1], return_index=True)
-        last = cell.size - 1 - first_rev
-        live, s_live, sub = live[last], s_live[last], sub[last]
-        good = ok[live]
-        row_of = np.cumsum(ok) - 1
+        last = np.sort(cell.size - 1 - first_rev)  # in arrival order
+        self._pending = Admission(self._seen, n, live[last], cell[last], renewed=renewed)
+        return self._pending
+
+    def _store(self, admission: Admission, good: np.ndarray, rows: Mapping[str, np.ndarray],
+               src: np.ndarray) -> None:
+        """Restart the renewed slots, then write ``rows[src]`` to the cells of the accepted
+        admitted arrivals and empty the others' cells."""
+        if admission is not self._pending:
+            raise RuntimeError("this admission is not the reservoir's pending one")
+        renewed = admission.renewed
+        self._valid[renewed] = False
+        self._occupied[renewed] = False
+        for col in self._cols.values():
+            col[renewed] = 0
+        s_live, sub = np.divmod(admission.slots, self._per_key)
         self._occupied[s_live, sub] = True
         self._valid[s_live, sub] = good
         for name, col in self._cols.items():
             col[s_live[~good], sub[~good]] = 0
-            col[s_live[good], sub[good]] = np.asarray(rows[name])[row_of[live[good]]]
-        self._seen += n
+            col[s_live[good], sub[good]] = np.asarray(rows[name])[src]
+        self._seen = admission.start + admission.n
+        self._pending = None
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -399,3 +435,4 @@ class KeyReservoir:
         self._slot_of = {int(k): s for s, k in enumerate(owners.tolist())}
         self._rng.bit_generator.state = state["rng"]
         self._sub_rng.bit_generator.state = state["sub_rng"]
+        self._pending = None

@@ -163,6 +163,7 @@ class PrivateLearner:
         self.max_rejected_fraction = cfg.sampling.max_rejected_fraction
         self._refused: str | None = None
         self._replay_until: int | None = None
+        self.validation = cfg.sampling.validation
 
     @classmethod
     def from_config(cls, config: Any, ledger: Ledger | None = None) -> "PrivateLearner":
@@ -261,7 +262,11 @@ class PrivateLearner:
         """Decode (bytes) or validate (dicts) one batch of records and offer it; returns the
         decoded batch, whose ``rejected`` lists ``(arrival, reason, detail)``. With
         ``privacy.unit: key``, ``keys`` are the arrivals' keys (e.g. Kafka message keys); with
-        ``privacy.key_field`` set they are read from that field instead (privacy rule 12)."""
+        ``privacy.key_field`` set they are read from that field instead (privacy rule 12). With
+        ``sampling.validation: admitted`` only the arrivals the reservoir admits are decoded
+        (:meth:`offer_raw`)."""
+        if self.validation == "admitted":
+            return self.offer_raw(values, keys=self.keys_of(values, keys))
         if len(values) and isinstance(values[0], (bytes, bytearray)):
             batch = decode_batch(self.model, values)
         else:
@@ -305,25 +310,97 @@ class PrivateLearner:
         if self.unit == "key":
             batch, ids, has = _with_keys(batch, keys)
         ok = batch.ok
-        n = len(ok)
         self.rejected.update(reason for _, reason, _ in batch.rejected)
         row_end = np.cumsum(ok)
-        start = 0
-        while start < n and not self.halted:
-            end = start + self._chunk(n - start)
+
+        def add(start: int, end: int) -> None:
             lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
             rows = {k: v[lo:hi] for k, v in batch.rows.items()}
             if ids is not None:
                 self.reservoir.add_batch(rows, ids[start:end], accepted=ok[start:end], has_key=has[start:end])
             else:
                 self.reservoir.add_batch(rows, accepted=ok[start:end])
+
+        self._offer_chunks(len(ok), add, stop, on_step)
+        return batch
+
+    def offer_raw(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
+                  stop: Callable[[], bool] = lambda: False, on_step: Callable[[StepResult], None] | None = None,
+                  keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
+        """Admission before decoding (``sampling.validation: admitted``): offer every arrival of
+        ``values`` (bytes or dicts), decoding and validating only those the reservoir admits.
+
+        Each chunk between possible steps is admitted first (:meth:`Reservoir.admit`: positions
+        and the reservoir's RNG only, the same draws :meth:`offer` makes), and only admitted
+        arrivals are placed; a rejected admitted arrival empties its slot as in :meth:`offer`.
+        What is decoded: the reservoir's :meth:`~Reservoir.candidates` for the whole batch (every
+        arrival whose draw hits a slot, from a copy of its generator, decoded in one pass: a
+        superset of every chunk's admissions), or, for a key reservoir, each chunk's admitted
+        arrivals. So the reservoir (contents, validity, ``seen``, RNG state), the steps and the
+        releases are exactly those of :meth:`offer` on the same stream; arrivals that hold no
+        slot after their chunk could not reach a release, and most of them are never read. With
+        ``privacy.unit: key``, ``keys`` are the arrivals' message keys (admission needs them
+        before decoding); a keyless arrival takes no slot and is rejected as ``missing_key``
+        without being decoded. Returns the batch with ``ok`` and ``rejected`` over the decoded
+        (and keyless) arrivals only, ``rows`` empty and ``skipped`` the arrivals never decoded.
+        """
+        n = len(values)
+        bytes_in = bool(n) and isinstance(values[0], (bytes, bytearray))
+        ok = np.zeros(n, dtype=bool)
+        rejected: list[tuple[int, str, str]] = []
+        decoded = 0
+
+        def decode(idx: np.ndarray) -> DecodedBatch:
+            """Decode arrivals ``idx``; their rejections are recorded at their positions."""
+            nonlocal decoded
+            part_values = list(map(values.__getitem__, idx.tolist()))
+            part = decode_batch(self.model, part_values) if bytes_in else _parse(self.model, part_values)
+            ok[idx[part.ok]] = True
+            rejected.extend((int(idx[i]), reason, detail) for i, reason, detail in part.rejected)
+            self.rejected.update(reason for _, reason, _ in part.rejected)
+            decoded += idx.size
+            return part
+
+        ids = has = None
+        if self.unit == "key":  # keyless arrivals take no slot: rejected as missing_key without decoding
+            ids, has = _arrival_keys(keys, n)
+            rejected = [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(~has)]
+            self.rejected.update(reason for _, reason, _ in rejected)
+        candidates = self.reservoir.candidates(n)
+        if candidates is not None:  # one decoding pass over a superset of every chunk's admissions
+            pre = decode(candidates)
+            row_of = np.cumsum(pre.ok) - 1
+
+        def add(start: int, end: int) -> None:
+            if ids is not None:
+                admission = self.reservoir.admit(ids[start:end], has[start:end])
+                part = decode(admission.arrivals + start)
+                self.reservoir.place(admission, part.rows, part.ok)
+                return
+            admission = self.reservoir.admit(end - start)
+            j = np.minimum(np.searchsorted(candidates, admission.arrivals + start), candidates.size - 1)
+            if not np.array_equal(candidates[j], admission.arrivals + start):  # candidates() broke its promise
+                raise RuntimeError("an admitted arrival was not among the reservoir's decoded candidates")
+            good = pre.ok[j]
+            self.reservoir.place(admission, {k: v[row_of[j[good]]] for k, v in pre.rows.items()}, good)
+
+        self._offer_chunks(n, add, stop, on_step)
+        return DecodedBatch(ok, {}, sorted(rejected), skipped=n - decoded)
+
+    def _offer_chunks(self, n: int, add: Callable[[int, int], None], stop: Callable[[], bool],
+                      on_step: Callable[[StepResult], None] | None) -> None:
+        """Add arrivals ``[start, end)`` chunk by chunk, cut where a step may be due, and step
+        when the trigger fires (no new step after ``stop()``; nothing more once halted)."""
+        start = 0
+        while start < n and not self.halted:
+            end = start + self._chunk(n - start)
+            add(start, end)
             self.trigger.observe(end - start)
             start = end
             if self.reservoir.full and self.trigger.due() and not stop():
                 result = self.step()
                 if result is not None and on_step is not None:
                     on_step(result)
-        return batch
 
     def time_due(self) -> bool:
         """A time-based step is due (``every_seconds``) and the reservoir is full."""
@@ -356,11 +433,11 @@ class PrivateLearner:
     def _chunk(self, remaining: int) -> int:
         """Arrivals to add before the next possible update, so updates happen at exact positions."""
         res, every = self.reservoir, self.trigger.every_records
-        if not res.full and self.unit == "record":
+        if not res.full and self.unit == "record" and res.seen < res.capacity:
             return min(remaining, res.capacity - res.seen)
         if not res.full and every is not None:
-            # a key reservoir fills when K distinct keys have arrived (a public position): check at
-            # every multiple of every_records, so the first update's position is poll-size free
+            # a key reservoir fills when K distinct keys have arrived, a sampled window when M
+            # arrivals were admitted: check at every multiple of every_records
             return min(remaining, every - self.trigger.pending % every)
         if every is not None:
             return min(remaining, max(1, every - self.trigger.pending))
@@ -383,7 +460,7 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
     sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy",
-                                      "window_rate") if k in o}
+                                      "window_rate", "validation") if k in o}
     if "sampling" in o:
         sampling["method"] = o.pop("sampling")
     schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa", "rho_min") if k in o}
@@ -436,20 +513,26 @@ def _field_keys(values: Sequence[Any], field: str) -> list[Any]:
 def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
                ) -> tuple[DecodedBatch, np.ndarray, np.ndarray]:
     """Key ids of the arrivals, and the batch with keyless arrivals rejected as ``missing_key``."""
-    if keys is None:
-        from stream_vips.config import ConfigError
-
-        raise ConfigError("privacy.unit: key needs the key of every arrival (feed(values, keys=...), e.g. the "
-                          "Kafka message keys) or privacy.key_field")
-    ids, has = key_ids(keys)
-    if ids.shape[0] != len(batch.ok):
-        raise ValueError(f"{ids.shape[0]} keys for {len(batch.ok)} arrivals")
+    ids, has = _arrival_keys(keys, len(batch.ok))
     lost = batch.ok & ~has
     if not lost.any():
         return batch, ids, has
     keep = has[batch.ok]  # rows of accepted arrivals that have a key
     rejected = sorted(batch.rejected + [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(lost)])
     return DecodedBatch(batch.ok & has, {k: v[keep] for k, v in batch.rows.items()}, rejected), ids, has
+
+
+def _arrival_keys(keys: Sequence[Any] | np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Key ids of ``n`` arrivals and the mask of those that have one (privacy rule 12)."""
+    if keys is None:
+        from stream_vips.config import ConfigError
+
+        raise ConfigError("privacy.unit: key needs the key of every arrival (feed(values, keys=...), e.g. the "
+                          "Kafka message keys) or privacy.key_field")
+    ids, has = key_ids(keys)
+    if ids.shape[0] != n:
+        raise ValueError(f"{ids.shape[0]} keys for {n} arrivals")
+    return ids, has
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterable[list[Any]]:

@@ -38,7 +38,8 @@ import numpy as np
 
 from connectors import build_connector
 from stream_vips.config import Config, ConfigError
-from stream_vips.decoding import DecodedBatch, InlineDecoder, ProcessDecoder, decode_batch, make_decoder
+from stream_vips.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, ProcessDecoder, decode_batch,
+                                  make_decoder)
 from stream_vips.engine import StepResult
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
@@ -68,6 +69,7 @@ class RunStats:
     updates: int = 0
     skipped_steps: int = 0  # trigger points an earlier life already paid for (after a restore)
     duplicates: int = 0  # records dropped because this process had already applied their offsets
+    not_decoded: int = 0  # arrivals the reservoir did not admit, never decoded (sampling.validation: admitted)
     published: int = 0
     halted: bool = False
     halt_reason: str | None = None
@@ -129,8 +131,8 @@ class Application:
         self.dead_letter_max_bytes = int(dead_letter_max_bytes)
         self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
         self._dead_letter_failure: Exception | None = None
-        self._decoder: InlineDecoder | ProcessDecoder = InlineDecoder(learner.model)
-        self._inflight: collections.deque[tuple[Any, dict | None]] = collections.deque()  # (raws, positions after)
+        self._decoder: InlineDecoder | ProcessDecoder | DeferredDecoder = InlineDecoder(learner.model)
+        self._inflight: collections.deque[tuple[Any, dict | None, list[bytes]]] = collections.deque()  # (raws, positions after, values)
         self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")
         self._unpublished = False
@@ -234,7 +236,8 @@ class Application:
                 self.engine.monitor.prepare(self.engine.event())  # the accountant's search, before consuming
             if on_start is not None:
                 on_start(self)
-            self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {})
+            self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {},
+                                         self.learner.validation)
             if isinstance(self.source, RebalancingSource):
                 self.source.before_revoke = self._before_revoke
             with _blas_limit(self.blas_threads), _gc_tuned(self.poll_max_records):
@@ -255,8 +258,9 @@ class Application:
                 continue
             raws = self._take_new(self.source.poll(self.poll_max_records, self.poll_timeout_s))
             if raws:
-                self._decoder.submit(values_of(raws))
-                self._inflight.append((raws, self._positions()))
+                values = values_of(raws)
+                self._decoder.submit(values)
+                self._inflight.append((raws, self._positions(), values))
                 while len(self._inflight) > self._decoder.overlaps:
                     self._apply_next()
                 self._commit()
@@ -282,10 +286,10 @@ class Application:
 
     def _apply_next(self) -> None:
         """Apply the oldest batch in flight (once halted it is dropped: updates have ended)."""
-        raws, positions = self._inflight.popleft()
+        raws, positions, values = self._inflight.popleft()
         batch = self._decoder.result()
         if not self.halted:
-            self._apply(raws, batch)
+            self._apply(raws, batch, values)
             self._applied = positions
 
     def _commit(self, final: bool = False) -> None:
@@ -379,12 +383,16 @@ class Application:
 
     def ingest(self, raws: Sequence[RawRecord]) -> None:
         """Decode, validate, dead-letter and reservoir one polled batch (in this process)."""
-        self._apply(raws, decode_batch(self.model, values_of(raws)))
+        values = values_of(raws)
+        admitted = self.learner.validation == "admitted"
+        self._apply(raws, None if admitted else decode_batch(self.model, values), values)
 
-    def _apply(self, raws: Sequence[RawRecord], batch: DecodedBatch) -> None:
+    def _apply(self, raws: Sequence[RawRecord], batch: DecodedBatch | None, values: list[bytes]) -> None:
         """Dead-letter the rejects and offer every arrival to the learner, which steps on its
         trigger (after a stop signal the rest of the batch still enters the reservoir, since it
-        is committed, but no new step starts)."""
+        is committed, but no new step starts). ``batch`` ``None`` (``sampling.validation:
+        admitted``): the learner decodes the arrivals its reservoir admits, and only those can
+        be rejected."""
         n = len(raws)
         self.stats.records += n
         self.metrics.records_consumed.inc(n)
@@ -392,8 +400,12 @@ class Application:
         if self.learner.unit == "key":  # privacy rule 12: the key field wins over the message key
             message_keys = (raws.origin_field("key") if isinstance(raws, RecordBatch)
                             else [raw.origin.get("key") for raw in raws])
-            keys = self.learner.keys_of(values_of(raws), message_keys)
-        batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
+            keys = self.learner.keys_of(values, message_keys)
+        if batch is None:
+            batch = self.learner.offer_raw(values, stop=self._stop.is_set, on_step=self._released, keys=keys)
+            self.stats.not_decoded += batch.skipped
+        else:
+            batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
         if batch.rejected:
             self._dead_letter(raws, batch.rejected)

@@ -14,20 +14,77 @@ arrival that wins a slot leaves it empty (a null record). :meth:`take` skips emp
 null record contributes zero to every sum, which is within any per-record bound; with the public
 normalisers (q*M or S) the analysis is unchanged.
 
+Admission before decoding (``sampling.validation: admitted``). Because membership is a function
+of positions and the generator only, :meth:`Reservoir.admit` can decide, before any record of a
+batch is read, which arrivals will hold a slot after it (the last one per slot), drawing exactly
+what :meth:`Reservoir.add_batch` draws; :meth:`Reservoir.place` then stores just those, so
+``add_batch`` is ``admit`` + ``place`` and both paths leave the same rows, validity, ``seen``
+and generator state. The privacy argument is unchanged: (1) admission reads no record, so it is
+identical for neighbouring streams, and a record holds at most one slot as before; (2) a rejected
+admitted arrival empties its slot (the null record) exactly as with ``add_batch``, and since
+later admissions depend on positions and draws only, a rejection never shifts them (a stream with
+bad records admits the same positions as a clean one, given the seed); (3) an arrival that is not
+admitted could not be in any release, so not reading it changes no release. The only new public
+fact is which admitted positions were rejected, a subset of what validating every record makes
+public (privacy rule 1). :meth:`Reservoir.candidates` gives a superset of the arrivals any
+batching can admit, from a copy of the generator, so a caller decodes them in one pass.
+
 >>> import numpy as np
 >>> res = Reservoir({"x": (np.float64, (2,))}, capacity=3, rng=np.random.default_rng(0))
 >>> res.add_batch({"x": np.arange(10.0).reshape(5, 2)})
 >>> res.size, res.seen, res.full
 (3, 5, True)
+>>> admission = res.admit(6)  # positions 5..10: only these three arrivals will hold a slot
+>>> admission.arrivals.tolist(), admission.slots.tolist()
+([1, 2, 5], [1, 2, 0])
+>>> res.place(admission, {"x": np.ones((3, 2))})
+>>> res.seen
+11
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
 Layout = Mapping[str, tuple[Any, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The arrivals of a batch whose content a reservoir will keep, decided before any is read.
+
+    ``start``: arrival positions consumed before the batch; ``n``: arrivals in it; ``arrivals``:
+    ascending indices into the batch of the arrivals that hold a slot after it (the last one per
+    slot); ``slots``: their slots. A window reservoir adds ``ring``, its admitted count after the
+    batch; a key reservoir adds ``renewed``, the key slots whose tenure restarts in it.
+    """
+
+    start: int
+    n: int
+    arrivals: np.ndarray
+    slots: np.ndarray
+    ring: int | None = None
+    renewed: np.ndarray | None = None
+
+
+def _copy(rng: np.random.Generator) -> np.random.Generator:
+    """A generator in the same state as ``rng`` (advancing it leaves ``rng`` alone)."""
+    bit_generator = type(rng.bit_generator)(0)
+    bit_generator.state = rng.bit_generator.state
+    return np.random.Generator(bit_generator)
+
+
+def admitted_mask(admission: Admission, n_rows: int, accepted: np.ndarray | None) -> np.ndarray:
+    """``accepted`` (a mask over ``admission.arrivals``, default all) checked against ``n_rows``."""
+    count = admission.arrivals.size
+    good = np.ones(count, dtype=bool) if accepted is None else np.asarray(accepted, dtype=bool)
+    if good.shape != (count,) or int(good.sum()) != n_rows:
+        raise ValueError(f"accepted mask has {int(good.sum())} True entries of {good.size} for {n_rows} rows "
+                         f"and {count} admitted arrivals")
+    return good
 
 
 class Reservoir:
@@ -56,6 +113,7 @@ class Reservoir:
         self._valid = np.zeros(self._capacity, dtype=bool)
         self._rng = rng
         self._seen = 0
+        self._pending: Admission | None = None
 
     @property
     def capacity(self) -> int:
@@ -131,26 +189,16 @@ class Reservoir:
                 raise ValueError("reservoir columns of one batch must have the same number of rows")
         return int(n or 0)
 
-    def add_batch(self, rows: Mapping[str, np.ndarray], accepted: np.ndarray | None = None) -> None:
-        """Offer a batch of arrivals, in order.
+    def admit(self, n: int) -> Admission:
+        """Which of the next ``n`` arrivals will hold a slot after them, from positions and the RNG.
 
-        ``rows`` holds the preprocessed accepted records (the layout's columns). ``accepted`` is
-        a boolean mask over all arrivals of the batch with one True per row; without it every
-        arrival is a row. Rejected arrivals consume positions and empty the slots they win.
+        Draws exactly what :meth:`add_batch` would draw for ``n`` arrivals, so the two paths
+        consume the generator identically; :meth:`place` must follow before the next call. The
+        result never depends on record values: it is computed before any is decoded.
         """
-        n_rows = self._check_rows(rows)
-        if accepted is None:
-            ok = None
-            n = n_rows
-        else:
-            ok = np.asarray(accepted, dtype=bool)
-            if ok.ndim != 1 or int(ok.sum()) != n_rows:
-                raise ValueError(f"accepted mask has {int(ok.sum())} True entries for {n_rows} rows")
-            n = ok.size
-            row_of = np.cumsum(ok) - 1  # row index of each accepted arrival
-        if n == 0:
-            return
-        m, start = self._capacity, self._seen
+        if self._pending is not None:
+            raise RuntimeError("an admission is pending: place() it before admitting more arrivals")
+        n, m, start = int(n), self._capacity, self._seen
         # Arrivals that fill empty slots: slot = position. Then Algorithm R from positions only.
         n_fill = max(0, min(n, m - start))
         arrivals = np.arange(n_fill)
@@ -163,20 +211,67 @@ class Reservoir:
             slots = np.concatenate([slots, draws[hit]])
             # The last arrival per slot wins: unique() on the reversed order finds it.
             _, first_rev = np.unique(slots[::-1], return_index=True)
-            last = slots.size - 1 - first_rev
+            last = np.sort(slots.size - 1 - first_rev)  # in arrival order
             arrivals, slots = arrivals[last], slots[last]
-        if ok is None:
-            src = arrivals
-            self._valid[slots] = True
+        self._pending = Admission(start, n, arrivals, slots)
+        return self._pending
+
+    def candidates(self, n: int) -> np.ndarray | None:
+        """A superset of the arrivals among the next ``n`` that :meth:`admit` can name, however
+        they are cut into batches: the filling ones and every one whose draw hits a slot. Drawn
+        from a copy of the generator, so the reservoir's own is not advanced (a caller decodes
+        these in one pass, then admits batch by batch)."""
+        m, start = self._capacity, self._seen
+        n_fill = max(0, min(int(n), m - start))
+        if n_fill == n:
+            return np.arange(n_fill)
+        positions = np.arange(start + n_fill, start + n, dtype=np.int64)
+        draws = _copy(self._rng).integers(0, positions + 1)  # the draws admit() will make, per position
+        return np.concatenate([np.arange(n_fill), n_fill + np.flatnonzero(draws < m)])
+
+    def place(self, admission: Admission, rows: Mapping[str, np.ndarray],
+              accepted: np.ndarray | None = None) -> None:
+        """Store the admitted arrivals of :meth:`admit`: ``rows`` hold the accepted ones in order,
+        ``accepted`` is a mask over ``admission.arrivals`` (default: all). A rejected admitted
+        arrival empties its slot, exactly as in :meth:`add_batch`."""
+        n_rows = self._check_rows(rows)
+        self._store(admission, admitted_mask(admission, n_rows, accepted), rows, np.arange(n_rows))
+
+    def add_batch(self, rows: Mapping[str, np.ndarray], accepted: np.ndarray | None = None) -> None:
+        """Offer a batch of arrivals, in order.
+
+        ``rows`` holds the preprocessed accepted records (the layout's columns). ``accepted`` is
+        a boolean mask over all arrivals of the batch with one True per row; without it every
+        arrival is a row. Rejected arrivals consume positions and empty the slots they win.
+        """
+        n_rows = self._check_rows(rows)
+        if accepted is None:
+            admission = self.admit(n_rows)
+            good, src = np.ones(admission.arrivals.size, dtype=bool), admission.arrivals
         else:
-            good = ok[arrivals]
-            self._valid[slots] = good
+            ok = np.asarray(accepted, dtype=bool)
+            if ok.ndim != 1 or int(ok.sum()) != n_rows:
+                raise ValueError(f"accepted mask has {int(ok.sum())} True entries for {n_rows} rows")
+            admission = self.admit(ok.size)
+            good = ok[admission.arrivals]
+            src = (np.cumsum(ok) - 1)[admission.arrivals[good]]  # row index of each accepted arrival
+        self._store(admission, good, rows, src)
+
+    def _store(self, admission: Admission, good: np.ndarray, rows: Mapping[str, np.ndarray],
+               src: np.ndarray) -> None:
+        """Write ``rows[src]`` to the slots of the accepted admitted arrivals, empty the others."""
+        if admission is not self._pending:
+            raise RuntimeError("this admission is not the reservoir's pending one")
+        slots = admission.slots
+        self._valid[slots] = good
+        if not good.all():
             for col in self._cols.values():
                 col[slots[~good]] = 0  # the evicted record is gone, not kept behind a flag
-            slots, src = slots[good], row_of[arrivals[good]]
+        slots = slots[good]
         for name, col in self._cols.items():
             col[slots] = np.asarray(rows[name])[src]
-        self._seen = start + n
+        self._seen = admission.start + admission.n
+        self._pending = None
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue exactly: filled rows, ``seen`` and the RNG state."""
@@ -215,3 +310,4 @@ class Reservoir:
         self._valid[size:] = False
         self._rng.bit_generator.state = state["rng"]
         self._seen = seen
+        self._pending = None

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stream_vips.reservoir import Layout, Reservoir
+from stream_vips.reservoir import Admission, Layout, Reservoir, _copy
 
 
 def window_steps(capacity: int, every_records: int) -> int:
@@ -72,30 +72,31 @@ class WindowReservoir(Reservoir):
     def full(self) -> bool:
         return self._admitted >= self._capacity
 
-    def add_batch(self, rows: Mapping[str, np.ndarray], accepted: np.ndarray | None = None) -> None:
-        """Offer a batch of arrivals in order (``accepted`` as for :meth:`Reservoir.add_batch`):
-        admitted ones overwrite the oldest slots, so within a batch the latest arrival per slot
-        wins, exactly as if they had been offered one by one."""
-        n_rows = self._check_rows(rows)
-        ok = np.ones(n_rows, dtype=bool) if accepted is None else np.asarray(accepted, dtype=bool)
-        if ok.ndim != 1 or int(ok.sum()) != n_rows:
-            raise ValueError(f"accepted mask has {int(ok.sum())} True entries for {n_rows} rows")
-        n = ok.size
-        if n == 0:
-            return
+    def admit(self, n: int) -> Admission:
+        """The arrivals of the next ``n`` that will hold a slot after them (the last M admitted),
+        drawing what :meth:`add_batch` draws (:meth:`Reservoir.admit`)."""
+        if self._pending is not None:
+            raise RuntimeError("an admission is pending: place() it before admitting more arrivals")
+        n = int(n)
         admitted = np.arange(n) if self.rate == 1.0 else np.flatnonzero(self._rng.random(n) < self.rate)
         m, base, count = self._capacity, self._admitted, admitted.size
         slots = (base + np.arange(count)) % m
         if count > m:  # the earlier ones are overwritten within this batch
             admitted, slots = admitted[-m:], slots[-m:]
-        good = ok[admitted]
-        row_of = np.cumsum(ok) - 1
-        self._valid[slots] = good
-        for name, col in self._cols.items():
-            col[slots[~good]] = 0  # the evicted record is gone, not kept behind a flag
-            col[slots[good]] = np.asarray(rows[name])[row_of[admitted[good]]]
-        self._admitted = base + count
-        self._seen += n
+        self._pending = Admission(self._seen, n, admitted, slots, ring=base + count)
+        return self._pending
+
+    def candidates(self, n: int) -> np.ndarray | None:
+        """The arrivals among the next ``n`` that the window admits (a superset of what
+        :meth:`admit` names, however they are batched), from a copy of the generator."""
+        if self.rate == 1.0:
+            return np.arange(int(n))
+        return np.flatnonzero(_copy(self._rng).random(int(n)) < self.rate)
+
+    def _store(self, admission: Admission, good: np.ndarray, rows: Mapping[str, np.ndarray],
+               src: np.ndarray) -> None:
+        super()._store(admission, good, rows, src)
+        self._admitted = int(admission.ring)  # type: ignore[arg-type]
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue exactly (the window's position in its ring included)."""
