@@ -9,8 +9,8 @@ Java client's default; kafka-python's own 30 s would stall recovery for half a m
 broker restart).
 
 ``client`` picks the client library behind every connector of the connection: ``kafka-python``
-(the default) or ``confluent`` (confluent-kafka on librdkafka, several times faster at reading;
-:mod:`connectors.kafka.confluent`). Both give the same guarantees; topic administration and
+(the default) or ``confluent`` (confluent-kafka on librdkafka, about three times faster at
+reading in benchmarks/bench_kafka.py; :mod:`connectors.kafka.confluent`). Both give the same guarantees; topic administration and
 reading a whole topic back (ledger replay, ``Sink.latest``) use kafka-python in either case.
 """
 
