@@ -66,6 +66,8 @@ _TRANSIENT = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROK
               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.LEADER_NOT_AVAILABLE,
               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NOT_ENOUGH_REPLICAS,
               KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+#: The most messages one ``consume()`` call may return (confluent-kafka's limit).
+MAX_CONSUME = 1_000_000
 #: How long a transaction call (init, commit, abort) may block, like kafka-python's max_block_ms.
 TRANSACTION_TIMEOUT_S = 60.0
 
@@ -176,7 +178,7 @@ class ConfluentConsumer:
         if self._kept:
             msgs, self._kept = self._kept[:max_records], self._kept[max_records:]
         else:
-            msgs = self.raw.consume(max_records, timeout_s)
+            msgs = self.raw.consume(min(max_records, MAX_CONSUME), timeout_s)
         if not msgs:
             return []
         if any(map(Message.error, msgs)):
