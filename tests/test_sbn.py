@@ -71,7 +71,7 @@ def brute_round(model: SigmoidBeliefNetwork, y: np.ndarray, pi: np.ndarray):
 @pytest.mark.parametrize("iterations", [1, 3])
 def test_e_step_matches_brute_force_enumeration(iterations):
     rng = np.random.default_rng(1)
-    model = SigmoidBeliefNetwork(5, 3, 100, inner_iterations=iterations, seed=2)
+    model = SigmoidBeliefNetwork(5, 3, 100, inner_iterations=iterations, seed=2, damping=1.0)
     random_state(model, rng)
     Y = (rng.random((4, 5)) < 0.5).astype(float)
     pi, xi = model._e_step(Y)
@@ -86,7 +86,7 @@ def test_e_step_matches_brute_force_enumeration(iterations):
 def test_single_latent_unit_posterior_is_exact_given_omega():
     """K = 1: mean field is exact, so q(z = 1) equals the normalised augmented joint."""
     rng = np.random.default_rng(3)
-    model = SigmoidBeliefNetwork(6, 1, 100, inner_iterations=2, seed=0)
+    model = SigmoidBeliefNetwork(6, 1, 100, inner_iterations=2, seed=0, damping=1.0)
     random_state(model, rng)
     y = (rng.random(6) < 0.5).astype(float)
     pi, xi = model._e_step(y[None])
@@ -304,3 +304,25 @@ def test_state_with_separate_bias_factor_loads_exactly():
     np.testing.assert_allclose(model.latent_bias, b, atol=1e-5)
     with pytest.raises(ValueError, match="'w_h' must have shape"):
         model.load_state({**old, "c_h": np.zeros(J + 1)})  # not the earlier layout either: clear error
+
+
+def test_damped_e_step_is_the_average_step_and_keeps_fixed_points():
+    """One damped round is the average of the old q(z) and the undamped round; run long enough,
+    damped and undamped rounds reach the same fixed point (on a weakly coupled model)."""
+    rng = np.random.default_rng(7)
+    Y = (rng.random((6, 5)) < 0.5).astype(float)
+    one = {}
+    for lam in (1.0, 0.5):
+        model = SigmoidBeliefNetwork(5, 3, 100, inner_iterations=1, seed=2, damping=lam)
+        random_state(model, np.random.default_rng(1), scale=0.1)
+        one[lam] = model._e_step(Y)[0]
+    start = expit(model.latent_bias)
+    np.testing.assert_allclose(one[0.5], 0.5 * start + 0.5 * one[1.0], rtol=1e-12)
+    long = {}
+    for lam in (1.0, 0.5):
+        model = SigmoidBeliefNetwork(5, 3, 100, inner_iterations=200, seed=2, damping=lam)
+        random_state(model, np.random.default_rng(1), scale=0.1)
+        long[lam] = model._e_step(Y)[0]
+    np.testing.assert_allclose(long[0.5], long[1.0], atol=1e-9)
+    with pytest.raises(ValueError, match="damping"):
+        SigmoidBeliefNetwork(5, 3, 100, damping=1.5)

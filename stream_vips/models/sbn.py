@@ -18,7 +18,11 @@ psi = w_j^T z + c_j, E[psi^2] = pi^T M_j pi + sum_k pi_k (1 - pi_k) M_j,kk + 2 s
 + E[c_j^2]; then, all units at once,
 d_nk = E[b_k] + sum_j mu_jk (y_nj - 1/2)
        - sum_j E[omega_nj] ((M_j pi_n)_k - M_j,kk pi_nk + E[w_jk c_j] + M_j,kk / 2),
-pi_nk = sigmoid(d_nk) (eq. 70; (M_j pi)_k - M_j,kk pi_k + E[w_jk c_j] = E[psi_j^{\\k} w_jk]).
+pi_nk <- (1 - lambda) pi_nk + lambda sigmoid(d_nk) with the public ``damping`` lambda (eq. 70; (M_j pi)_k - M_j,kk pi_k + E[w_jk c_j] = E[psi_j^{\\k} w_jk]).
+All units move at once, so the update is damped (lambda = 1/2 by default): undamped parallel
+mean-field updates of strongly coupled units oscillate, and on MNIST with K = 100 the
+non-private reconstructions then fell from 0.88 to 0.51 within 7 steps (on held-out training
+images), while with lambda = 1/2 they rose to 0.96; damping leaves the fixed points unchanged.
 One product M_j pi_n per round serves both formulas (n J K^2 multiply-adds, batched GEMMs), and
 the released ``xi_zz`` sum is one GEMM of E[omega] (J x n) with the packed <z z^T> (n x K(K+1)/2).
 
@@ -133,7 +137,8 @@ class SigmoidBeliefNetwork(Model):
     capacity, public); ``inner_iterations`` the fixed public number of E-step rounds; ``nu_b``,
     ``nu_c`` the prior variances of b and c; ``init_scale`` the std of the public random initial
     mean of W (``seed``), which breaks the symmetry between latent units; ``floor_factor`` scales
-    the eigenvalue floor of the averaged noisy ``xi_zz`` (module docstring).
+    the eigenvalue floor of the averaged noisy ``xi_zz``; ``damping`` in (0, 1] the step of the
+    parallel q(z) updates (module docstring).
 
     ``dtype="float32"`` runs the E-step products in single precision (about twice the throughput);
     the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly as stated,
@@ -152,6 +157,7 @@ class SigmoidBeliefNetwork(Model):
         nu_c: float = 10.0,
         init_scale: float = 0.1,
         floor_factor: float = 1.0,
+        damping: float = 0.5,
         seed: int = 0,
         dtype: str = "float64",
     ) -> None:
@@ -163,6 +169,9 @@ class SigmoidBeliefNetwork(Model):
         self.nu_c = positive("nu_c", nu_c)
         self.init_scale = positive("init_scale", init_scale)
         self.floor_factor = positive("floor_factor", floor_factor)
+        self.damping = positive("damping", damping)
+        if self.damping > 1.0:
+            raise ValueError(f"damping must be in (0, 1], got {damping!r}")
         self.seed = integer("seed", seed, minimum=0)
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
@@ -278,7 +287,7 @@ class SigmoidBeliefNetwork(Model):
             psi2 = quad + (pi - pi * pi) @ diagM.T + 2.0 * (pi @ cross.T) + ec2
             xi = pg_mean(np.sqrt(np.maximum(psi2, 0.0).astype(np.float64))).astype(dt)
             coupling = np.einsum("nj,jnk->nk", xi, Q, optimize=True) - pi * (xi @ diagM) + xi @ cw
-            pi = expit(fixed - coupling).astype(dt)
+            pi = ((1.0 - self.damping) * pi + self.damping * expit(fixed - coupling)).astype(dt)
         return pi, xi
 
     # ------------------------------------------------------------------ protocol: M-step
@@ -440,7 +449,7 @@ class SigmoidBeliefNetwork(Model):
         return {
             "n_visible": self.n_visible, "n_latent": self.n_latent, "dataset_size": self.dataset_size,
             "inner_iterations": self.inner_iterations, "nu_b": self.nu_b, "nu_c": self.nu_c,
-            "init_scale": self.init_scale, "floor_factor": self.floor_factor, "seed": self.seed,
+            "init_scale": self.init_scale, "floor_factor": self.floor_factor, "damping": self.damping, "seed": self.seed,
             "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name,
         }
 
@@ -538,9 +547,10 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: i
                              "(mean abs) of 16 rounds (0.037 at 2, 0.004 at 8); E-step cost is linear in rounds"),
         "init_scale": "0.1: small random start that breaks the symmetry between units without switching them off",
         "floor_factor": "1: eigenvalue floor at about half the spectral edge of the symmetric noise",
+        "damping": "1/2: parallel q(z) updates of coupled units oscillate undamped (non-private VB diverged)",
     }
     return {"q": S / n, "batch_size": S, "steps": max(1, n // S), "tau0": RULE_TAU0, "kappa": RULE_KAPPA,
             "block_weights": None,
             "model_params": {"n_latent": K, "dataset_size": n, "inner_iterations": RULE_INNER_ITERATIONS,
-                             "init_scale": 0.1, "floor_factor": 1.0},
+                             "init_scale": 0.1, "floor_factor": 1.0, "damping": 0.5},
             "why": why}
