@@ -216,6 +216,7 @@ def select_one(task: tuple[int, int, int]) -> list[dict]:
             rule = {"q": q, "steps": steps, "tau0": 1e4, "kappa": 0.51,
                     "model_params": {"dim": d, "hidden": hidden, "clip": None if method == "sep" else 1.0,
                                      "damping": refreshes / steps / 1e4 ** -0.51, "floor_factor": 1.0,
+                                     "mean_step_sds": 2.0,
                                      "dataset_size": n}}
             model, info = fit_bnn(method, Xtr, ytr, sc, seed, rule=rule)
             out.append({"n": n, "d": d, "seed": seed, "hidden": hidden, "method": method, "q": q,

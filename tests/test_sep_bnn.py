@@ -15,7 +15,7 @@ from stream_vips.client import posterior_from_message
 from stream_vips.learner import PrivateLearner
 from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
-    MEAN_STEP_SDS, BNNSEP, _split, fit_rule, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
+    BNNSEP, _split, fit_rule, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
 )
 from stream_vips.schedule import step_size
 
@@ -268,9 +268,9 @@ def test_warmup_grows_the_step_geometrically_and_ends_after_a_restore():
 def test_a_weights_precision_at_most_halves_and_its_mean_moves_at_most_two_sds_in_one_update():
     """Trust region: a released mean whose precision block would drive weights below zero and whose
     eta block would throw the means far (what a large SEP step or the noise can do) moves each
-    weight only until its precision halves or its mean has moved MEAN_STEP_SDS current sds."""
-    N = 2000
-    m = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=None, damping=1.0, warmup_growth=1e9)
+    weight only until its precision halves or (``mean_step_sds``) its mean has moved k current sds."""
+    N, k = 2000, 2.0
+    m = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=None, damping=1.0, warmup_growth=1e9, mean_step_sds=k)
     W = n_weights(D, H)
     rng = np.random.default_rng(6)
     fitted = m.state()
@@ -284,9 +284,9 @@ def test_a_weights_precision_at_most_halves_and_its_mean_moves_at_most_two_sds_i
     m.update({"site": bad}, rho=0.5)
     after_prec, after_mean = m.state()["prec"], m.posterior()[0]
     assert np.all(after_prec >= 0.5 * before_prec * (1 - 1e-12))
-    assert np.all(np.abs(after_mean - before_mean) <= MEAN_STEP_SDS * np.sqrt(before_var) * (1 + 1e-9))
+    assert np.all(np.abs(after_mean - before_mean) <= k * np.sqrt(before_var) * (1 + 1e-9))
     # an update the trust region does not bind on is the plain damped step
-    small = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=None, damping=1.0, warmup_growth=1e9)
+    small = BNNSEP(dim=D, hidden=H, dataset_size=N, clip=None, damping=1.0, warmup_growth=1e9, mean_step_sds=k)
     small.load_state(fitted)
     gentle = small.natural_parameters().copy()
     site = (gentle - small._prior) / N

@@ -52,9 +52,9 @@ released eta into a mean eta / floor that explodes (plain SEP at 100 records' wo
 to RMSE in the millions). Two guards: a warm-up caps the step at ``warmup_growth`` times what the
 site already holds (plus one record, :meth:`BNNSEP.step_fraction`), and a per-weight trust region
 shortens the step of any weight (its eta and precision together) whose precision would fall below
-half its current value or whose mean would move more than ``MEAN_STEP_SDS`` current posterior
-standard deviations (without the latter, plain SEP at about 1,000 records' worth per step
-diverged on a 48,546-row set).
+half its current value or, with ``mean_step_sds`` set, whose mean would move more than that many
+current posterior standard deviations (without the latter, plain SEP at about 1,000 records' worth
+per step diverged on a 48,546-row set; :func:`fit_rule` sets it, the few-step demo leaves it off).
 
 The sensitivity argument of the core module holds verbatim: neighbouring batches differ in one clipped site, so the release moves by at most
 2 N s C / Z, and the engine's event (noise multiplier z on a sum with per-record bound C,
@@ -92,8 +92,6 @@ from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-#: Trust region of one update: a weight's mean moves at most this many current posterior sds.
-MEAN_STEP_SDS = 2.0
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -224,7 +222,9 @@ class BNNSEP(DampedSite, Model):
     - ``precision_floor``/``floor_factor``: floor of the posterior weight precisions (default the
       prior precision, raised to floor_factor times the public noise std of a precision entry);
     - ``init_seed``/``init_scale``: the public draw of the initial weight means;
-    - ``warmup_growth``: g of the warm-up cap on the step (see :meth:`step_fraction`).
+    - ``warmup_growth``: g of the warm-up cap on the step (see :meth:`step_fraction`);
+    - ``mean_step_sds``: with a number k, an update moves no weight's mean by more than k current
+      posterior sds (``None``: no such limit; see the module docstring).
 
     :func:`fit_rule` gives every setting from (N, d, epsilon, delta) for a finite data set.
     """
@@ -253,6 +253,7 @@ class BNNSEP(DampedSite, Model):
         init_seed: int = 0,
         init_scale: float = 1.0,
         warmup_growth: float = 1.0,
+        mean_step_sds: float | None = None,
         max_abs: float = 1e9,
     ) -> None:
         self.dim = integer("dim", dim)
@@ -280,6 +281,7 @@ class BNNSEP(DampedSite, Model):
         self.init_seed = init_seed
         self.init_scale = positive("init_scale", init_scale)
         self.warmup_growth = positive("warmup_growth", warmup_growth)
+        self.mean_step_sds = optional_positive("mean_step_sds", mean_step_sds)
         self.max_abs = positive("max_abs", max_abs)
         self._absorbed = 0.0  # share of N theta_f built by updates so far: 1 - prod_t (1 - s_t)
         self.n_weights = n_weights(self.dim, self.hidden)
@@ -386,12 +388,13 @@ class BNNSEP(DampedSite, Model):
         drop = N * s * (self._site[W : 2 * W] - m[W : 2 * W])
         with np.errstate(divide="ignore", invalid="ignore"):
             cap = np.where(drop > 0.5 * prec, s * 0.5 * prec / drop, s)
-            # and its mean moves at most MEAN_STEP_SDS current posterior sds: with t the step, the
-            # new mean minus the old is t A / (prec + t dprec), A = d eta - m d prec, and the
-            # denominator is >= prec / 2 by the cap above, so t <= k sqrt(prec) / (2 |A|) suffices
-            d_eta = N * (m[:W] - self._site[:W])
-            A = np.abs(d_eta - (self._prior[:W] + N * self._site[:W]) / prec * N * (m[W : 2 * W] - self._site[W : 2 * W]))
-            cap = np.minimum(cap, np.where(A > 0, MEAN_STEP_SDS * np.sqrt(prec) / (2.0 * A), s))
+            if self.mean_step_sds is not None:
+                # its mean moves at most k current sds: with t the step, the new mean minus the old
+                # is t A / (prec + t dprec), A = d eta - m d prec, and the denominator is >= prec / 2
+                # by the cap above, so t <= k sqrt(prec) / (2 |A|) suffices
+                mean = (self._prior[:W] + N * self._site[:W]) / prec
+                A = np.abs(N * (m[:W] - self._site[:W]) + mean * drop / s)
+                cap = np.minimum(cap, np.where(A > 0, self.mean_step_sds * np.sqrt(prec) / (2.0 * A), s))
         step[:W] = step[W : 2 * W] = cap
         released = self._prior + N * ((1.0 - step) * self._site + step * m)
         self._set_posterior(released)
@@ -473,7 +476,7 @@ class BNNSEP(DampedSite, Model):
             "weight_precision_rate": self.weight_precision_rate, "noise_shape": self.noise_shape,
             "noise_rate": self.noise_rate, "precision_floor": self.precision_floor,
             "floor_factor": self.floor_factor, "init_seed": self.init_seed, "init_scale": self.init_scale,
-            "warmup_growth": self.warmup_growth, "max_abs": self.max_abs,
+            "warmup_growth": self.warmup_growth, "mean_step_sds": self.mean_step_sds, "max_abs": self.max_abs,
         }
 
 
@@ -485,6 +488,7 @@ RULE_STEPS = 200
 RULE_TAU0, RULE_KAPPA = 1e6, 0.51
 RULE_CLIP = 1.0
 RULE_LARGE_N = 20_000
+RULE_MEAN_STEP_SDS = 2.0
 #: s T (site refreshes over the run): private below / from RULE_MORE_REFRESHES_N records, non-private.
 RULE_SITE_REFRESHES = {"private_small": 1.0, "private": 2.0, "non_private": 4.0}
 RULE_MORE_REFRESHES_N = 5_000
@@ -543,12 +547,14 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
                                          f"the paper's choice (100 for its sets above {RULE_LARGE_N:,} rows, "
                                          "50 below)")),
         "clip": f"C = {RULE_CLIP}: the paper's choice (its Appendix E found larger C worse at epsilon 1)",
+        "mean_step_sds": f"{RULE_MEAN_STEP_SDS:g}: no weight's mean moves more than that many posterior sds per "
+                         "update (plain SEP at ~1,000 records' worth per step diverged without it)",
         "floor_factor": "1: precisions floored at the public noise std of a precision entry; larger floors "
                         "shrank every weight to the prior on synthetic data",
     }
     return {
         "q": RULE_Q, "steps": RULE_STEPS, "step": step, "tau0": RULE_TAU0, "kappa": RULE_KAPPA,
         "model_params": {"dim": d, "hidden": hidden, "clip": RULE_CLIP, "damping": damping,
-                         "floor_factor": 1.0, "dataset_size": n},
+                         "floor_factor": 1.0, "mean_step_sds": RULE_MEAN_STEP_SDS, "dataset_size": n},
         "why": why,
     }
