@@ -58,6 +58,9 @@ class Metrics:
         self.records_duplicate = Counter(
             f"{PREFIX}_records_duplicate", "Records dropped because this process had already taken their "
             "offsets (a partition handed back after a rebalance); never put in the reservoir twice.", registry=r)
+        self.records_not_decoded = Counter(
+            f"{PREFIX}_records_not_decoded", "Records the reservoir did not admit, so never decoded "
+            "(sampling.validation: admitted); rejections cover the decoded ones only.", registry=r)
         self.records_rejected = Counter(
             f"{PREFIX}_records_rejected", "Records rejected to the dead-letter sink, by reason code.", ["reason"], registry=r
         )

@@ -404,6 +404,7 @@ class Application:
         if batch is None:
             batch = self.learner.offer_raw(values, stop=self._stop.is_set, on_step=self._released, keys=keys)
             self.stats.not_decoded += batch.skipped
+            self.metrics.records_not_decoded.inc(batch.skipped)
         else:
             batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
