@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
@@ -104,9 +105,12 @@ class RecordBatch(Sequence[RawRecord]):
         return out
 
 
+_VALUE = operator.attrgetter("value")
+
+
 def values_of(raws: Sequence[RawRecord]) -> list[bytes]:
     """The record values of one poll (column-wise when the source returned a :class:`RecordBatch`)."""
-    return raws.values if isinstance(raws, RecordBatch) else [r.value for r in raws]
+    return raws.values if isinstance(raws, RecordBatch) else list(map(_VALUE, raws))
 
 
 @dataclass(frozen=True)
