@@ -136,13 +136,10 @@ class KafkaPythonConsumer:
         from kafka import KafkaConsumer
 
         self.raw = KafkaConsumer(**connection.client_options(client_id), **settings)
-        self.hooks: Rebalance | None = None
-        self.commit_timeout_ms = 120_000
 
     def subscribe(self, topics: list[str], hooks: Rebalance) -> None:
         from connectors.kafka.source import _SeekListener
 
-        self.hooks = hooks
         self.raw.subscribe(topics, listener=_SeekListener(hooks))
 
     def fetch(self, max_records: int, timeout_s: float) -> list[tuple[TP, list]]:
