@@ -5,7 +5,9 @@ raw wire data at DEBUG: ``kafka.protocol.parser`` writes every byte sent and rec
 (``Send: b'...'``, ``Recv: b'...'``, including fetched record values and produced dead letters)
 and ``kafka.net.connection`` writes the repr of every request and response (a
 ``FetchResponse`` repr holds the record batches). With the root logger at DEBUG
-(``stream-vips run --log-level DEBUG``) all of that reaches the handlers.
+(``stream-vips run --log-level DEBUG``) all of that reaches the handlers. The confluent-kafka
+client (``client: confluent``) logs librdkafka's lines through ``kafka.librdkafka``, inside the
+same family, and never enables librdkafka's debug contexts.
 
 :func:`guard_client_logging` closes this:
 

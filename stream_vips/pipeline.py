@@ -359,8 +359,8 @@ class Application:
             self._commit()
 
     def _before_revoke(self) -> dict | None:
-        """The source's rebalance hook: it runs on the consumer's IO thread while this loop waits
-        in ``poll()``; apply the batch in flight and return the positions to commit (none when a
+        """The source's rebalance hook: with kafka-python it runs on the consumer's IO thread while
+        this loop waits in ``poll()``, with confluent-kafka inside ``poll()`` on this thread; apply the batch in flight and return the positions to commit (none when a
         dead letter is unconfirmed: the loop then stops)."""
         self._drain()
         try:
