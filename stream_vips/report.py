@@ -1,6 +1,7 @@
 """``stream-vips report``: a privacy and model report as a PNG and a self-contained HTML page.
 
-Reads a file ledger and the published models (a JSONL model file, or a model topic) and writes
+Reads a ledger (a file, or a Kafka ledger topic read committed without fencing its writer) and
+the published models (a JSONL model file, or a model topic) and writes
 ``report.png`` and ``report.html`` to ``--out``:
 
 * epsilon spent after each ledger step against the budget, recomputed from the ledger's events
@@ -71,10 +72,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "rate per step, dead letters per reason and the latest model's predictive summary and "
                     "privacy report. Needs matplotlib (pip install 'stream_vips[report]').", 92),
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ledger", required=True, metavar="FILE", help="file ledger (JSON lines) that paid for the model")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--models", metavar="FILE", help="JSONL model file (one model message per line)")
-    where.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers of the model topic")
+    led = p.add_mutually_exclusive_group(required=True)
+    led.add_argument("--ledger", metavar="FILE", help="file ledger (JSON lines) that paid for the model")
+    led.add_argument("--ledger-topic", metavar="TOPIC", help="Kafka ledger topic (with --bootstrap), read without "
+                     "fencing its writer")
+    p.add_argument("--ledger-name", default="default", help="the Kafka ledger's name (privacy.ledger.options.name "
+                   "or ledger_id; default: %(default)s)")
+    p.add_argument("--models", metavar="FILE", help="JSONL model file (one model message per line); without it the "
+                   "models are read from --topic")
+    p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers of the model and ledger topics")
     p.add_argument("--topic", default="stream-vips-models", help="model topic with --bootstrap (default: %(default)s)")
     p.add_argument("--dead-letters", metavar="FILE", help="JSONL dead-letter file, for the counts per reason")
     p.add_argument("--model-id", help="the model id (needed when the models hold several)")
@@ -102,6 +108,25 @@ class LedgerView:
     @property
     def ledger_id(self) -> str:
         return str(self.genesis["ledger_id"])
+
+
+def read_ledger_topic(bootstrap: str, topic: str, name: str, timeout_s: float) -> LedgerView:
+    """Kafka ledger ``name`` on ``topic``, read committed and without opening a writer (so the
+    running pipeline is not fenced); :class:`ReportError` if it is empty or corrupt."""
+    from connectors.kafka import read_ledger_topic as read_committed, security_options
+    from stream_vips.inspect import deadline_options, within
+    from stream_vips.privacy.ledger import LedgerCorrupt
+
+    where = f"ledger topic {topic!r} name {name!r}"
+    security = {**security_options(), **deadline_options(timeout_s)}
+    try:
+        genesis, events, _ = within(timeout_s * 2, lambda: read_committed(
+            bootstrap, topic, name, security=security, timeout_s=timeout_s), f"reading the {where}")
+    except LedgerCorrupt as exc:
+        raise ReportError(str(exc)) from None
+    if genesis is None:
+        raise ReportError(f"the {where} has no steps")
+    return LedgerView(f"topic {topic!r} name {name!r}", genesis, events)
 
 
 def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
@@ -693,21 +718,27 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--points must be >= 2, got {args.points}", 2)
     if not args.timeout_s > 0:
         return fail(f"--timeout-s must be > 0, got {args.timeout_s!r}", 2)
+    if args.bootstrap is None and (args.ledger_topic is not None or args.models is None):
+        return fail("--bootstrap is needed to read " + ("--ledger-topic" if args.ledger_topic else "the model topic "
+                                                        "(or give --models FILE)"), 2)
     try:
         _check_matplotlib()
-        ledger = read_ledger(args.ledger)
+        if args.ledger_topic is None:
+            ledger = read_ledger(args.ledger)
         dead = dead_letter_counts(args.dead_letters) if args.dead_letters else None
-        if args.models is not None:
-            models = models_from_file(args.models, args.model_id)
-            where = f"the model file {args.models}"
-        else:
-            from connectors.kafka import KafkaConnectorError
+        from connectors.kafka import KafkaConnectorError
 
-            try:
+        try:
+            if args.ledger_topic is not None:
+                ledger = read_ledger_topic(args.bootstrap, args.ledger_topic, args.ledger_name, args.timeout_s)
+            if args.models is not None:
+                models = models_from_file(args.models, args.model_id)
+                where = f"the model file {args.models}"
+            else:
                 models = models_from_topic(args.bootstrap, args.topic, args.model_id, args.timeout_s)
-            except KafkaConnectorError as exc:
-                return fail(str(exc), 2)
-            where = f"topic {args.topic!r}"
+                where = f"topic {args.topic!r}"
+        except KafkaConnectorError as exc:
+            return fail(str(exc), 2)
         if models is None:
             return fail(f"no model{' ' + repr(args.model_id) if args.model_id else ''} in {where}", 1)
         report = build_report(ledger, models, dead, args.points)

@@ -203,3 +203,52 @@ def test_an_unreachable_broker_fails_within_the_deadline(finished_run, tmp_path,
     err = capsys.readouterr().err
     assert code == 5 and elapsed < 1.5 * 2 + 3, elapsed
     assert err.count("\n") == 1 and "cannot reach the Kafka broker" in err
+
+
+def test_a_ledger_topic_needs_bootstrap(finished_run, tmp_path, capsys):
+    code = cli.main(["report", "--ledger-topic", "t", "--models", str(finished_run["models"]),
+                     "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--bootstrap" in err
+
+
+@pytest.mark.kafka
+def test_a_kafka_ledger_is_read_committed_and_its_writer_keeps_appending(kafka_bootstrap, tmp_path, capsys):
+    """A run paid by a Kafka ledger: the report reads it without fencing the writer (the writer's
+    next append still commits) and recomputes the epsilon its messages report."""
+    from connectors.kafka import KafkaLedger
+    from kafka_broker import WEAK_LEDGER, unique_topic
+
+    topic, models = unique_topic("report-ledger"), tmp_path / "models.jsonl"
+    cfg = config_from_dict({
+        "model": {"family": "linreg", "id": "rep", "params": {"dim": DIM, "y_bound": 2.0}},
+        "privacy": {"epsilon": 1.5, "delta": 1e-5, "noise_multiplier": Z["poisson"], "seed": 5,
+                    "ledger": {"type": "kafka", "options": {"bootstrap_servers": kafka_bootstrap, "topic": topic,
+                                                            "name": "run", **WEAK_LEDGER}}},
+        "sampling": {"method": "poisson", "reservoir": 200, "batch_size": 20},
+        "schedule": {"every_records": 400, "tau0": 5.0},
+        "sink": {"type": "jsonl", "path": str(models)},
+        "metrics": {"enabled": False},
+        "runtime": {"on_halt": "exit", "poll_max_records": 200, "poll_timeout_s": 0.01, "publish_interval_s": 0.0},
+    }, env={})
+    lines = SyntheticRegressionSource(count=4_000, dimension=DIM, seed=2).generate(4_000)
+    stats = Application.from_config(cfg, source=MemorySource(lines, finite=True)).run()
+    assert stats.updates >= 5
+    writer = KafkaLedger(kafka_bootstrap, topic, name="run", create_topic=False, **WEAK_LEDGER)
+    try:
+        code = cli.main(["report", "--ledger-topic", topic, "--ledger-name", "run", "--bootstrap", kafka_bootstrap,
+                         "--models", str(models), "--out", str(tmp_path / "out"), "--timeout-s", "20"])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert "warning" not in err and f"after {stats.updates} steps (ledger {writer.ledger_id})" in err
+        last = messages_of(models)[-1]
+        page = (tmp_path / "out" / "report.html").read_text()
+        shown = float(re.search(r'id="epsilon-spent" data-value="([^"]+)"', page).group(1))
+        assert shown == pytest.approx(last["privacy"]["epsilon_spent"], rel=1e-6)
+        writer.append(SubsampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.1, sampling="poisson"))  # not fenced
+        assert len(writer.events()) == stats.updates + 1
+    finally:
+        writer.close()
+    assert cli.main(["report", "--ledger-topic", topic, "--ledger-name", "absent", "--bootstrap", kafka_bootstrap,
+                     "--models", str(models), "--out", str(tmp_path / "o2")]) == 2
+    assert "has no steps" in capsys.readouterr().err

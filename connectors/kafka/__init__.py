@@ -17,7 +17,7 @@ kafka-python (the default) or confluent-kafka (``client: confluent``).
 * :mod:`.dead_letters` -- :class:`KafkaDeadLetterSink`, rejected records with their original
   bytes and the reason and source position in headers.
 * :mod:`.ledger` -- :class:`KafkaLedger`, the privacy ledger on a compacted topic written by a
-  transactional producer.
+  transactional producer; :func:`read_ledger_topic` reads one read-only.
 
 Every connector takes its connection settings as flat keyword arguments (the configuration
 keys) or as one ``connection: KafkaConnection``. Importing the package guards the Kafka client's
@@ -28,7 +28,7 @@ from connectors.kafka.admin import ensure_topic, read_topic
 from connectors.kafka.connection import (ENV_PREFIX, SECURITY_KEYS, KafkaConnection, KafkaConnectorError,
                                          KafkaPublishError, _servers, security_options)
 from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record
-from connectors.kafka.ledger import KafkaLedger
+from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
 from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
                                    Reassembler, chunk_info, chunk_payload)
 from connectors.kafka.source import KafkaSource, _SeekListener
@@ -52,6 +52,7 @@ __all__ = [
     "chunk_payload",
     "dead_letter_from_record",
     "ensure_topic",
+    "read_ledger_topic",
     "read_topic",
     "security_options",
     # private names that stream_vips.client and the tests import from here

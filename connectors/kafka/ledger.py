@@ -6,7 +6,7 @@ replays the committed events."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from connectors.kafka.admin import _retriable, ensure_topic, read_topic
 from connectors.kafka.clients import producer_client
@@ -85,24 +85,8 @@ class KafkaLedger(LedgerSteps):
         self._genesis = genesis
 
     def _replay(self) -> tuple[dict | None, list, list]:
-        prefix = f"{self.name}/".encode()
-        genesis_key = prefix + b"genesis"
-        genesis_line, lines = None, []
-        for rec in read_topic(self._connection.servers, self.topic, security=self._connection.security,
-                              timeout_s=self.send_timeout_s):
-            if rec.key == genesis_key:
-                genesis_line = rec.value
-            elif rec.key is not None and rec.key.startswith(prefix):
-                lines.append(rec.value)
-        if genesis_line is None and not lines:
-            return None, [], []
-        where = f"ledger topic {self.topic!r} name {self.name!r}"
-        if genesis_line is not None:
-            lines.insert(0, genesis_line)
-        genesis, events, positions = replay_lines(lines, where)
-        if genesis_line is None:
-            log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
-        return genesis, events, positions
+        return read_ledger_topic(self._connection.servers, self.topic, self.name,
+                                 security=self._connection.security, timeout_s=self.send_timeout_s)
 
     def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
         """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
@@ -151,3 +135,28 @@ class KafkaLedger(LedgerSteps):
 
     def close(self) -> None:
         self._producer.close(self.send_timeout_s)
+
+
+def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
+                      timeout_s: float = 30.0) -> tuple[dict | None, list, list]:
+    """The committed steps of ledger ``name`` on ``topic``, read-only: ``(genesis, events,
+    positions)``, ``(None, [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap
+    or a bad checksum. What :class:`KafkaLedger` replays on open, and what ``stream-vips report``
+    reads (without fencing the running writer)."""
+    prefix = f"{name}/".encode()
+    genesis_key = prefix + b"genesis"
+    genesis_line, lines = None, []
+    for rec in read_topic(servers, topic, security=security, timeout_s=timeout_s):
+        if rec.key == genesis_key:
+            genesis_line = rec.value
+        elif rec.key is not None and rec.key.startswith(prefix):
+            lines.append(rec.value)
+    if genesis_line is None and not lines:
+        return None, [], []
+    where = f"ledger topic {topic!r} name {name!r}"
+    if genesis_line is not None:
+        lines.insert(0, genesis_line)
+    genesis, events, positions = replay_lines(lines, where)
+    if genesis_line is None:
+        log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
+    return genesis, events, positions
