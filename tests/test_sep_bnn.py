@@ -15,7 +15,7 @@ from stream_vips.client import posterior_from_message
 from stream_vips.learner import PrivateLearner
 from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
-    BNNSEP, _split, fit_rule, forward_moments, gamma_site, log_z_gradients, n_weights, weight_sites,
+    BNNSEP, _split, fit_rule, forward_moments, log_z_gradients, n_weights, weight_sites,
 )
 from stream_vips.schedule import step_size
 
@@ -212,16 +212,15 @@ def test_fit_rule_is_a_function_of_public_quantities_only():
     rho0 = step_size(0, a["tau0"], a["kappa"])
     rho_end = step_size(a["steps"], a["tau0"], a["kappa"])
     assert abs(rho_end / rho0 - 1) < 1e-3  # rho_t is constant over the run
-    small = bnn.RULE_MORE_REFRESHES_N - 1
-    for n, eps, key in ((small, 1.0, "private_small"), (small + 1, 1.0, "private"), (small, None, "non_private")):
+    for n, eps, key in ((5000, 1.0, "private"), (5000, None, "non_private")):
         r = fit_rule(n, 8, eps, 1e-5)
         s = min(1.0, r["model_params"]["damping"] * rho0)
         assert s * r["steps"] == pytest.approx(bnn.RULE_SITE_REFRESHES[key])
         assert set(r["why"]) >= {"q", "steps", "step", "hidden", "clip", "floor_factor"}
         assert r["model_params"]["dataset_size"] == n and r["model_params"]["dim"] == 8
-    assert fit_rule(bnn.RULE_LARGE_N - 1, 8, 1.0, 1e-5)["model_params"]["hidden"] == 20
-    assert fit_rule(bnn.RULE_LARGE_N, 8, 1.0, 1e-5)["model_params"]["hidden"] == 50
+    assert fit_rule(bnn.RULE_LARGE_N - 1, 8, None, 1e-5)["model_params"]["hidden"] == 50
     assert fit_rule(bnn.RULE_LARGE_N, 8, None, 1e-5)["model_params"]["hidden"] == 100
+    assert fit_rule(bnn.RULE_LARGE_N, 8, 1.0, 1e-5)["model_params"]["hidden"] == 50
     # the rule's parameters build a model
     BNNSEP(**fit_rule(300, 3, 1.0, 1e-5)["model_params"])
 
