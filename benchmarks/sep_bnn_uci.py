@@ -32,8 +32,10 @@ Targets, per set: DP-SEP RMSE within 10% of non-private SEP (ratio <= 1.10) and 
 linear model's. The paper-number target (DP-SEP within 10% of the paper's DP-SEP RMSE on the same
 set) is not applicable: no set is shared. The paper's Table 3/4 values are listed for reference.
 
-Run: ``python benchmarks/sep_bnn_uci.py [--seeds K] [--large-seeds K] [--workers W]``; writes
-benchmarks/results/sep_bnn_uci.json.
+Run: ``python benchmarks/sep_bnn_uci.py [--seeds K] [--large-seeds K] [--workers W] [--sets ...]``;
+writes benchmarks/results/sep_bnn_uci.json (``--rescore`` recomputes its summary from its runs).
+``--select`` runs the synthetic grid :func:`fit_rule` was chosen on instead and writes
+benchmarks/results/sep_bnn_rule_selection.json.
 """
 
 from __future__ import annotations
