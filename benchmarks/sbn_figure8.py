@@ -157,8 +157,11 @@ def summarise(data: dict) -> dict:
                 continue
             seeds = min(len(v) for v in cell.values())
             mean = {m: float(np.mean(v[:seeds])) for m, v in cell.items()}
+            cell_seeds = [r["seed"] for r in runs if r["K"] == K and r["S"] == S and r["method"] == METHODS[0]][:seeds]
+            zero = data.get("reference_all_zero_accuracy", {})
             rows.append({"K": K, "S": S, "seeds": seeds, **{f"accuracy_{m}": mean[m] for m in METHODS},
                          **{f"std_{m}": float(np.std(cell[m][:seeds])) for m in METHODS},
+                         "accuracy_all_zero": float(np.mean([zero[str(s)] for s in cell_seeds])) if zero else None,
                          "gap_non_private_minus_private": mean["non_private"] - mean["moments_accountant"],
                          "ordering": mean["non_private"] >= mean["moments_accountant"] >= mean["strong_composition"],
                          "private_within_margin": mean["non_private"] - mean["moments_accountant"] <= MARGIN})
