@@ -33,6 +33,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def select_on_synthetic() -> None:
 
 def _locked_update(path: Path, fn) -> dict:
     """Read the results JSON, apply ``fn`` and write it back atomically, under an exclusive lock."""
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with open(Path(tempfile.gettempdir()) / f"{path.stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(path.read_text()) if path.exists() else {}
         data = fn(data)
