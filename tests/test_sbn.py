@@ -20,8 +20,10 @@ def random_state(model: SigmoidBeliefNetwork, rng: np.random.Generator, scale: f
     J, K = model.n_visible, model.n_latent
     st = model.state()
     A = rng.normal(size=(J, K + 1, K + 1))
-    st["w_stat"] = 50.0 * np.einsum("jkl,jml->jkm", A, A) / (K + 1) + np.eye(K + 1)
-    st["w_h"] = scale * rng.normal(size=(J, K + 1)) * 50.0
+    joint = 50.0 * np.einsum("jkl,jml->jkm", A, A) / (K + 1) + np.eye(K + 1)
+    h = scale * rng.normal(size=(J, K + 1)) * 50.0
+    st["w_stat"], st["wc_stat"], st["c_prec"] = joint[:, :K, :K], joint[:, :K, K], joint[:, K, K]
+    st["w_h"], st["c_h"] = h[:, :K], h[:, K]
     st["b_h"], st["b_prec"] = rng.normal(size=K), rng.uniform(0.5, 2.0, K)
     model.load_state(st)
 
@@ -30,11 +32,14 @@ def moments(model: SigmoidBeliefNetwork):
     """Mean (J, K + 1) and second moment (J, K + 1, K + 1) of the joint q(w_j, c_j), rebuilt from
     the state's natural parameters (without noise the projection is the identity), and E[b]."""
     K = model.n_latent
-    P = model.state()["w_stat"].copy()
-    P[:, np.arange(K), np.arange(K)] += model.state()["w_prior"]
+    st = model.state()
+    P = np.zeros((model.n_visible, K + 1, K + 1))
+    P[:, :K, :K], P[:, :K, K], P[:, K, K] = st["w_stat"], st["wc_stat"], st["c_prec"]
+    P[:, K, :K] = st["wc_stat"]
+    P[:, np.arange(K), np.arange(K)] += st["w_prior"]
     P[:, K, K] += 1.0 / model.nu_c
     Sig = np.linalg.inv(P)
-    mu = np.einsum("jkl,jl->jk", Sig, model.state()["w_h"])
+    mu = np.einsum("jkl,jl->jk", Sig, np.hstack([st["w_h"], st["c_h"][:, None]]))
     return mu, Sig + mu[:, :, None] * mu[:, None, :], model._mu_b
 
 
@@ -296,15 +301,15 @@ def test_state_with_separate_bias_factor_loads_exactly():
     W, c, b = true_sbn()
     J, K = W.shape
     model = SigmoidBeliefNetwork(J, K, 1)
-    old = {k: v for k, v in model.state().items() if k not in ("w_h", "w_stat")}
+    old = {k: v for k, v in model.state().items() if k != "wc_stat"}
     old.update(w_h=W * 1e6, w_stat=np.broadcast_to(1e6 * np.eye(K), (J, K, K)).copy(),
                c_h=c * 1e6, c_prec=np.full(J, 1e6), b_h=b * 1e6, b_prec=np.full(K, 1e6))
     model.load_state(old)
     np.testing.assert_allclose(model.weights, W, atol=1e-5)
     np.testing.assert_allclose(model.visible_bias, c, atol=1e-5)
     np.testing.assert_allclose(model.latent_bias, b, atol=1e-5)
-    with pytest.raises(ValueError, match="'w_h' must have shape"):
-        model.load_state({**old, "c_h": np.zeros(J + 1)})  # not the earlier layout either: clear error
+    with pytest.raises(ValueError, match="'c_h' must have shape"):
+        model.load_state({**old, "c_h": np.zeros(J + 1)})
 
 
 def test_damped_e_step_is_the_average_step_and_keeps_fixed_points():

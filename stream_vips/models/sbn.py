@@ -389,28 +389,35 @@ class SigmoidBeliefNetwork(Model):
         self._mu_w_dt = self._mu_w.astype(dt)
 
     # ------------------------------------------------------------------ protocol: state
-    _STATE = ("w_h", "w_stat", "w_prior", "b_h", "b_prec", "tpbn_xi", "phi_rate", "omega_rate", "noise_var")
+    _STATE = ("w_h", "w_stat", "wc_stat", "w_prior", "c_h", "c_prec", "b_h", "b_prec", "tpbn_xi", "phi_rate",
+              "omega_rate", "noise_var")
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         J, K = self.n_visible, self.n_latent
-        return {"w_h": (J, K + 1), "w_stat": (J, K + 1, K + 1), "w_prior": (J, K),
+        return {"w_h": (J, K), "w_stat": (J, K, K), "wc_stat": (J, K), "w_prior": (J, K), "c_h": (J,), "c_prec": (J,),
                 "b_h": (K,), "b_prec": (K,), "tpbn_xi": (J, K), "phi_rate": (K,), "omega_rate": (1,),
                 "noise_var": (1,)}
 
     def state(self) -> dict[str, np.ndarray]:
-        """Blended natural parameters of the joint q(w_j, c_j) (h, the unprojected statistic, the
-        TPBN prior part), q(b), the TPBN hyper-posterior parameters and the public blended noise variance."""
+        """Blended natural parameters of the joint q(w_j, c_j) in parts (W: ``w_h``, ``w_stat``; the
+        border ``wc_stat``; c: ``c_h``, ``c_prec``; the TPBN prior part), q(b), the TPBN
+        hyper-posterior parameters and the public blended noise variance."""
+        K = self.n_latent
         return {
-            "w_h": self._w_h.copy(), "w_stat": self._w_stat.copy(), "w_prior": self._w_prior.copy(),
+            "w_h": self._w_h[:, :K].copy(), "w_stat": self._w_stat[:, :K, :K].copy(),
+            "wc_stat": self._w_stat[:, :K, K].copy(), "w_prior": self._w_prior.copy(),
+            "c_h": self._w_h[:, K].copy(), "c_prec": self._w_stat[:, K, K].copy(),
             "b_h": self._b_h.copy(), "b_prec": self._b_prec.copy(),
             "tpbn_xi": self._tpbn_xi.copy(), "phi_rate": self._phi_rate.copy(),
             "omega_rate": self._omega_rate.copy(), "noise_var": np.array([self._noise_var]),
         }
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore from :meth:`state` (shapes, finiteness and signs checked); a state of the earlier
-        layout with a separate q(c) is converted by :meth:`_joint_layout`."""
-        state = self._joint_layout(state)
+        """Restore from :meth:`state` (shapes, finiteness and signs checked). A state without
+        ``wc_stat`` (the earlier layout, q(c) apart from q(W)) gets a zero border: the
+        block-diagonal joint precision keeps every mean and variance as it was."""
+        if "wc_stat" not in state:
+            state = {**state, "wc_stat": np.zeros((self.n_visible, self.n_latent))}
         arrays = {}
         for name, shape in self._shapes().items():
             if name not in state:
@@ -422,28 +429,19 @@ class SigmoidBeliefNetwork(Model):
                 raise ValueError(f"state {name!r} must be finite")
             arrays[name] = arr
         positive_names = ("w_prior", "tpbn_xi", "phi_rate", "omega_rate")
-        if any(np.any(arrays[k] <= 0) for k in positive_names) \
+        if any(np.any(arrays[k] <= 0) for k in positive_names) or np.any(arrays["c_prec"] < 0) \
                 or np.any(arrays["b_prec"] < 0) or arrays["noise_var"][0] < 0:
             raise ValueError("state precisions and rates must be positive (data parts and noise_var >= 0)")
-        self._w_h, self._w_stat, self._w_prior = arrays["w_h"], arrays["w_stat"], arrays["w_prior"]
+        J, K = self.n_visible, self.n_latent
+        self._w_stat = np.zeros((J, K + 1, K + 1))
+        self._w_stat[:, :K, :K], self._w_stat[:, K, K] = arrays["w_stat"], arrays["c_prec"]
+        self._w_stat[:, :K, K] = self._w_stat[:, K, :K] = arrays["wc_stat"]
+        self._w_h = np.hstack([arrays["w_h"], arrays["c_h"][:, None]])
+        self._w_prior = arrays["w_prior"]
         self._b_h, self._b_prec = arrays["b_h"], arrays["b_prec"]
         self._tpbn_xi, self._phi_rate, self._omega_rate = arrays["tpbn_xi"], arrays["phi_rate"], arrays["omega_rate"]
         self._noise_var = float(arrays["noise_var"][0])
         self._refresh()
-
-    def _joint_layout(self, state: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        """A state with a separate q(c) (``c_h``, ``c_prec``; W-only ``w_h`` (J, K), ``w_stat``
-        (J, K, K)) in the joint layout: the block-diagonal joint precision keeps every mean and
-        variance as it was. Any other state is returned unchanged (and checked as usual)."""
-        J, K = self.n_visible, self.n_latent
-        shapes = {k: np.shape(state.get(k)) for k in ("w_h", "w_stat", "c_h", "c_prec")}
-        if shapes != {"w_h": (J, K), "w_stat": (J, K, K), "c_h": (J,), "c_prec": (J,)}:
-            return state
-        w_stat = np.zeros((J, K + 1, K + 1))
-        w_stat[:, :K, :K], w_stat[:, K, K] = state["w_stat"], state["c_prec"]
-        w_h = np.hstack([np.asarray(state["w_h"], dtype=float), np.asarray(state["c_h"], dtype=float)[:, None]])
-        rest = {k: v for k, v in state.items() if k not in ("c_h", "c_prec")}
-        return {**rest, "w_h": w_h, "w_stat": w_stat}
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
