@@ -45,7 +45,7 @@ def reference_step(m: SigmoidBeliefNetwork, Y: np.ndarray) -> None:
         xi = pg_mean(np.sqrt(np.maximum(psi2, 0)))
         Mpi = np.einsum("jkl,nl->njk", Mt[:, :K, :K], pi)
         d = m._mu_b + yh @ mu - np.einsum("nj,njk->nk", xi, Mpi - pi[:, None, :] * diagM + cross + 0.5 * diagM)
-        pi = expit(d)
+        pi = (1.0 - m.damping) * pi + m.damping * expit(d)
     zz = np.einsum("nk,nl->nkl", pi, pi)
     zz[:, np.arange(K), np.arange(K)] = pi
     xizz = np.einsum("nj,nkl->jkl", xi, zz) / n
