@@ -167,8 +167,40 @@ def _logistic_rule(n: int, d: int, epsilon: float | None, delta: float, non_priv
                     accountant=accountant_for(1.0))
 
 
+#: Per family, the record field whose length is d and the model parameter that takes d.
+DIMENSION = {"sbn": ("y", "n_visible")}
+
+
+def dimension(family: str) -> tuple[str, str]:
+    """(record field, model parameter) of a family's dimension d; ``("x", "dim")`` by default."""
+    return DIMENSION.get(family, ("x", "dim"))
+
+
+def _model_rule(family: str, module: str) -> Any:
+    """A family whose module states its own rule (``fit_rule(n, d, epsilon, delta) -> dict`` with
+    q, steps, tau0, kappa, model_params and why, derived in that family's docs) as a Settings rule."""
+
+    def rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        import importlib
+
+        r = importlib.import_module(module).fit_rule(n, d, None if non_private else epsilon, delta)
+        q = float(r["q"])
+        why = dict(r["why"])
+        if not non_private:
+            why["accountant"] = _WHY_ACCOUNTANT if q == 1.0 else ("pld: subsampled steps (q < 1), "
+                                                                  "Poisson replace-one at diameter 2")
+        return Settings(family, n, d, epsilon, delta, q, int(r["steps"]), float(r["tau0"]), float(r["kappa"]),
+                        r.get("block_weights"), model_params={**r["model_params"], dimension(family)[1]: d}, why=why,
+                        accountant=accountant_for(q))
+
+    rule.__doc__ = f"The rule of {module}.fit_rule (documented there)."
+    return rule
+
+
 #: The settings rule of each family: (n, d, epsilon, delta, non_private) -> Settings.
-RULES = {"linreg": _linreg_rule, "logistic": _logistic_rule}
+RULES = {"linreg": _linreg_rule, "logistic": _logistic_rule,
+         "sbn": _model_rule("sbn", "stream_vips.models.sbn"),
+         "sep_bnn": _model_rule("sep_bnn", "stream_vips.models.sep.bnn")}
 #: Families :func:`fit_settings` has a rule for.
 FAMILIES = tuple(RULES)
 
@@ -193,6 +225,9 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
       noise (``LOGISTIC_FLOOR_FACTOR``); chosen on synthetic data and public tuning sets
       (benchmarks/fit_rule_evidence.py). Non-private: ``NON_PRIVATE_LOGISTIC_STEPS`` damped
       fixed-point steps (kappa = 0.51), no noise to average.
+    * ``sbn`` and ``sep_bnn``: the family module's own ``fit_rule`` (derived in docs/sbn.md and
+      docs/sep_bnn.md from synthetic data); they subsample (q < 1), so the budget is tracked by
+      the ``pld`` accountant.
 
     >>> s = fit_settings("linreg", n=1000, d=5, epsilon=1.0, delta=1e-5)
     >>> s.steps, s.q, s.tau0, s.kappa, s.accountant
@@ -265,16 +300,16 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
     return out
 
 
-def infer_dim(encoded: Sequence[bytes]) -> int:
-    """d from the first record whose ``x`` is a list (the record layout is public configuration)."""
+def infer_dim(encoded: Sequence[bytes], field: str = "x") -> int:
+    """d from the first record whose ``field`` is a list (the record layout is public configuration)."""
     for raw in encoded:
         try:
             obj = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(obj, dict) and isinstance(obj.get("x"), list) and obj["x"]:
-            return len(obj["x"])
-    raise ValueError("cannot infer the dimension: no record has a non-empty list 'x' (pass dim=...)")
+        if isinstance(obj, dict) and isinstance(obj.get(field), list) and obj[field]:
+            return len(obj[field])
+    raise ValueError(f"cannot infer the dimension: no record has a non-empty list {field!r} (pass dim=...)")
 
 
 # -------------------------------------------------------------------------------------- pipeline
@@ -366,7 +401,8 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, no
     n = len(encoded)
     if n == 0:
         raise ValueError("fit needs at least one record")
-    d = int(model_params.get("dim") or infer_dim(encoded))
+    field_name, dim_param = dimension(family)
+    d = int(model_params.get(dim_param) or infer_dim(encoded, field_name))
     if settings is None:
         settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
     elif (settings.family, settings.n) != (family, n):
@@ -380,7 +416,7 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, no
         gamma = model_params.get("noise", "known") == "gamma"
         settings = dataclasses.replace(settings, block_weights=default_block_weights(
             d, float(model_params.get("x_bound", 1.0)), float(model_params.get("y_bound", 1.0)), gamma=gamma))
-    params = {"dim": d, "dataset_size": n, **model_params}
+    params = {dim_param: d, "dataset_size": n, **model_params}
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id)
     message, stats = _run_pipeline(config, encoded, settings.steps)

@@ -126,7 +126,7 @@ def test_fit_settings_uses_public_quantities_only():
     assert a == fit_settings("logistic", 1000, 10, 1.0, 1e-5)
     assert (a.q, a.steps, a.tau0, a.kappa) == (1.0, fitmod.LOGISTIC_STEPS, 1.0, fitmod.LOGISTIC_KAPPA)
     assert a.accountant == fitmod.accountant_for(a.q) == "autodp" and fitmod.accountant_for(0.5) == "pld"
-    assert set(fitmod.RULES) == set(fitmod.FAMILIES) == {"linreg", "logistic"}
+    assert set(fitmod.RULES) == set(fitmod.FAMILIES) == {"linreg", "logistic", "sbn", "sep_bnn"}
     assert a.batch_size == 1000
     lin = fit_settings("linreg", 50, 2, 1.0, 1e-5)
     assert (lin.steps, lin.q, lin.tau0, lin.kappa) == (1, 1.0, 1.0, 1.0)
@@ -201,3 +201,39 @@ def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
     empty.write_text('{"x": [1, 2, 3], "y": 5}\n')
     assert main(["fit", "--family", "logistic", "--out", str(tmp_path / "none.json"), str(empty)]) == 1
     assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.parametrize("family", ["sbn", "sep_bnn"])
+def test_family_rules_are_the_families_own_and_account_their_sampling(family):
+    """sbn and sep_bnn state their rule in their module (fit_rule); fit takes it as it is, sets the
+    family's dimension parameter to d, and accounts subsampled steps with pld."""
+    module = importlib.import_module({"sbn": "stream_vips.models.sbn", "sep_bnn": "stream_vips.models.sep.bnn"}[family])
+    s = fit_settings(family, 5000, 12, 1.0, 1e-5)
+    r = module.fit_rule(5000, 12, 1.0, 1e-5)
+    assert (s.q, s.steps, s.tau0, s.kappa) == (r["q"], r["steps"], r["tau0"], r["kappa"])
+    field, param = fitmod.dimension(family)
+    assert s.model_params[param] == 12 and field == ("y" if family == "sbn" else "x")
+    assert s.accountant == fitmod.accountant_for(s.q) and set(r["why"]) <= set(s.why)
+    assert "accountant" in s.why
+    assert fit_settings(family, 5000, 12, None, 1e-5, non_private=True).epsilon is None
+
+
+def test_sep_bnn_fit_spends_the_budget_and_predicts():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(1500, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(1500)
+    res = fit((X, y), "sep_bnn", epsilon=1.0, delta=1e-5, seed=2)
+    b = res.report["budget"]
+    assert 1.0 / (1 + RTOL) ** 2 <= b["epsilon_spent"] <= 1.0
+    assert res.report["steps_taken"] == res.settings.steps and res.message["privacy"]["accountant"] == "pld"
+    check_message(res.message)
+
+
+def test_sbn_fit_reads_d_from_y_vectors():
+    rng = np.random.default_rng(5)
+    Y = (rng.random((800, 10)) < 0.3).astype(int)
+    res = fit([{"y": row.tolist()} for row in Y], "sbn", epsilon=1.0, delta=1e-5, seed=2)
+    assert res.settings.d == 10 and res.message["hyperparameters"]["n_visible"] == 10
+    assert res.report["steps_taken"] == res.settings.steps
+    base = fit([{"y": row.tolist()} for row in Y], "sbn", non_private=True)
+    assert base.message["privacy"]["private"] is False and base.report["budget"]["epsilon_spent"] is None

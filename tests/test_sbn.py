@@ -278,7 +278,7 @@ def test_fit_rule_uses_public_quantities_and_gives_reasons():
     assert private["q"] == pytest.approx(private["batch_size"] / 60_000)
     non_private = fit_rule(60_000, 784, None, 1e-4)
     assert non_private["batch_size"] == 400 and non_private["steps"] == 150
-    assert (private["tau0"], private["kappa"], non_private["kappa"]) == (1.0, 1.0, 0.5)
+    assert (private["tau0"], private["kappa"], non_private["kappa"]) == (1.0, 1.0, 0.51)
     grid = fit_rule(60_000, 784, 0.95, 1e-4, n_latent=100, batch_size=3200)
     assert (grid["batch_size"], grid["steps"], grid["model_params"]["n_latent"]) == (3200, 18, 100)
     for rule in (private, non_private, grid):
