@@ -227,7 +227,7 @@ def test_a_kafka_ledger_is_read_committed_and_its_writer_keeps_appending(kafka_b
                                                             "name": "run", **WEAK_LEDGER}}},
         "sampling": {"method": "poisson", "reservoir": 200, "batch_size": 20},
         "schedule": {"every_records": 400, "tau0": 5.0},
-        "sink": {"type": "jsonl", "path": str(models)},
+        "sink": {"type": "jsonl", "path": str(models)}, "dead_letter": {"type": "memory"},
         "metrics": {"enabled": False},
         "runtime": {"on_halt": "exit", "poll_max_records": 200, "poll_timeout_s": 0.01, "publish_interval_s": 0.0},
     }, env={})
