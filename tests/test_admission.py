@@ -269,8 +269,9 @@ def run_app(validation: str, values: list[bytes], polls: list[tuple[int, int]]) 
     app = Application.from_config(config_from_dict(config, env={}), source=ReplayingSource(values, polls),
                                   sink=MemorySink(), dead_letter=dead)
     stats = app.run()
-    rejected = {s.labels["reason"]: s.value for m in app.metrics.registry.collect()
-                if m.name.endswith("records_rejected") for s in m.samples if s.name.endswith("_total")}
+    samples = [s for m in app.metrics.registry.collect() for s in m.samples if s.name.endswith("_total")]
+    rejected = {s.labels["reason"]: s.value for s in samples if s.name.endswith("records_rejected_total")}
+    rejected["not_decoded"] = next(s.value for s in samples if s.name.endswith("records_not_decoded_total"))
     return stats, app.reservoir.get_state(), sorted((d.record.origin["offset"], d.reason) for d in dead.letters), rejected
 
 
@@ -284,4 +285,6 @@ def test_pipeline_admitted_dead_letters_metrics_and_duplicates():
     assert s.updates == fs.updates and fs.not_decoded == 0
     assert 0 < s.not_decoded < 2000 and s.accepted + sum(s.rejected.values()) + s.not_decoded == 2000
     assert set(dead) < set(fdead) and 0 < len(dead)
-    assert rej == {reason: float(n) for reason, n in s.rejected.items()}  # metrics cover admitted records only
+    # metrics cover admitted records only; the rest are counted as not decoded
+    assert rej == {**{reason: float(n) for reason, n in s.rejected.items()}, "not_decoded": float(s.not_decoded)}
+    assert frej["not_decoded"] == 0.0
