@@ -29,14 +29,28 @@ from ``learner.model``) is compared with the true weights at the newest arrival,
 step-size floor (today's mode: the rho_min 0.2 one), ``||m - m_ref|| / |w|`` ("vs_reference").
 Means over a stream use the steps from ``BURN_IN`` on (the first steps start from the prior).
 
-Recovery after the jump (fixed before any run): the pre-jump level is the mean error over the
-``PRE_JUMP`` steps before ``JUMP_STEP``; a configuration has recovered at the first step after
-which (that step included) the error stays within ``RECOVERY_FACTOR`` x that level up to the end
-of the stream; steps to recover count from the last pre-jump step (1 = already at the first
-post-jump step). ``None``: not recovered by the end of the stream. Today's mode "never recovers"
-when it has not recovered by the end of the stream and, fed more post-jump arrivals until its
-budget halts it (after which its model never changes), its frozen model is still outside the
+Recovery after the jump: the pre-jump level is the mean error over the ``PRE_JUMP`` steps before
+``JUMP_STEP`` (every step after the burn-in) and the threshold is ``RECOVERY_FACTOR`` x that level.
+A configuration has recovered at the first post-jump step whose error is within the threshold (the
+first passage, as recovery time is measured in the concept-drift literature), provided it stays
+recovered on average: the mean error from that step to the end of the stream is within the
+threshold too, so a lucky dip does not count. Steps count from the last pre-jump step (1 = already
+at the first post-jump step); ``None``: not recovered by the end of the stream. Today's mode "never
+recovers" when it has not recovered by the end of the stream and, fed more post-jump arrivals until
+its budget halts it (after which its model never changes), its frozen model is still outside the
 threshold.
+
+The first version of this benchmark used a stricter rule, fixed before its first run: recovered at
+the first step after which *every* step stays within the threshold to the end of the stream, with
+the level from the last 20 pre-jump steps. It is still computed (``strict_rule_steps``), and so is
+a control that shows why it was replaced: both rules are applied to the stationary stream, which
+has no jump, at the same step. There the strict rule reports "not recovered within 50 steps" on
+seeds where nothing happened, for the private and the non-private window model alike: over 200
+noisy steps some single step exceeds 2x a mean by chance, so it measures the tail of the stationary
+error, not recovery. The rule above reports every no-jump stream recovered at once; with a 20-step
+level it still failed one slow (rho_min 0.05) no-jump stream, whose error wanders on that same time
+scale, hence the level over all 50 converged pre-jump steps. Both changes were made after the first
+runs and are validated on the control, not on the window mode's result.
 
 Run: ``python benchmarks/bench_drift.py`` (about 30 s on 2 cores; writes
 benchmarks/results/bench_drift.json).
@@ -73,7 +87,7 @@ JUMP_STEP = 100  # first step that sees a post-jump arrival
 JUMP_AT = M + (JUMP_STEP - 1) * EVERY  # first post-jump arrival
 ROTATION_DEG_PER_1000 = 0.9
 BURN_IN = 50  # steps left out of stream means
-PRE_JUMP = 20  # steps before the jump that set the pre-jump level
+PRE_JUMP = 50  # steps before the jump that set the pre-jump level (all converged pre-jump steps)
 RECOVERY_FACTOR = 2.0
 RECOVERY_TARGET = 50  # steps
 EXTRA_CAP = 200  # at most this many extra post-jump steps to reach today's halt
@@ -164,28 +178,25 @@ def run(family: str, config: str, X: np.ndarray, y: np.ndarray, seed: int,
 
 
 def recovery(err: np.ndarray) -> dict[str, Any]:
-    """Pre-jump level, threshold and steps to recover (module docstring)."""
+    """Pre-jump level, threshold, steps to recover and the strict rule's steps (module docstring)."""
     level = float(err[JUMP_STEP - PRE_JUMP:JUMP_STEP].mean())
     threshold = RECOVERY_FACTOR * level
     post = err[JUMP_STEP:]
-    above = np.flatnonzero(post > threshold)
-    if above.size == 0:
-        steps: int | None = 1
-    elif above[-1] == post.size - 1:
-        steps = None
-    else:
-        steps = int(above[-1]) + 2
     below = np.flatnonzero(post <= threshold)
     first = int(below[0]) + 1 if below.size else None
-    # post hoc (added after the first run showed single-step excursions long after recovery): the
-    # same rule on the trailing mean of the error over L steps, and the count of those excursions
-    L = window_steps(M, EVERY)
-    trailing = np.convolve(err, np.ones(L) / L, mode="full")[:err.size][JUMP_STEP:]
-    above_s = np.flatnonzero(trailing > threshold)
-    smoothed = 1 if above_s.size == 0 else (None if above_s[-1] == post.size - 1 else int(above_s[-1]) + 2)
+    held = first is not None and float(post[first - 1:].mean()) <= threshold
+    above = np.flatnonzero(post > threshold)
+    if above.size == 0:
+        strict: int | None = 1
+    elif above[-1] == post.size - 1:
+        strict = None
+    else:
+        strict = int(above[-1]) + 2
     late = int(np.sum(post[first:] > threshold)) if first is not None else None
-    return {"pre_jump_level": level, "threshold": threshold, "steps_to_recover": steps, "first_within": first,
-            "late_excursions": late, "post_hoc_smoothed_steps_to_recover": smoothed,
+    return {"pre_jump_level": level, "threshold": threshold, "steps_to_recover": first if held else None,
+            "first_within": first,
+            "mean_error_after_first_within": float(post[first - 1:].mean()) if first is not None else None,
+            "strict_rule_steps": strict, "late_excursions": late,
             "post_jump_mean_error_from_step_30": float(post[30:].mean()),
             "peak": float(post.max()), "final": float(post[-1])}
 
@@ -211,8 +222,9 @@ def one_seed(family: str, stream: str, seed: int) -> dict[str, Any]:
             ref = runs[REFERENCE[config]]["means"]
             vs = np.linalg.norm(r["means"] - ref, axis=1) / norm
             row.update(vs_reference=vs, mean_vs_reference=float(vs[BURN_IN:].mean()))
-        if stream == "jump":
+        if stream in ("jump", "stationary"):  # the stationary stream is the rule's no-jump control
             row["recovery"] = recovery(err)
+        if stream == "jump":
             row["pre_jump_mean_error"] = float(err[BURN_IN:JUMP_STEP].mean())
         if "frozen_mean" in r:
             frozen = float(np.linalg.norm(r["frozen_mean"] - W[-1]) / norm)
@@ -265,19 +277,31 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                           f"(mean over steps >= {BURN_IN})",
                 "met": bool(ratio <= 2.0), "met_every_seed": bool(max(per_seed) <= 2.0)}
         jump = streams["jump"]
-        steps = [r["steps_to_recover"] for r in jump["window"]["recovery_per_seed"]]
         recs = jump["window"]["recovery_per_seed"]
-        smoothed = [r["post_hoc_smoothed_steps_to_recover"] for r in recs]
+        steps = [r["steps_to_recover"] for r in recs]
         out[f"{family}_window_recovers"] = {
             "value": steps, "target": f"steps to recover < {RECOVERY_TARGET} on every seed",
             "met": all(s is not None and s < RECOVERY_TARGET for s in steps),
             "seeds_met": sum(s is not None and s < RECOVERY_TARGET for s in steps),
-            "first_within": [r["first_within"] for r in recs],
+            "mean_error_after_recovery": [round(r["mean_error_after_first_within"], 4) for r in recs],
+            "threshold": [round(r["threshold"], 4) for r in recs],
+            "strict_rule_steps": [r["strict_rule_steps"] for r in recs],
             "late_excursions": [r["late_excursions"] for r in recs],
-            "post_hoc_smoothed": {"value": smoothed,
-                                  "met": all(s is not None and s < RECOVERY_TARGET for s in smoothed),
-                                  "note": "not the target: the same rule on the trailing mean over L steps, "
-                                          "defined after the first run"}}
+            "non_private_window_steps": [r["steps_to_recover"]
+                                         for r in jump["non_private_window"]["recovery_per_seed"]]}
+        control = {}
+        for config in CONFIGS:
+            ctrl = streams["stationary"][config]["recovery_per_seed"]
+            control[config] = {
+                rule: {"steps": [r[key] for r in ctrl],
+                       "seeds_not_within_target": sum(r[key] is None or r[key] >= RECOVERY_TARGET for r in ctrl)}
+                for rule, key in (("rule", "steps_to_recover"), ("strict_rule", "strict_rule_steps"))}
+        out[f"{family}_recovery_rule_no_jump_control"] = {
+            "value": control,
+            "target": "the recovery rule reports every stationary (no-jump) stream recovered within "
+                      f"{RECOVERY_TARGET} steps, for every configuration and seed (a rule that fails this "
+                      "measures noise, not recovery)",
+            "met": all(c["rule"]["seeds_not_within_target"] == 0 for c in control.values())}
         ratio_st = (streams["stationary"]["window"]["mean_error"]
                     / streams["stationary"]["non_private_window"]["mean_error"])
         ratio_pre = jump["window"]["pre_jump_mean_error"] / jump["non_private_window"]["pre_jump_mean_error"]
@@ -343,10 +367,14 @@ def main() -> dict[str, Any]:
                             "rho_min 0.2)|| / ||w||",
             "mean_error": f"mean over steps >= {BURN_IN} (burn-in from the prior left out)",
             "recovery": f"pre-jump level = mean error over the {PRE_JUMP} steps before the first post-jump step; "
-                        f"recovered at the first step after which the error stays <= {RECOVERY_FACTOR:g} x that "
-                        "level to the end of the stream; counted from the last pre-jump step (1 = at once); "
-                        "null = not recovered by the end of the stream. first_within: first post-jump step "
-                        "within the threshold",
+                        f"threshold = {RECOVERY_FACTOR:g} x that level; recovered at the first post-jump step "
+                        "within the threshold (first passage) if the mean error from there to the end of the "
+                        "stream is within the threshold too; counted from the last pre-jump step (1 = at "
+                        "once); null = not recovered by the end of the stream",
+            "strict_rule_steps": "the first version's rule, kept for comparison: the first step after which "
+                                 "every step stays within the threshold to the end of the stream; the no-jump "
+                                 "control (the same rules on the stationary stream at the same step) shows "
+                                 "it fails on streams without a jump",
             "today_never_recovers": "not recovered by the end of the stream, and after more post-jump arrivals "
                                     "until the budget halts updates (the model then never changes) the frozen "
                                     "model's error is still above the threshold",
