@@ -31,18 +31,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+import importlib
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import SyntheticNonlinearSource
-from connectors.synthetic import (
-    SyntheticLdaSource, SyntheticLogisticSource, SyntheticRegressionSource, SyntheticSbnSource,
-)
-from stream_vips.config import Config, config_from_dict
-from stream_vips.models.lda import topic_recovery
-from stream_vips.models.logistic import roc_auc
-from stream_vips.models.sbn import pixel_accuracy
-from stream_vips.pipeline import Application
+if TYPE_CHECKING:
+    from stream_vips.config import Config
+    from stream_vips.pipeline import Application
+
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported on first call, so ``demo --help`` loads no model, pipeline or scipy."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return call
+
+
+SyntheticRegressionSource = _lazy("connectors.synthetic", "SyntheticRegressionSource")
+SyntheticLogisticSource = _lazy("connectors.synthetic", "SyntheticLogisticSource")
+SyntheticLdaSource = _lazy("connectors.synthetic", "SyntheticLdaSource")
+SyntheticSbnSource = _lazy("connectors.synthetic", "SyntheticSbnSource")
+SyntheticNonlinearSource = _lazy("connectors.synthetic", "SyntheticNonlinearSource")
+roc_auc = _lazy("stream_vips.models.logistic", "roc_auc")
+topic_recovery = _lazy("stream_vips.models.lda", "topic_recovery")
+pixel_accuracy = _lazy("stream_vips.models.sbn", "pixel_accuracy")
 
 DIMENSION = 5
 NOISE_STD = 0.2
@@ -207,6 +220,8 @@ def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private
         data["sink"] = {"type": "memory"}
         data["dead_letter"] = {"type": "memory"}
         data["metrics"] = {"enabled": False}
+    from stream_vips.config import config_from_dict
+
     return config_from_dict(data, env={})
 
 
@@ -245,6 +260,9 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
              seed: int = 0, progress: bool = True, family: str = "linreg",
              on_app: Callable[[Application], None] | None = None) -> dict[str, Any]:
     """Run the private demo of ``family`` and its non-private comparison; return the summary."""
+    from connectors.memory import MemoryDeadLetterSink, MemorySink
+    from stream_vips.pipeline import Application
+
     fam = FAMILIES[family]
     records = fam.records if records is None else records
     out_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="stream-vips-demo-"))
