@@ -106,8 +106,8 @@ def test_every_subcommand_is_registered_with_its_help_line(capsys):
         assert f"{name} {help_line}" in top, name
 
 
-#: Subcommand modules that import numpy (and the pipeline) at module level, so their --help loads
-#: it: moving those imports into their run() would let them join the check below.
+#: Subcommand modules that import numpy at module level, so their --help loads it (and nothing
+#: else heavy: they import models, scipy and the pipeline on first use).
 HEAVY_AT_IMPORT = {"demo", "fit"}
 HEAVY = ("numpy", "scipy", "kafka", "dp_accounting", "autodp", "stream_vips.models", "stream_vips.pipeline")
 
@@ -145,6 +145,13 @@ def test_subcommand_help_imports_only_its_own_module(command):
     loaded = _modules_after(f"cli.main([{command!r}, '--help'])")
     own = cli.SUBCOMMANDS[command][0]
     assert loaded["heavy"] == [] and set(loaded["subcommands"]) <= {own}, loaded
+
+
+@pytest.mark.parametrize("command", sorted(HEAVY_AT_IMPORT))
+def test_numpy_subcommand_help_loads_numpy_only(command):
+    loaded = _modules_after(f"cli.main([{command!r}, '--help'])")
+    own = cli.SUBCOMMANDS[command][0]
+    assert loaded["heavy"] == ["numpy"] and set(loaded["subcommands"]) <= {own}, loaded
 
 
 #: Sphinx/RST markup that has no place in a terminal.
