@@ -327,3 +327,40 @@ def test_offline_regression_loaders_code_categories_and_drop_row_names():
     assert set(np.unique(X[:, 1])) == set(range(len(ORDINAL["cut"])))
     with pytest.raises(ValueError, match="unknown regression set"):
         load_regression("year")
+
+
+def test_vendored_uci_sets_load_with_their_recorded_shapes_and_targets():
+    """The five vendored files load offline; shapes and target ranges are those of the published sets
+    (Naval's target is the compressor decay coefficient in [0.95, 1], not the turbine one)."""
+    from benchmarks.datasets import UCI_SETS, load_uci
+
+    shapes = {"naval": (11934, 16), "kin8nm": (8192, 8), "power": (9568, 4), "wine": (1599, 11),
+              "protein": (45730, 9)}
+    assert set(UCI_SETS) == set(shapes)
+    for name, shape in shapes.items():
+        X, y = load_uci(name)
+        assert X.shape == shape and y.shape == (shape[0],) and np.all(np.isfinite(X)) and np.all(np.isfinite(y))
+    _, y = load_uci("naval")
+    assert 0.95 <= y.min() and y.max() <= 1.0
+    _, y = load_uci("wine")
+    assert set(np.unique(y)) <= set(range(11))
+
+
+def test_uci_loader_refuses_a_changed_or_missing_file(tmp_path):
+    """A copy whose content differs by one byte fails with a one-line checksum error naming the
+    file; a folder without the file fails with a clear missing-file error; unknown names too."""
+    import gzip
+
+    from benchmarks.datasets import UCI_DIR, UCI_SETS, load_uci
+
+    spec = UCI_SETS["wine"]
+    raw = bytearray(gzip.decompress((UCI_DIR / spec.file).read_bytes()))
+    raw[0:3] = b"7.5" if raw[0:3] != b"7.5" else b"7.6"
+    (tmp_path / spec.file).write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(RuntimeError, match=r"SHA-256 [0-9a-f]{64}, expected " + spec.sha256) as err:
+        load_uci("wine", folder=tmp_path)
+    assert "\n" not in str(err.value) and spec.file in str(err.value)
+    with pytest.raises(FileNotFoundError, match="is missing"):
+        load_uci("kin8nm", folder=tmp_path)
+    with pytest.raises(ValueError, match="unknown UCI set 'year'"):
+        load_uci("year")
