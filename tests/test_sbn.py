@@ -12,7 +12,7 @@ from scipy.special import expit
 from stream_vips.client import posterior_from_message
 from stream_vips.learner import PrivateLearner
 from stream_vips.models.logistic import pg_mean
-from stream_vips.models.sbn import HALF_WIDTH, SigmoidBeliefNetwork, fit_rule, pixel_accuracy
+from stream_vips.models.sbn import RULE_CLIP, UPPER, SigmoidBeliefNetwork, fit_rule, pixel_accuracy
 
 
 def random_state(model: SigmoidBeliefNetwork, rng: np.random.Generator, scale: float = 1.0) -> None:
@@ -113,37 +113,82 @@ def per_record_norms(model, Y):
     return {k: np.array(v) for k, v in out.items()}
 
 
+def scaled_record(model, row):
+    """One record's contribution, each block scaled by a_k / C_k (the engine's allocation), concatenated."""
+    w = model.default_block_weights()
+    s = model.clipped_sum({"y": row[None]})
+    return np.concatenate([s[b.name].ravel() * w[b.name] / b.bound for b in model.blocks()])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_per_record_bounds_hold_on_adversarial_inputs(dtype):
+@pytest.mark.parametrize("fractions", [(1.0, 1.0, 1.0), (0.2, 0.3, 0.25)])
+def test_per_record_bounds_hold_on_adversarial_inputs(dtype, fractions):
+    """Every block of every record stays within its bound, entries in [0, upper], whatever the
+    state (tiny to extreme weights) or the E-step returns (NaN, inf, out of range); so the scaled
+    concatenations have norm <= 1 and any two differ by at most the claimed diameter sqrt(2)."""
     rng = np.random.default_rng(4)
     J, K = 7, 4
-    model = SigmoidBeliefNetwork(J, K, 100, seed=1, dtype=dtype)
+    u, o, p = fractions
+    model = SigmoidBeliefNetwork(J, K, 100, seed=1, dtype=dtype, clip_units=u, clip_omega=o, clip_pixels=p)
     bounds = {b.name: b.bound for b in model.blocks()}
-    assert bounds == pytest.approx({"z": math.sqrt(K) / 2, "y": math.sqrt(J) / 2, "xi": math.sqrt(J) / 8,
-                                    "z_y": math.sqrt(J * K) / 2, "xi_zz": math.sqrt(J * K * (K + 1) / 2) / 8})
+    if fractions == (1.0, 1.0, 1.0):  # the box bounds of the uncentred entries: never binding
+        assert bounds == pytest.approx({"weight": 1.0, "z": math.sqrt(K), "y": math.sqrt(J), "xi": math.sqrt(J) / 4,
+                                        "z_y": math.sqrt(J * K), "xi_zz": math.sqrt(J * K * (K + 1) / 2) / 4})
     Y = np.vstack([np.zeros(J), np.ones(J), rng.integers(0, 2, (20, J))]).astype(np.uint8)
+    rows = []
     for scale in (0.0, 1.0, 1e3):  # tiny, moderate and extreme weights
         random_state(model, rng, scale)
         for k, norms in per_record_norms(model, Y).items():
             assert norms.max() <= bounds[k] * (1 + 1e-12), (k, scale)
+        rows += [scaled_record(model, row) for row in Y]
     # whatever the E-step returns (NaN, inf, out of range), the clipped statistics stay bounded
     garbage = np.array([[np.nan, np.inf, -5.0, 7.0]]), np.array([[np.nan, -np.inf, 9.0, -1.0, 0.3, 0.25, np.inf]])
     model._e_step = lambda y: (np.repeat(garbage[0], len(y), 0), np.repeat(garbage[1], len(y), 0))
     raw = np.array([[np.nan, 5.0, -3.0, 1.0, 0.0, 0.7, 2.0]])
     for k, norms in per_record_norms(model, raw).items():
         assert norms.max() <= bounds[k] * (1 + 1e-12), k
-    # the y block attains its bound and a complementary image moves it by 2 C_y (diameter 2)
-    a, b = model.clipped_sum({"y": Y[:1]}), model.clipped_sum({"y": Y[1:2]})
-    assert np.linalg.norm(a["y"] - b["y"]) == pytest.approx(2 * bounds["y"])
+    rows.append(scaled_record(model, raw[0]))
+    U = np.array(rows)
+    assert U.min() >= 0.0 and np.linalg.norm(U, axis=1).max() <= 1 + 1e-12
+    gram = U @ U.T
+    dist2 = np.diag(gram)[:, None] + np.diag(gram)[None, :] - 2 * gram
+    assert dist2.max() <= 2.0 * (1 + 1e-9)
+    for name, upper in UPPER.items():  # entries in their known range (the M-step's projection)
+        assert 0.0 <= model.clipped_sum({"y": Y[:1]})[name].max() <= upper
 
 
-def test_engine_uses_diameter_two_and_sqrt_bound_weights():
+def test_clipping_down_weights_a_record_without_distorting_it():
+    """Tight fractions scale a record's blocks by one factor f (the weight block), so every block
+    is the unclipped one times f; with fractions 1 no record is ever clipped (f = 1)."""
+    rng = np.random.default_rng(8)
+    J, K = 12, 5
+    Y = (rng.random((30, J)) < 0.4).astype(np.uint8)
+    free = SigmoidBeliefNetwork(J, K, 100, seed=1, clip_units=1.0, clip_omega=1.0, clip_pixels=1.0)
+    tight = SigmoidBeliefNetwork(J, K, 100, seed=1, clip_units=0.1, clip_omega=0.5, clip_pixels=0.2)
+    random_state(free, rng)
+    tight.load_state(free.state())
+    weights = []
+    for row in Y:
+        a, b = free.clipped_sum({"y": row[None]}), tight.clipped_sum({"y": row[None]})
+        assert a["weight"][0] == 1.0
+        f = b["weight"][0]
+        for name in a:
+            np.testing.assert_allclose(b[name], f * a[name], rtol=1e-12, atol=1e-15)
+        weights.append(f)
+    assert min(weights) < 0.9  # the tight rule does bind on these records
+    assert free.clipped_sum({"y": Y})["weight"][0] == len(Y)
+
+
+def test_engine_uses_diameter_sqrt2_and_sqrt_bound_weights():
     model = SigmoidBeliefNetwork(9, 3, 100)
     w = model.default_block_weights()
     assert sum(v * v for v in w.values()) == pytest.approx(1.0)
     bounds = {b.name: b.bound for b in model.blocks()}
     assert w["xi_zz"] / w["y"] == pytest.approx(math.sqrt(bounds["xi_zz"] / bounds["y"]))
-    assert model.diameter(w) == 2.0 and set(HALF_WIDTH) == set(bounds)
+    assert model.diameter(w) == model.diameter() == math.sqrt(2) and set(UPPER) == set(bounds)
+    assert {k: getattr(model, k) for k in RULE_CLIP} == RULE_CLIP  # the public rule is the default
+    with pytest.raises(ValueError, match="clip_units"):
+        SigmoidBeliefNetwork(9, 3, 100, clip_units=1.5)
 
 
 def true_sbn():
@@ -218,7 +263,7 @@ def test_state_checkpoint_and_message_round_trip():
     kw = dict(n_visible=16, n_latent=2, dataset_size=300, reservoir=300, batch_size=100, every_records=100,
               epsilon=2.0, delta=1e-5, planned_steps=10, seed=3)
     learner = PrivateLearner("sbn", **kw).learn_many(records)
-    assert learner.epsilon_spent > 0 and learner.engine.diameter == 2.0
+    assert learner.epsilon_spent > 0 and learner.engine.diameter == math.sqrt(2)
     # model message: schema-valid, and the reader's model predicts exactly like the learner's
     msg = learner.message()
     read = posterior_from_message(msg).model
@@ -233,7 +278,7 @@ def test_state_checkpoint_and_message_round_trip():
     with pytest.raises(ValueError, match="no 'noise_var'"):
         read.load_state({k: v for k, v in read.state().items() if k != "noise_var"})
     with pytest.raises(ValueError, match="rho"):
-        read.update({k: np.zeros(bl.shape) for k, bl in zip(["z", "y", "xi", "z_y", "xi_zz"], read.blocks())}, 0.0)
+        read.update({bl.name: np.zeros(bl.shape) for bl in read.blocks()}, 0.0)
     with pytest.raises(ValueError, match="dtype"):
         SigmoidBeliefNetwork(4, 2, 10, dtype="float16")
 

@@ -26,37 +26,58 @@ images), while with lambda = 1/2 they rose to 0.96; damping leaves the fixed poi
 One product M_j pi_n per round serves both formulas (n J K^2 multiply-adds, batched GEMMs), and
 the released ``xi_zz`` sum is one GEMM of E[omega] (J x n) with the packed <z z^T> (n x K(K+1)/2).
 
-**Released statistics (per record, centred so each entry lies in a symmetric interval).**
-With pi in [0, 1]^K, E[omega] in [0, 1/4]^J, y in {0, 1}^J and <z_k z_l> = pi_k pi_l (k != l),
-pi_k (k = l) in [0, 1]:
+**Released statistics (per record, uncentred, every entry >= 0).** With pi in [0, 1]^K,
+E[omega] in [0, 1/4]^J, y in {0, 1}^J, <z_k z_l> = pi_k pi_l (k != l), pi_k (k = l), and a
+per-record weight f in (0, 1] (below):
 
-* ``z``     pi - 1/2                                (K,)      entries in [-1/2, 1/2]
-* ``y``     y - 1/2                                 (J,)      entries +-1/2
-* ``xi``    E[omega] - 1/8                          (J,)      entries in [-1/8, 1/8]
-* ``z_y``   (y_j - 1/2) pi_k                        (J, K)    entries in [-1/2, 1/2]
-* ``xi_zz`` E[omega_j] <z_k z_l> - 1/8, k <= l      (J, K(K+1)/2)  entries in [-1/8, 1/8]
+* ``weight`` f                                      (1,)
+* ``z``      f pi                                   (K,)
+* ``y``      f y                                    (J,)
+* ``xi``     f E[omega]                             (J,)
+* ``z_y``    f y_j pi_k                             (J, K)
+* ``xi_zz``  f E[omega_j] <z_k z_l>, k <= l         (J, K(K+1)/2)
 
-These are the paper's seven blocks less two: E[xi^(1)] (the PG variables of the latent prior)
-depends only on q(b), i.e. on earlier releases, so it is computed in the M-step and never
-released; and the paper's E[omega] E[z]^T block is the diagonal of ``xi_zz`` (<z_k^2> = pi_k),
-read from there. ``xi_zz`` is symmetric in (k, l), so only its upper triangle is released.
+These are the paper's seven blocks less two plus one: E[xi^(1)] (the PG variables of the latent
+prior) depends only on q(b), i.e. on earlier releases, so it is computed in the M-step and never
+released; the paper's E[omega] E[z]^T block is the diagonal of ``xi_zz`` (<z_k^2> = pi_k); and
+``weight`` (sum of f over the batch) lets the M-step centre (y - 1/2 and z - 1/2 need E[f]).
+``xi_zz`` is symmetric in (k, l), so only its upper triangle is released.
 
-**Per-record bounds and their proof.** A block whose per-record contribution has d entries each
-in [-r, r] has ||u||_2 <= r sqrt(d) =: C. So C_z = sqrt(K)/2, C_y = sqrt(J)/2, C_xi = sqrt(J)/8,
-C_z_y = sqrt(JK)/2, C_xi_zz = sqrt(J K (K+1)/2)/8. :meth:`SigmoidBeliefNetwork.clipped_sum`
-makes the premises true whatever the E-step returns: pi and E[omega] are mapped through
-nan_to_num and clipped to [0, 1] and [0, 1/4] (in float64, after any float32 arithmetic) and y
-to {0, 1} (1 iff y > 1/2) before any statistic is formed, so every entry is in its interval.
-Replace-one: two records u, v differ per block by at most 2 r per entry, ||u_k - v_k|| <= 2 C_k;
-the engine scales block k by a_k / C_k (sum a_k^2 = 1), so the scaled joint change is at most
-sqrt(sum 4 a_k^2) = 2 for any allocation: the default diameter 2 holds, and is attained on the
-``y`` block alone (y' = 1 - y moves it by exactly 2 C_y).
+**Per-record bounds (clipping) and their proof.** Every block of a record is a Kronecker
+product of non-negative vectors, so its norm is a product of cheap norms: ||y pi^T|| = ||y||
+||pi||, ||E[omega] (x) zz|| = ||E[omega]|| ||zz|| with ||zz||^2 = s + (s^2 - sum_k pi_k^4) / 2,
+s = ||pi||^2. The bounds come from three public fractions (constructor ``clip_units`` u,
+``clip_omega`` o, ``clip_pixels`` p, each in (0, 1]; 1 is the worst case and never clips):
+s <= m := u K active units, rms_j E[omega_j] <= o / 4, ||y||^2 <= p J on pixels, giving
+
+  C_weight = 1, C_z = sqrt(m), C_y = sqrt(p J), C_xi = o sqrt(J) / 4, C_z_y = sqrt(p J m),
+  C_xi_zz = (o sqrt(J) / 4) g(m),  g(m)^2 = m + m^2 (K - 1) / (2 K),
+
+where g bounds ||zz|| for s <= m (sum pi^4 >= s^2 / K by Cauchy-Schwarz; g(K)^2 = K(K+1)/2, the
+box bound). :meth:`SigmoidBeliefNetwork.clipped_sum` does not rely on that derivation: it maps
+pi and E[omega] through nan_to_num and clips them to [0, 1] and [0, 1/4] (in float64, after any
+float32 arithmetic), y to {0, 1} (1 iff y > 1/2), computes each block's actual norm n_k for the
+record and scales the whole record by one factor f = min(1, min_k C_k / n_k) (times 1 - 1e-9
+against rounding). So ||f u_k|| <= C_k for every block whatever the E-step returns, and one
+factor keeps the ratios between the blocks: clipping down-weights an atypical record instead of
+distorting it, the bias DP-SGD's clipping has. A record clipped by a factor f counts as f records.
+
+Replace-one, jointly, with non-negative entries: the engine scales block k by a_k / C_k (sum
+a_k^2 = 1), so a record's scaled concatenation U has non-negative entries and ||U|| <= 1. For two
+records, <U, V> >= 0, so ||U - V||^2 = ||U||^2 + ||V||^2 - 2 <U, V> <= 2: the diameter is sqrt(2)
+for every allocation (:meth:`SigmoidBeliefNetwork.diameter`), attained by records with disjoint
+supports at their bounds. Centred blocks (entries in [-r, r]) would move by 2 C_k instead.
+
+The fractions are a public rule (:data:`RULE_CLIP`, chosen on the synthetic SBN of
+``benchmarks/sbn_figure8.py --clip-select``, never on MNIST): records below all three caps
+are released exactly; records above are down-weighted.
 
 **M-step (post-processing, Appendix Sec. 5 of the paper with Gan et al.'s TPBN updates).** The
 noisy means are first projected onto their known ranges (entrywise clipping, post-processing),
 then the Robbins-Monro blend nu <- (1 - rho) nu + rho nu_t of each factor's natural parameters:
-q(b): precision 1/nu_b + N E[xi^(1)] (E[xi^(1)_k] = pg_mean(sqrt(E[b_k^2]))), h = N s_z;
-q(w_j, c_j): precision N proj(A_j) + diag(E[1/zeta_j], 1/nu_c), h = N (s_z_y,j, s_y,j), where
+q(b): precision 1/nu_b + N s_weight E[xi^(1)] (E[xi^(1)_k] = pg_mean(sqrt(E[b_k^2]))),
+h = N (s_z - s_weight / 2); q(w_j, c_j): precision N proj(A_j) + diag(E[1/zeta_j], 1/nu_c),
+h = N (s_z_y,j - s_z / 2, s_y,j - s_weight / 2) (the weighted means of (y - 1/2) zt), where
 A_j = E[omega_j zt zt^T] is assembled from the noisy means (s_xi_zz,j inside, its diagonal
 E[omega_j z_k] = E[omega_j z_k^2] on the border, s_xi,j in the corner), blended, and ``proj``
 raises its eigenvalues to a public floor, ``floor_factor * sqrt(K)`` times the blended noise std
@@ -87,8 +108,8 @@ the padding bits zero.
 >>> parsed.rows["y"].tolist(), [reason for _, reason, _ in parsed.rejected]
 ([[1, 0, 1, 1], [1, 0, 1, 1]], ['out_of_range'])
 >>> sums = model.clipped_sum(parsed.rows)
->>> sorted(sums), sums["xi_zz"].shape
-(['xi', 'xi_zz', 'y', 'z', 'z_y'], (4, 3))
+>>> sorted(sums), sums["xi_zz"].shape, model.diameter()
+(['weight', 'xi', 'xi_zz', 'y', 'z', 'z_y'], (4, 3), 1.4142135623730951)
 >>> model.update({k: v / 2 for k, v in sums.items()}, rho=1.0)
 >>> model.reconstruct_proba(np.array([[1, 0, 1, 1]])).shape
 (1, 4)
@@ -112,10 +133,10 @@ _MIN_FLOOR = float(np.finfo(float).tiny)
 #: Records per E-step chunk: bounds the (J, K, chunk) work array.
 _E_STEP_ROWS = 1024
 _DTYPES = ("float64", "float32")
-#: Block name -> half-width r of the interval every entry of a record's contribution lies in.
-HALF_WIDTH = {"z": 0.5, "y": 0.5, "xi": 0.125, "z_y": 0.5, "xi_zz": 0.125}
-#: Block name -> centre subtracted from each entry (public constant, added back in the M-step).
-CENTRE = {"z": 0.5, "y": 0.5, "xi": 0.125, "z_y": 0.0, "xi_zz": 0.125}
+#: Block name -> upper end of the interval [0, upper] every entry of a record's contribution lies in.
+UPPER = {"weight": 1.0, "z": 1.0, "y": 1.0, "xi": 0.25, "z_y": 1.0, "xi_zz": 0.25}
+#: Clip factors are shrunk by this relative margin so rounding cannot push a norm past its bound.
+_CLIP_MARGIN = 1e-9
 
 
 def _gig_moments(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +161,9 @@ class SigmoidBeliefNetwork(Model):
     the eigenvalue floor of the averaged noisy ``xi_zz``; ``damping`` in (0, 1] the step of the
     parallel q(z) updates (module docstring).
 
+    ``clip_units``, ``clip_omega``, ``clip_pixels`` are the public clipping fractions of the
+    module docstring (None: :data:`RULE_CLIP`; 1: the worst case, no clipping).
+
     ``dtype="float32"`` runs the E-step products in single precision (about twice the throughput);
     the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly as stated,
     and the M-step stays in float64.
@@ -160,6 +184,9 @@ class SigmoidBeliefNetwork(Model):
         damping: float = 0.5,
         seed: int = 0,
         dtype: str = "float64",
+        clip_units: float | None = None,
+        clip_omega: float | None = None,
+        clip_pixels: float | None = None,
     ) -> None:
         self.n_visible = integer("n_visible", n_visible)
         self.n_latent = integer("n_latent", n_latent)
@@ -173,6 +200,12 @@ class SigmoidBeliefNetwork(Model):
         if self.damping > 1.0:
             raise ValueError(f"damping must be in (0, 1], got {damping!r}")
         self.seed = integer("seed", seed, minimum=0)
+        given = {"clip_units": clip_units, "clip_omega": clip_omega, "clip_pixels": clip_pixels}
+        for name, value in given.items():
+            value = RULE_CLIP[name] if value is None else positive(name, value)
+            if value > 1.0:
+                raise ValueError(f"{name} must be in (0, 1] (a fraction of the worst case), got {value!r}")
+            setattr(self, name, float(value))
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
@@ -230,10 +263,26 @@ class SigmoidBeliefNetwork(Model):
     # ------------------------------------------------------------------ protocol: release
     def blocks(self) -> tuple[Block, ...]:
         J, K = self.n_visible, self.n_latent
-        T = K * (K + 1) // 2
-        shapes = {"z": (K,), "y": (J,), "xi": (J,), "z_y": (J, K), "xi_zz": (J, T)}
-        return tuple(Block(name, shape, HALF_WIDTH[name] * math.sqrt(int(np.prod(shape))))
-                     for name, shape in shapes.items())
+        shapes = {"weight": (1,), "z": (K,), "y": (J,), "xi": (J,), "z_y": (J, K), "xi_zz": (J, K * (K + 1) // 2)}
+        bounds = self.clip_bounds()
+        return tuple(Block(name, shape, bounds[name]) for name, shape in shapes.items())
+
+    def clip_bounds(self) -> dict[str, float]:
+        """Per-record L2 bound C_k of each block from the public clipping fractions (module
+        docstring): m = clip_units K active units, rms E[omega] <= clip_omega / 4, ||y||^2 <=
+        clip_pixels J."""
+        J, K = self.n_visible, self.n_latent
+        m = self.clip_units * K
+        omega = self.clip_omega * math.sqrt(J) / 4.0
+        pixels = math.sqrt(self.clip_pixels * J)
+        zz = math.sqrt(m + m * m * (K - 1) / (2.0 * K))
+        return {"weight": 1.0, "z": math.sqrt(m), "y": pixels, "xi": omega, "z_y": pixels * math.sqrt(m),
+                "xi_zz": omega * zz}
+
+    def diameter(self, weights: Mapping[str, float] | None = None) -> float:
+        """sqrt(2) for every allocation: all released entries are >= 0, so two records' scaled
+        contributions (norm <= 1 each) have a non-negative inner product (module docstring)."""
+        return math.sqrt(2.0)
 
     def default_block_weights(self) -> dict[str, float]:
         """a_k proportional to sqrt(C_k): minimises the sum over blocks of one entry's noise
@@ -244,13 +293,13 @@ class SigmoidBeliefNetwork(Model):
         return {name: math.sqrt(c) / norm for name, c in bounds.items()}
 
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """E-step on the batch and the sums of the centred, range-clipped statistics."""
+        """E-step on the batch and the sums of the per-record clipped statistics (module docstring)."""
         Y = np.asarray(batch["y"])
         if Y.ndim != 2 or Y.shape[1] != self.n_visible:
             raise ValueError(f"batch must hold y of shape (n, {self.n_visible}), got {Y.shape}")
         y = (np.nan_to_num(Y.astype(np.float64), nan=0.0) > 0.5).astype(np.float64)
         J, K = self.n_visible, self.n_latent
-        out = {"z": np.zeros(K), "y": np.zeros(J), "xi": np.zeros(J), "z_y": np.zeros((J, K)),
+        out = {"weight": np.zeros(1), "z": np.zeros(K), "y": np.zeros(J), "xi": np.zeros(J), "z_y": np.zeros((J, K)),
                "xi_zz": np.zeros((J, K * (K + 1) // 2))}
         n = y.shape[0]
         for start in range(0, n, _E_STEP_ROWS):  # chunks bound the (J, K, chunk) work array
@@ -258,17 +307,42 @@ class SigmoidBeliefNetwork(Model):
             pi, xi = self._e_step(yc)
             pi = np.clip(np.nan_to_num(pi.astype(np.float64), nan=0.0), 0.0, 1.0)
             xi = np.clip(np.nan_to_num(xi.astype(np.float64), nan=0.0), 0.0, 0.25)
-            m = yc.shape[0]
-            yh = yc - 0.5
-            out["z"] += pi.sum(axis=0) - 0.5 * m
-            out["y"] += yh.sum(axis=0)
-            out["xi"] += xi.sum(axis=0) - 0.125 * m
-            out["z_y"] += yh.T @ pi
-            # sum_n xi_nj <z_k z_l>_n (k <= l) as one GEMM: <z_k z_l> = pi_k pi_l, and pi_k on the diagonal
-            zz = pi[:, self._triu[0]] * pi[:, self._triu[1]]
-            zz[:, self._diag] = pi
-            out["xi_zz"] += xi.T @ zz - 0.125 * m
+            zz = self._packed_zz(pi)
+            f = self._clip_factors(yc, pi, xi, zz)
+            fpi, fxi = f[:, None] * pi, f[:, None] * xi
+            out["weight"] += f.sum()
+            out["z"] += fpi.sum(axis=0)
+            out["y"] += yc.T @ f
+            out["xi"] += fxi.sum(axis=0)
+            out["z_y"] += yc.T @ fpi
+            out["xi_zz"] += fxi.T @ zz  # sum_n f_n xi_nj <z_k z_l>_n as one GEMM
         return out
+
+    def _packed_zz(self, pi: np.ndarray) -> np.ndarray:
+        """<z_k z_l> = pi_k pi_l (k < l), pi_k on the diagonal, packed upper triangle (n, K(K+1)/2)."""
+        zz = pi[:, self._triu[0]] * pi[:, self._triu[1]]
+        zz[:, self._diag] = pi
+        return zz
+
+    def _clip_factors(self, y: np.ndarray, pi: np.ndarray, xi: np.ndarray, zz: np.ndarray) -> np.ndarray:
+        """One factor per record, min(1, min_k C_k / n_k) (shrunk by ``_CLIP_MARGIN``), from each
+        block's actual norm n_k; the Kronecker blocks' norms are products of cheap norms."""
+        n_pi, n_y, n_xi, n_zz = (np.sqrt(np.einsum("ij,ij->i", a, a)) for a in (pi, y, xi, zz))
+        norms = {"z": n_pi, "y": n_y, "xi": n_xi, "z_y": n_y * n_pi, "xi_zz": n_xi * n_zz}
+        f = np.ones(len(y))
+        for name, bound in self.clip_bounds().items():
+            if name in norms:
+                c = bound * (1.0 - _CLIP_MARGIN)
+                f = np.minimum(f, np.divide(c, norms[name], out=np.ones_like(f), where=norms[name] > c))
+        return f
+
+    def record_weights(self, Y: np.ndarray) -> np.ndarray:
+        """The clipping factor f of each row of ``Y`` under the current state (1: released exactly;
+        a diagnostic of the clipping bias on data one may look at, e.g. synthetic)."""
+        y = self._binary(Y)
+        pi, xi = (np.clip(np.nan_to_num(a.astype(np.float64), nan=0.0), 0.0, hi)
+                  for a, hi in zip(self._e_step(y), (1.0, 0.25)))
+        return self._clip_factors(y, pi, xi, self._packed_zz(pi))
 
     def _e_step(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """q(z_n) means pi (n, K) and E[omega_n] (n, J) after ``inner_iterations`` rounds."""
@@ -306,14 +380,15 @@ class SigmoidBeliefNetwork(Model):
         return max(self.floor_factor * math.sqrt(self.n_latent * self._noise_var), _MIN_FLOOR)
 
     def _means(self, noisy_mean: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Noisy means un-centred and clipped to their known ranges (post-processing)."""
+        """Noisy means projected onto their known ranges [0, upper] (post-processing); the mean
+        weight is kept at least 1e-6 so the latent prior's data part stays positive."""
         out = {}
         for b in self.blocks():
             arr = np.asarray(noisy_mean[b.name], dtype=float)
             if arr.shape != b.shape:
                 raise ValueError(f"noisy mean {b.name!r} must have shape {b.shape}, got {arr.shape}")
-            r, c = HALF_WIDTH[b.name], CENTRE[b.name]
-            out[b.name] = np.clip(np.nan_to_num(arr, nan=0.0), -r, r) + c
+            out[b.name] = np.clip(np.nan_to_num(arr, nan=0.0), 0.0, UPPER[b.name])
+        out["weight"] = np.maximum(out["weight"], 1e-6)
         return out
 
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
@@ -328,13 +403,14 @@ class SigmoidBeliefNetwork(Model):
         A[:, K, K] = m["xi"]
         A = A + np.triu(A, 1).transpose(0, 2, 1)                 # symmetric, (J, K + 1, K + 1)
         blend = lambda old, new: (1.0 - rho) * old + rho * new  # noqa: E731
-        # q(b): z block is E[z] - 1/2 after un-centring by -1/2
+        # q(b): the weighted mean of (z - 1/2) is s_z - s_weight / 2
+        wt = float(m["weight"][0])
         xi1 = pg_mean(np.sqrt(self._mu_b**2 + self._var_b))
-        self._b_prec = blend(self._b_prec, N * xi1)
-        self._b_h = blend(self._b_h, N * (m["z"] - 0.5))
+        self._b_prec = blend(self._b_prec, N * wt * xi1)
+        self._b_h = blend(self._b_h, N * (m["z"] - 0.5 * wt))
         # joint q(w_j, c_j): no coordinate-wise coupling between W and c to diverge under noise
         self._w_stat = blend(self._w_stat, N * A)
-        self._w_h = blend(self._w_h, N * np.hstack([m["z_y"], m["y"][:, None] - 0.5]))
+        self._w_h = blend(self._w_h, N * np.hstack([m["z_y"] - 0.5 * m["z"], m["y"][:, None] - 0.5 * wt]))
         self._w_prior = blend(self._w_prior, self._zeta_inv)
         self._noise_var = (1.0 - rho) ** 2 * self._noise_var + rho**2 * self.xi_zz_noise_std**2
         self._refresh()
@@ -448,7 +524,8 @@ class SigmoidBeliefNetwork(Model):
             "n_visible": self.n_visible, "n_latent": self.n_latent, "dataset_size": self.dataset_size,
             "inner_iterations": self.inner_iterations, "nu_b": self.nu_b, "nu_c": self.nu_c,
             "init_scale": self.init_scale, "floor_factor": self.floor_factor, "damping": self.damping, "seed": self.seed,
-            "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name,
+            "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name, "clip_units": self.clip_units,
+            "clip_omega": self.clip_omega, "clip_pixels": self.clip_pixels,
         }
 
     # ------------------------------------------------------------------ prediction
@@ -502,6 +579,8 @@ RULE_TAU0 = 1.0
 RULE_KAPPA = {"private": 1.0, "non_private": 0.51}
 RULE_LATENT = 50
 RULE_INNER_ITERATIONS = 4
+#: Public clipping fractions (module docstring), chosen on the synthetic SBN (``--clip-select``).
+RULE_CLIP = {"clip_units": 0.36, "clip_omega": 0.77, "clip_pixels": 0.19}
 
 
 def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: int | None = None,
@@ -550,9 +629,12 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: i
         "init_scale": "0.1: small random start that breaks the symmetry between units without switching them off",
         "floor_factor": "1: eigenvalue floor at about half the spectral edge of the symmetric noise",
         "damping": "1/2: parallel q(z) updates of coupled units oscillate undamped (non-private VB diverged)",
+        "clip": ("per-record clipping at the median, on the synthetic SBN, of s / K (s = ||E[z]||^2), 4 rms E[omega] "
+                 "and the fraction of on pixels (0.36, 0.77, 0.19): private accuracy 0.863 / 0.875 at S = 400 / 3200 "
+                 "against 0.809 / 0.864 unclipped (0.856 / 0.875 at the 0.9 quantile), without noise 0.878 either way"),
     }
     return {"q": S / n, "batch_size": S, "steps": max(1, n // S), "tau0": RULE_TAU0, "kappa": kappa,
             "block_weights": None,
             "model_params": {"n_latent": K, "dataset_size": n, "inner_iterations": RULE_INNER_ITERATIONS,
-                             "init_scale": 0.1, "floor_factor": 1.0, "damping": 0.5},
+                             "init_scale": 0.1, "floor_factor": 1.0, "damping": 0.5, **RULE_CLIP},
             "why": why}
