@@ -10,15 +10,17 @@ delta = 1e-4. Measure: each seed reconstructs 100 random test images through q(z
 reports the fraction of pixels where the thresholded reconstruction equals the image.
 
 Methods, all with the same model settings (:func:`stream_vips.models.sbn.fit_rule`, chosen on
-synthetic SBN data, never on MNIST): non-private (z = 0); private with the paper's noise,
-z = 2 sigma = 2 (the paper's sigma is noise std over the replace-one sensitivity of each block,
-which is twice our per-record bound C_k), accounted by our RDP accountant for fixed-size
-sampling; and private with strong composition at the same epsilon (z calibrated with the
+synthetic SBN data, never on MNIST, including the per-record clipping fractions): non-private
+(z = 0, the same clipped statistics); private with the paper's noise, z = D sigma (the paper's
+sigma is noise std over the replace-one sensitivity, which is D C with D = sqrt(2), the model's
+diameter for its non-negative blocks), accounted by our RDP accountant for fixed-size sampling;
+and private with strong composition at the same epsilon (z calibrated with the
 strong-composition accountant to our RDP epsilon, so it needs more noise per step). The
 paper's epsilons (1.34 / 1.74 / 2.44 / 3.34) are the same RDP curve turned into (eps, delta)
 with the classic conversion min_a r(a) + log(1/delta)/(a - 1); both are reported. Noise is
 added as the engine adds it: std_k = z C_k / a_k with the family's default block weights, the
-sum divided by S.
+sum divided by S. Each run also records the fraction of training records the clipping
+down-weighted and their mean weight (a diagnostic of the clipping bias, never used to choose).
 
 Resumable: every finished (K, S, method, seed) run is added to the results JSON at once (under a
 file lock, so several processes may share the grid), and runs already there are skipped. Run:
@@ -52,6 +54,8 @@ from stream_vips.privacy.composition import StrongCompositionAccountant  # noqa:
 from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
 
 N, DELTA, SIGMA = 60_000, 1e-4, 1.0
+#: Replace-one diameter of the sbn release in units of its joint bound (non-negative blocks).
+DIAMETER = math.sqrt(2.0)
 SIZES = (400, 800, 1600, 3200)
 PAPER_EPSILON = {400: 1.34, 800: 1.74, 1600: 2.44, 3200: 3.34}
 METHODS = ("non_private", "moments_accountant", "strong_composition")
@@ -66,25 +70,28 @@ def classic_epsilon(rdp: RdpAccountant, ev: SubsampledGaussianEvent, delta: floa
 
 
 def epsilons(S: int) -> dict:
-    """Our RDP epsilon at z = 2, the classic-conversion epsilon, and the strong-composition z
-    that reaches our RDP epsilon (all for T = N / S fixed-size steps at rate S / N)."""
+    """Our RDP epsilon at z = D sigma, the classic-conversion epsilon, and the strong-composition
+    z that reaches our RDP epsilon (all for T = N / S fixed-size steps at rate S / N, diameter D)."""
     rdp = RdpAccountant()
     strong = StrongCompositionAccountant(rdp)
     T = N // S
-    ev = SubsampledGaussianEvent(2 * SIGMA, S / N, "fixed", count=T)
+    ev = SubsampledGaussianEvent(DIAMETER * SIGMA, S / N, "fixed", diameter=DIAMETER, count=T)
     eps = rdp.epsilon([ev], DELTA)
-    z_sc = brentq(lambda z: strong.epsilon([SubsampledGaussianEvent(z, S / N, "fixed", count=T)], DELTA) - eps,
-                  2.0, 500.0, xtol=1e-3)
+    z_sc = brentq(lambda z: strong.epsilon([SubsampledGaussianEvent(z, S / N, "fixed", diameter=DIAMETER, count=T)],
+                                           DELTA) - eps, DIAMETER, 500.0, xtol=1e-3)
     return {"S": S, "steps": T, "paper_epsilon": PAPER_EPSILON.get(S), "ours_epsilon_rdp": eps,
             "ours_epsilon_rdp_classic_conversion": classic_epsilon(rdp, ev, DELTA), "strong_composition_z": z_sc,
             "strong_composition_epsilon_same_noise": strong.epsilon([ev], DELTA)}
 
 
-def train_sbn(train: np.ndarray, K: int, S: int, z: float, seed: int, rule: dict) -> SigmoidBeliefNetwork:
-    """T = len(train) / S steps, each on a fresh uniform S-subset, noise as the engine adds it."""
+def train_sbn(train: np.ndarray, K: int, S: int, z: float, seed: int, rule: dict,
+              clip_log: list | None = None) -> SigmoidBeliefNetwork:
+    """T = len(train) / S steps, each on a fresh uniform S-subset, noise as the engine adds it;
+    ``clip_log`` (if given) collects each step's released weight sum over S (noiseless, diagnostic)."""
     rng = np.random.default_rng(seed)
     n, J = train.shape
     model = SigmoidBeliefNetwork(J, seed=seed, dtype="float32", **{**rule["model_params"], "n_latent": K, "dataset_size": n})
+    assert model.diameter() == DIAMETER
     blocks = model.blocks()
     w = model.default_block_weights()
     stds = {b.name: z * b.bound / w[b.name] for b in blocks}
@@ -92,6 +99,8 @@ def train_sbn(train: np.ndarray, K: int, S: int, z: float, seed: int, rule: dict
     tau0, kappa = rule["tau0"], rule["kappa"]
     for t in range(n // S):
         sums = model.clipped_sum({"y": train[rng.choice(n, S, replace=False)]})
+        if clip_log is not None:
+            clip_log.append(float(sums["weight"][0]) / S)
         noisy = {b.name: (sums[b.name] + stds[b.name] * rng.standard_normal(b.shape)) / S for b in blocks}
         model.update(noisy, (tau0 + t) ** -kappa)
     return model
@@ -124,7 +133,7 @@ def select_on_synthetic() -> None:
     train, test = synthetic_sbn(N, 1), synthetic_sbn(500, 2)
     rows = []
     for S in (400, 3200):
-        for z in (0.0, 2 * SIGMA):
+        for z in (0.0, DIAMETER * SIGMA):
             for tau0, kappa in ((1.0, 0.5), (1.0, 0.75), (1.0, 1.0), (10.0, 0.6)):
                 rule = {**fit_rule(N, train.shape[1], None, DELTA, n_latent=20, batch_size=S), "tau0": tau0, "kappa": kappa}
                 acc = pixel_accuracy(test, train_sbn(train, 20, S, z, 0, rule).reconstruct_proba(test))
@@ -132,6 +141,39 @@ def select_on_synthetic() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     evidence = {"data": synthetic_sbn.__doc__.split(":")[0], "all_zero_accuracy": float(1 - test.mean()), "rows": rows}
     _locked_update(OUT, lambda d: {**d, "fit_rule_evidence": evidence})
+
+
+CLIP_QUANTILES = (0.1, 0.25, 0.5, 0.9, 1.0)
+
+
+def clip_select() -> None:
+    """The clipping rule's evidence, on the synthetic SBN only: fit without noise or clipping
+    (K = 20, S = 3200), measure each held-out draw's s / K (s = ||E[z]||^2), 4 rms E[omega] and
+    ||y||^2 / J, take their quantiles as candidate fractions (plus no clipping), and score each
+    candidate by held-out accuracy without noise and private (z = D sigma) at S = 400 and 3200."""
+    train, test, probe = synthetic_sbn(N, 1), synthetic_sbn(500, 2), synthetic_sbn(2000, 3)
+    K, J = 20, train.shape[1]
+    free = {"clip_units": 1.0, "clip_omega": 1.0, "clip_pixels": 1.0}
+    base = fit_rule(N, J, None, DELTA, n_latent=K, batch_size=3200)
+    model = train_sbn(train, K, 3200, 0.0, 0, {**base, "model_params": {**base["model_params"], **free}})
+    pi, xi = (a.astype(float) for a in model._e_step(probe.astype(float)))
+    stats = {"clip_units": (pi**2).sum(1) / K, "clip_omega": 4.0 * np.sqrt((xi**2).mean(1)),
+             "clip_pixels": probe.mean(1)}
+    candidates = {f"q{q:g}": {k: float(min(1.0, np.quantile(v, q))) for k, v in stats.items()} for q in CLIP_QUANTILES}
+    candidates["none"] = free
+    rows = []
+    for name, fr in candidates.items():
+        for S, z in ((3200, 0.0), (400, DIAMETER * SIGMA), (3200, DIAMETER * SIGMA)):
+            rule = fit_rule(N, J, None if z == 0 else 1.0, DELTA, n_latent=K, batch_size=S)
+            rule["model_params"].update(fr)
+            log: list = []
+            acc = pixel_accuracy(test, train_sbn(train, K, S, z, 0, rule, log).reconstruct_proba(test))
+            rows.append({"candidate": name, **fr, "S": S, "z": z, "accuracy": acc, "mean_weight": float(np.mean(log))})
+            print(json.dumps(rows[-1]), flush=True)
+    evidence = {"data": synthetic_sbn.__doc__.split(":")[0], "model_K": K,
+                "quantiles": {k: np.quantile(v, [0.5, 0.9, 0.99, 1.0]).round(4).tolist() for k, v in stats.items()},
+                "all_zero_accuracy": float(1 - test.mean()), "rows": rows}
+    _locked_update(OUT, lambda d: {**d, "clip_rule_evidence": evidence})
 
 
 def _locked_update(path: Path, fn) -> dict:
@@ -186,13 +228,16 @@ def main() -> None:
     ap.add_argument("--latent", type=int, nargs="+", default=[50, 100])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--select", action="store_true", help="only the fit-rule evidence on synthetic SBN data")
+    ap.add_argument("--clip-select", action="store_true", help="only the clipping rule's evidence (synthetic)")
     ap.add_argument("--summarise", action="store_true", help="only rewrite the header and summary of the JSON")
     args = ap.parse_args()
     if args.select:
         return select_on_synthetic()
+    if args.clip_select:
+        return clip_select()
     train, test = load_mnist_binary()
     eps = [epsilons(S) for S in SIZES]
-    z_of = {e["S"]: {"non_private": 0.0, "moments_accountant": 2 * SIGMA,
+    z_of = {e["S"]: {"non_private": 0.0, "moments_accountant": DIAMETER * SIGMA,
                      "strong_composition": e["strong_composition_z"]} for e in eps}
 
     def header(data: dict) -> dict:
@@ -205,7 +250,8 @@ def main() -> None:
             "reference_all_zero_accuracy": {
                 "why": "predicting every pixel off on the same test images: the level a model reaches with biases only",
                 **{str(s): pixel_accuracy(test_images(test, s), np.zeros((TEST_IMAGES, 784))) for s in range(10)}},
-            "delta": DELTA, "paper_sigma": SIGMA, "z_moments_accountant": 2 * SIGMA, "epsilons": eps,
+            "delta": DELTA, "paper_sigma": SIGMA, "diameter": DIAMETER, "z_moments_accountant": DIAMETER * SIGMA,
+            "epsilons": eps,
             "target": {"ordering": "non_private >= moments_accountant >= strong_composition at every (K, S)",
                        "private_within": MARGIN, "paper_epsilons_within_relative": 0.02},
         })
@@ -227,8 +273,10 @@ def main() -> None:
                     if any((r["K"], r["S"], r["method"], r["seed"]) == key for r in existing):
                         continue
                     started = time.time()
-                    acc = evaluate(train_sbn(train, K, S, z_of[S][method], seed, rule), test, seed)
+                    log: list = []
+                    acc = evaluate(train_sbn(train, K, S, z_of[S][method], seed, rule, log), test, seed)
                     run = {"K": K, "S": S, "method": method, "seed": seed, "z": z_of[S][method], "accuracy": acc,
+                           "mean_record_weight": float(np.mean(log)),
                            "tau0": rule["tau0"], "kappa": rule["kappa"], "model_params": rule["model_params"],
                            "wall_s": round(time.time() - started, 1)}
                     print(json.dumps(run), flush=True)

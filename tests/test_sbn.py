@@ -377,3 +377,22 @@ def test_damped_e_step_is_the_average_step_and_keeps_fixed_points():
     np.testing.assert_allclose(long[0.5], long[1.0], atol=1e-9)
     with pytest.raises(ValueError, match="damping"):
         SigmoidBeliefNetwork(5, 3, 100, damping=1.5)
+
+
+def test_noisy_means_enter_the_m_step_unprojected():
+    """The M-step's linear statistics take the noisy means as released: antithetic noise +e / -e
+    averages back to the noiseless natural parameters exactly (a projection onto [0, upper] would
+    bias the many entries near 0 upwards and break this)."""
+    rng = np.random.default_rng(9)
+    J, K = 10, 3
+    Y = (rng.random((50, J)) < 0.2).astype(np.uint8)
+    model = SigmoidBeliefNetwork(J, K, 1000, seed=0)
+    means = {k: v / len(Y) for k, v in model.clipped_sum({"y": Y}).items()}
+    noise = {k: 0.3 * rng.standard_normal(v.shape) for k, v in means.items()}
+    states = []
+    for sign in (0.0, 1.0, -1.0):
+        m = SigmoidBeliefNetwork(J, K, 1000, seed=0)
+        m.update({k: v + sign * noise[k] for k, v in means.items()}, rho=1.0)
+        states.append(m.state())
+    for name in ("w_h", "c_h", "w_stat", "wc_stat", "c_prec"):
+        np.testing.assert_allclose((states[1][name] + states[2][name]) / 2, states[0][name], rtol=1e-10, atol=1e-8)
