@@ -49,6 +49,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -290,6 +291,14 @@ def schedule_one(task: tuple[int, float, int]) -> list[dict]:
     return out
 
 
+def _map_rows(fn: Callable[[tuple], list[dict]], tasks: list[tuple], workers: int) -> list[dict]:
+    """The rows of ``fn`` over ``tasks``, in a process pool when ``workers`` > 1."""
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            return [r for rs in pool.map(fn, tasks) for r in rs]
+    return [r for t in tasks for r in fn(t)]
+
+
 def select_schedule(workers: int) -> dict:
     """The second selection round, on synthetic data only: q, steps and s T for the non-private fits
     (do more, smaller SEP steps converge where 4 refreshes at q = 0.1 under-fit?) and the private
@@ -298,11 +307,7 @@ def select_schedule(workers: int) -> dict:
     from benchmarks.common import RESULTS
 
     tasks = [(n, noise, seed) for n in (10_000, 3000, 1000) for noise in (5.0, 0.5) for seed in (0, 1)]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            rows = [r for rs in pool.map(schedule_one, tasks) for r in rs]
-    else:
-        rows = [r for t in tasks for r in schedule_one(t)]
+    rows = _map_rows(schedule_one, tasks, workers)
     cells: dict[str, list[float]] = {}
     for r in rows:
         key = (f"n={r['n']} noise={r['noise']:g} {r['method']} q={r['q']} steps={r['steps']} "
@@ -322,11 +327,7 @@ def select_schedule(workers: int) -> dict:
 def select(workers: int) -> dict:
     """The synthetic grid :func:`fit_rule` was chosen on (N 1,000 to 10,000, d 8 and 12, 2 seeds)."""
     tasks = [(n, d, seed) for n in (10_000, 3000, 1000) for d in (8, 12) for seed in (0, 1)]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            rows = [r for rs in pool.map(select_one, tasks) for r in rs]
-    else:
-        rows = [r for t in tasks for r in select_one(t)]
+    rows = _map_rows(select_one, tasks, workers)
     cells: dict[str, list[float]] = {}
     for r in rows:
         key = f"n={r['n']} d={r['d']} H={r['hidden']} {r['method']} q={r['q']} sT={r['site_refreshes']:g}"
