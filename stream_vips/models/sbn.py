@@ -371,7 +371,8 @@ class SigmoidBeliefNetwork(Model):
     # ------------------------------------------------------------------ protocol: M-step
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
         """The public noise std of one entry of the released ``xi_zz`` mean (sets the floor; the
-        ``xi`` entries in the joint matrix have less noise, T^(-1/4) times as much by default)."""
+        ``xi`` entries in the joint matrix have less noise, sqrt(C_xi / C_xi_zz) = g(m)^(-1/2) times as
+        much with the default allocation)."""
         std = float(mean_stds["xi_zz"])
         if not (math.isfinite(std) and std >= 0):
             raise ValueError(f"xi_zz noise std must be finite and >= 0, got {std!r}")
