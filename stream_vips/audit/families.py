@@ -98,8 +98,8 @@ FAMILY_AUDITS: dict[str, FamilyAudit] = {
     "sbn": FamilyAudit(
         "sbn", lambda m: SigmoidBeliefNetwork(n_visible=3, n_latent=1, dataset_size=m, seed=0),
         tuple({"y": list(bits)} for bits in itertools.product((0, 1), repeat=3)),
-        note="complementary images move the y block by exactly 2 C_y; the E-step blocks move less "
-             "than their bounds, so the pair sits below the claimed diameter 2"),
+        note="non-negative blocks clipped per record, claimed diameter sqrt(2); the worst pair found "
+             "(complementary images) sits below it, since the E-step blocks move less than their bounds"),
     "sep_mixture": FamilyAudit(
         "sep_mixture",
         lambda m: MixtureSEP(n_components=2, dim=1, dataset_size=m, clip=1.0, init_seed=0),
