@@ -65,8 +65,8 @@ distorting it, the bias DP-SGD's clipping has. A record clipped by a factor f co
 Replace-one, jointly, with non-negative entries: the engine scales block k by a_k / C_k (sum
 a_k^2 = 1), so a record's scaled concatenation U has non-negative entries and ||U|| <= 1. For two
 records, <U, V> >= 0, so ||U - V||^2 = ||U||^2 + ||V||^2 - 2 <U, V> <= 2: the diameter is sqrt(2)
-for every allocation (:meth:`SigmoidBeliefNetwork.diameter`), attained by records with disjoint
-supports at their bounds. Centred blocks (entries in [-r, r]) would move by 2 C_k instead.
+for every allocation (:meth:`SigmoidBeliefNetwork.diameter`), an upper bound: the ``weight``
+block is f > 0 for every record, so <U, V> > 0 and the exact diameter is slightly below sqrt(2). Centred blocks (entries in [-r, r]) would move by 2 C_k instead.
 
 The fractions are a public rule (:data:`RULE_CLIP`, chosen on the synthetic SBN of
 ``benchmarks/sbn_figure8.py --clip-select``, never on MNIST): records below all three caps
@@ -137,8 +137,6 @@ _MIN_FLOOR = float(np.finfo(float).tiny)
 #: Records per E-step chunk: bounds the (J, K, chunk) work array.
 _E_STEP_ROWS = 1024
 _DTYPES = ("float64", "float32")
-#: Block name -> upper end of the interval [0, upper] every entry of a record's contribution lies in.
-UPPER = {"weight": 1.0, "z": 1.0, "y": 1.0, "xi": 0.25, "z_y": 1.0, "xi_zz": 0.25}
 #: Clip factors are shrunk by this relative margin so rounding cannot push a norm past its bound.
 _CLIP_MARGIN = 1e-9
 
