@@ -26,8 +26,9 @@ Settings: :func:`stream_vips.models.sep.bnn.fit_rule` from (N, d, epsilon, delta
 clipped SEP get the rule's non-private settings (the paper's network size, a converged schedule),
 DP-SEP its private ones. The rule's values were read off synthetic data only (``--select``,
 ``--select-schedule``), but the second synthetic round was run because the first rule's results on
-these sets showed an under-fit non-private baseline (docs/sep_bnn.md says so too). Scores: test RMSE and mean test log-likelihood in original target
-units, mean and standard error over seeds (the paper's tables give standard deviations).
+these sets showed an under-fit non-private baseline (docs/sep_bnn.md says so too). Scores: test
+RMSE and mean test log-likelihood in original target units, mean and standard error over seeds
+(the paper's tables give standard deviations).
 
 Targets, per set: DP-SEP RMSE within 10% of the paper's DP-SEP RMSE on the same set; DP-SEP RMSE
 within 10% of our non-private SEP (ratio <= 1.10); DP-SEP RMSE below the private linear model's.

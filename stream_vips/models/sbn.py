@@ -18,7 +18,8 @@ psi = w_j^T z + c_j, E[psi^2] = pi^T M_j pi + sum_k pi_k (1 - pi_k) M_j,kk + 2 s
 + E[c_j^2]; then, all units at once,
 d_nk = E[b_k] + sum_j mu_jk (y_nj - 1/2)
        - sum_j E[omega_nj] ((M_j pi_n)_k - M_j,kk pi_nk + E[w_jk c_j] + M_j,kk / 2),
-pi_nk <- (1 - lambda) pi_nk + lambda sigmoid(d_nk) with the public ``damping`` lambda (eq. 70; (M_j pi)_k - M_j,kk pi_k + E[w_jk c_j] = E[psi_j^{\\k} w_jk]).
+pi_nk <- (1 - lambda) pi_nk + lambda sigmoid(d_nk) with the public ``damping`` lambda (eq. 70;
+(M_j pi)_k - M_j,kk pi_k + E[w_jk c_j] = E[psi_j^{\\k} w_jk]).
 All units move at once, so the update is damped (lambda = 1/2 by default): undamped parallel
 mean-field updates of strongly coupled units oscillate, and on MNIST with K = 100 the
 non-private reconstructions then fell from 0.88 to 0.51 within 7 steps (on held-out training
@@ -66,7 +67,8 @@ Replace-one, jointly, with non-negative entries: the engine scales block k by a_
 a_k^2 = 1), so a record's scaled concatenation U has non-negative entries and ||U|| <= 1. For two
 records, <U, V> >= 0, so ||U - V||^2 = ||U||^2 + ||V||^2 - 2 <U, V> <= 2: the diameter is sqrt(2)
 for every allocation (:meth:`SigmoidBeliefNetwork.diameter`), an upper bound: the ``weight``
-block is f > 0 for every record, so <U, V> > 0 and the exact diameter is slightly below sqrt(2). Centred blocks (entries in [-r, r]) would move by 2 C_k instead.
+block is f > 0 for every record, so <U, V> > 0 and the exact diameter is slightly below sqrt(2).
+Centred blocks (entries in [-r, r]) would move by 2 C_k instead.
 
 The fractions are a public rule (:data:`RULE_CLIP`, chosen on the synthetic SBN of
 ``benchmarks/sbn_figure8.py --clip-select``, never on MNIST): records below all three caps
@@ -78,7 +80,8 @@ of ``xi_zz`` and the background pixels' ``y`` are near 0, where the projection m
 adds a bias that averaging over steps never removes (on the synthetic SBN, J = 784, K = 50,
 S = 400, private accuracy 0.816 with the projection, i.e. all zeros, against 0.840 without;
 strong composition on MNIST at S = 1600 fell below all zeros with it). Positive definiteness
-comes from the eigenvalue floor below. Then the Robbins-Monro blend nu <- (1 - rho) nu + rho nu_t of each factor's natural parameters:
+comes from the eigenvalue floor below. Then the Robbins-Monro blend nu <- (1 - rho) nu + rho nu_t
+of each factor's natural parameters:
 q(b): precision 1/nu_b + N s_weight E[xi^(1)] (E[xi^(1)_k] = pg_mean(sqrt(E[b_k^2]))),
 h = N (s_z - s_weight / 2); q(w_j, c_j): precision N proj(A_j) + diag(E[1/zeta_j], 1/nu_c),
 h = N (s_z_y,j - s_z / 2, s_y,j - s_weight / 2) (the weighted means of (y - 1/2) zt), where
