@@ -544,7 +544,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
                     "no noise, so as many refreshes as converge: of 10, 20 and 40, 20 was best or within 1% of "
                     "the best in 5 of the 6 synthetic cells for SEP and in all 6 for clipped SEP (N = 1,000 to "
                     "10,000, noise 5 and 0.5; 40 was better for SEP at N = 10,000, noise 0.5)")),
-        "tau0_kappa": f"tau0 = {RULE_TAU0:g}, kappa = {RULE_KAPPA}: rho_t constant within 0.01% over the run",
+        "tau0_kappa": f"tau0 = {RULE_TAU0:g}, kappa = {RULE_KAPPA}: rho_t constant to about 0.01% over the run",
         "hidden": (f"H = {hidden}: " + ("the paper's network for sets of its smaller sizes; H = 50 beat H = 20 in "
                                          "4 of the 6 synthetic (N, d) cells and in both at N = 10,000 (and at "
                                          "N = 30,000 in an earlier run); H = 100 was not tried with noise"
