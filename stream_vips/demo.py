@@ -13,6 +13,8 @@ records. ``--family`` picks the model:
             words): held-out perplexity bound and topic recovery (mean Hellinger distance)
   sbn       sigmoid belief network (K = 3 known latent units over 24 pixels): pixel accuracy of
             reconstructed held-out images, next to the true network's
+  sep_bnn   DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2
+            plus noise): held-out RMSE and log-likelihood, next to the noise std
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
 a directory that already holds a ledger: spent budget is never reset (privacy rule 7 in
@@ -339,8 +341,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="linreg",
                    help="model family (default linreg); see above")
-    p.add_argument("--records", type=int, help="synthetic records to stream (default: 40000 for linreg and "
-                   "logistic, 70000 for lda; the run halts earlier once the budget is spent)")
+    p.add_argument("--records", type=int, help="synthetic records to stream (default: 70000 for lda, 40000 for "
+                   "the others; the run halts earlier once the budget is spent)")
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1.0, delta 1e-5)")
     p.add_argument("--json-summary", metavar="FILE", help="also write the summary as JSON to FILE")
     p.add_argument("--out", metavar="DIR", help="output directory (default: a new temporary directory)")

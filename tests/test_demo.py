@@ -1,6 +1,6 @@
 """`stream-vips demo`: runs with nothing but the package, halts on its budget, writes schema-valid
 messages consistent with its ledger, and a JSON summary with the documented keys; for every model
-family (linreg, logistic, lda), with the synthetic sources they stream."""
+family (linreg, logistic, lda, sbn, sep_bnn), with the synthetic sources they stream."""
 
 from __future__ import annotations
 
@@ -65,6 +65,15 @@ def test_every_lazy_demo_import_resolves():
     assert len(targets) >= 8
     for module, name in targets:
         assert callable(getattr(importlib.import_module(module), name)), (module, name)
+
+
+def test_demo_help_describes_every_family():
+    """Each --family choice has its line in the help text (sep_bnn was once a choice without one)."""
+    import stream_vips.demo as demo
+
+    lines = demo.__doc__.splitlines()
+    for family in FAMILIES:
+        assert any(line.startswith(f"  {family} ") for line in lines), family
 
 
 def test_demo_rejects_too_few_records(capsys):
