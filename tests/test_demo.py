@@ -131,6 +131,30 @@ def test_demo_lda_perplexity_and_topic_recovery_between_uniform_and_non_private(
     assert s["topic_recovery"] < topic_recovery(true_topics, uniform)
 
 
+def test_demo_sbn_reconstructs_near_the_true_network(tmp_path):
+    s, msgs = _run_family_demo(tmp_path, "sbn")
+    assert msgs[-1]["hyperparameters"]["n_latent"] == 3
+    # The baseline without a model: each pixel's majority value over the held-out images (the
+    # true network's pixels are on about half the time, so about 0.5).
+    Y = np.asarray(FAMILIES["sbn"].held_out(FAMILIES["sbn"].source(0, 0)), dtype=float)
+    majority = float(np.mean(Y == (Y.mean(axis=0) > 0.5)))
+    assert majority < 0.6
+    # The true network with its own posterior over z is the ceiling (up to the paired sampling
+    # noise of two scorers on the same 48,000 pixels, well under 0.01); the fits come close to it.
+    assert s["true_network_pixel_accuracy"] > majority + 0.3
+    ceiling = s["true_network_pixel_accuracy"] + 0.01
+    assert s["true_network_pixel_accuracy"] - 0.02 < s["non_private_pixel_accuracy"] < ceiling
+    assert s["non_private_pixel_accuracy"] - 0.02 < s["pixel_accuracy"] < ceiling
+
+
+def test_demo_sep_bnn_rmse_between_the_noise_and_the_mean_predictor(tmp_path):
+    s, msgs = _run_family_demo(tmp_path, "sep_bnn")
+    assert msgs[-1]["hyperparameters"]["hidden"] == 50
+    # No model beats the generator's noise std; predicting the mean scores the spread of y; the
+    # private network lies between, above its non-private twin on the same records.
+    assert s["noise_std"] < s["non_private_rmse"] < s["rmse"] < 0.8 * s["target_std"]
+
+
 def _dead_letters(source, family: str, params: dict) -> list:
     """Stream ``source`` through a non-private pipeline; return its dead letters."""
     cfg = config_from_dict({
