@@ -445,7 +445,7 @@ def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, 
                   "delta": float(p["delta"]), "noise_multiplier": float(p["noise_multiplier"]),
                   "calibration_rtol": CALIBRATION_RTOL,
                   "how": (f"z calibrated with calibrate_noise_multiplier ({p['accountant']}, Poisson q = {settings.q:g}, "
-                          f"replace-one, diameter {float(p['diameter']):.4g}) so that {settings.steps} steps "
+                          f"replace-one, {_diameter_text(p)}) so that {settings.steps} steps "
                           "spend the whole budget")}
     return {
         "privacy": dict(p),
@@ -525,6 +525,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diameter_text(privacy: dict) -> str:
+    """The model's proven diameter, and the one the accountant charges when that is larger (the
+    ``pld`` accountant counts a replace-one step at 2 whatever the model proves)."""
+    d = float(privacy["diameter"])
+    if privacy["accountant"] == "pld" and privacy.get("adjacency", "replace_one") == "replace_one" and d < 2.0:
+        return f"diameter {d:.4g}, accounted at 2"
+    return f"diameter {d:.4g}"
+
+
 def summary(result: FitResult) -> str:
     """A few lines for a human: N, the settings, z and the budget spent."""
     r, s = result.report, result.settings
@@ -533,8 +542,8 @@ def summary(result: FitResult) -> str:
              f"rho_t = ({s.tau0:g} + t)^-{s.kappa:g}, block weights {s.block_weights}"]
     b = r["budget"]
     if b["private"]:
-        lines.append(f"  z = {b['noise_multiplier']:.4g} ({r['privacy']['accountant']} accountant, diameter "
-                     f"{float(r['privacy']['diameter']):.4g}); epsilon spent {b['epsilon_spent']:.6g} of "
+        lines.append(f"  z = {b['noise_multiplier']:.4g} ({r['privacy']['accountant']} accountant, "
+                     f"{_diameter_text(r['privacy'])}); epsilon spent {b['epsilon_spent']:.6g} of "
                      f"{b['epsilon_budget']:g} ({100 * b['fraction_spent']:.2f}%), delta {b['delta']:g}")
     else:
         lines.append("  NON-PRIVATE baseline: no noise, no privacy guarantee (epsilon_spent: null)")

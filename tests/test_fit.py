@@ -193,6 +193,7 @@ def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
     assert 0.5 / (1 + RTOL) ** 2 <= msg["privacy"]["epsilon_spent"] <= 0.5
     err = capsys.readouterr().err
     assert "N = 300" in err and "epsilon spent" in err and "z = " in err
+    assert "autodp accountant, diameter" in err and "accounted at" not in err  # q = 1: the proven diameter
     base = tmp_path / "base.json"
     assert main(["fit", "--family", "logistic", "--non-private", "--out", str(base), str(data)]) == 0
     baseline = posterior_from_message(check_message(json.loads(base.read_text())))
@@ -237,3 +238,7 @@ def test_sbn_fit_reads_d_from_y_vectors():
     assert res.report["steps_taken"] == res.settings.steps
     base = fit([{"y": row.tolist()} for row in Y], "sbn", non_private=True)
     assert base.message["privacy"]["private"] is False and base.report["budget"]["epsilon_spent"] is None
+    # sbn proves diameter sqrt(2), but pld charges a replace-one step at 2: the report says both
+    assert res.message["privacy"]["diameter"] == pytest.approx(2**0.5)
+    assert "diameter 1.414, accounted at 2" in fitmod.summary(res)
+    assert "accounted at 2" in res.report["budget"]["how"]
