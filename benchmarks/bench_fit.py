@@ -62,7 +62,7 @@ from benchmarks.common import machine, write_result  # noqa: E402
 from benchmarks.datasets import load_adult, load_adult_official  # noqa: E402
 from stream_vips.models.logistic import roc_auc  # noqa: E402
 
-fitmod = importlib.import_module("stream_vips.fit")  # the module (stream_vips.fit is also the function)
+fitmod = importlib.import_module("stream_vips.fitting")
 
 EPSILON, DELTA = 1.0, 1e-5
 SEEDS = (0, 1, 2, 3, 4)

@@ -1,4 +1,4 @@
-"""Evidence for the settings rule of ``stream_vips.fit.fit_settings``, never on the evaluated sets.
+"""Evidence for the settings rule of ``stream_vips.fitting.fit_settings``, never on the evaluated sets.
 
 The rule (docs/fit.md) must come from public quantities (N, d, family, epsilon, delta), never
 from the accuracy of the data being fitted. So it is chosen here, on data that
@@ -23,7 +23,7 @@ worse at every T, is in ``history``):
 
 0. accountant: rule 2 (T = 2, s2:s1 = 1.5, floor sqrt(2)) with z calibrated by the PLD
    accountant (diameter 2 at replace-one) and by autodp (exact Gaussian RDP with the model's
-   diameter 1.44: stream_vips.fit.accountant_for);
+   diameter 1.44: stream_vips.fitting.accountant_for);
 A. steps T in {1, 2, 3} (autodp, s2:s1 = 1.5, floor sqrt(2), uniform averaging rho_t = 1/(t+1));
 B. weights s2:s1 in {1, 1.5, 2, 3} (with autodp the diameter, hence z, depends on them);
 C. eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std:
@@ -37,7 +37,7 @@ non-private.
 
 Run: ``python benchmarks/fit_rule_evidence.py`` (several minutes). Writes
 ``benchmarks/results/fit_rule_evidence.json``; ``chosen`` is the rule, and ``matches_fit_py``
-says whether ``stream_vips/fit.py`` uses it.
+says whether ``stream_vips/fitting.py`` uses it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import machine, write_result  # noqa: E402
 import importlib  # noqa: E402
 
-fitmod = importlib.import_module("stream_vips.fit")  # the module (stream_vips.fit is also the function)
+fitmod = importlib.import_module("stream_vips.fitting")
 from stream_vips.models.logistic import roc_auc  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5

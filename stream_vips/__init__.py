@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "PrivateLearner": "stream_vips.learner",
-    "fit": "stream_vips.fit",
-    "FitResult": "stream_vips.fit",
+    "fit": "stream_vips.fitting",
+    "FitResult": "stream_vips.fitting",
     "Application": "stream_vips.pipeline",
     "load_config": "stream_vips.config",
     "config_from_dict": "stream_vips.config",

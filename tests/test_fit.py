@@ -1,4 +1,4 @@
-"""``stream_vips.fit``: settings from public quantities, the whole budget spent, the baseline."""
+"""``stream_vips.fit`` (module ``stream_vips.fitting``): settings from public quantities, the whole budget spent, the baseline."""
 
 from __future__ import annotations
 
@@ -15,9 +15,21 @@ from scipy.stats import norm
 
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 
-fitmod = importlib.import_module("stream_vips.fit")
+fitmod = importlib.import_module("stream_vips.fitting")
 fit, fit_settings = fitmod.fit, fitmod.fit_settings
 RTOL = fitmod.CALIBRATION_RTOL
+
+
+def test_the_public_fit_stays_the_function_after_its_module_is_imported():
+    """The module is ``stream_vips.fitting``: importing it (as docs/fit.md does for fit_settings)
+    must not shadow ``stream_vips.fit``, the function (it once did, when both were named fit)."""
+    import stream_vips
+
+    importlib.import_module("stream_vips.fitting")
+    from stream_vips import fit as public_fit
+
+    assert callable(public_fit) and public_fit is stream_vips.fit is fitmod.fit
+    assert stream_vips.fitting.fit_settings is fit_settings
 
 
 def logistic_data(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

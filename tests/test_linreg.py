@@ -345,7 +345,7 @@ def test_noise_aware_floor_is_the_public_spectral_edge_of_the_xx_noise():
 def test_floor_keeps_a_private_fit_below_the_mean_predictor_where_the_old_rule_blew_up():
     """Small N, noisy xx: without a noise-aware floor (factor ~0) the mean explodes in a
     noise-swamped direction; the default floor keeps the error bounded (same noise draw)."""
-    from stream_vips.fit import fit
+    from stream_vips.fitting import fit
 
     rng = np.random.default_rng(11)
     n, d = 300, 6
