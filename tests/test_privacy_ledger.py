@@ -144,12 +144,36 @@ def test_unknown_event_type_is_corruption(tmp_path):
 
 
 def test_second_writer_is_locked_out(tmp_path):
+    """In one process (a notebook cell run twice) the message names this process as the holder."""
     path = tmp_path / "ledger.jsonl"
     with FileLedger(path):
-        with pytest.raises(LedgerLocked, match="in use"):
+        with pytest.raises(LedgerLocked, match=r"held by this process \(close the earlier PrivateLearner, or use "
+                                               r"`with PrivateLearner\(\.\.\.\) as learner:`\)"):
             FileLedger(path)
     with FileLedger(path) as led:  # released on close
         assert led.events() == []
+
+
+def test_a_writer_in_another_process_is_named_as_such(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LedgerLocked, match="in use by another process") as exc:
+            FileLedger(path)
+        assert "this process" not in str(exc.value)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLDER = r"""
+import sys, time
+from stream_vips.privacy.ledger import FileLedger
+led = FileLedger(sys.argv[1])
+print("locked", flush=True)
+time.sleep(60)
+"""
 
 
 WRITER = r"""

@@ -261,6 +261,12 @@ def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | N
     return genesis, events, positions
 
 
+#: Ledger files this process holds locked, by identity (device, inode: the same file under any
+#: path) -> the pid that locked it (a forked child inherits the map, not the ownership), so a
+#: second open can say who holds the lock.
+_HELD: dict[tuple[int, int], int] = {}
+
+
 class FileLedger(LedgerSteps):
     """Append-only file ledger, fsynced per event and replayed on open.
 
@@ -276,11 +282,19 @@ class FileLedger(LedgerSteps):
         self.path = Path(path)
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._held: tuple[int, int] | None = None  # this file's key in _HELD while we hold its lock
         try:
+            st = os.fstat(self._fd)
+            key = st.st_dev, st.st_ino
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
+                if _HELD.get(key) == os.getpid():
+                    raise LedgerLocked(f"ledger {self.path} is held by this process (close the earlier PrivateLearner, "
+                                       "or use `with PrivateLearner(...) as learner:`)") from exc
                 raise LedgerLocked(f"ledger {self.path} is in use by another process") from exc
+            self._held = key
+            _HELD[key] = os.getpid()
             genesis, self._events, self._positions = self._replay()
             if genesis is None:  # a new or empty file: the genesis is its first line
                 genesis = new_genesis(supersedes)
@@ -292,7 +306,7 @@ class FileLedger(LedgerSteps):
             if created:
                 self._fsync_dir()
         except BaseException:
-            os.close(self._fd)
+            self.close()
             raise
 
     def _fsync_dir(self) -> None:
@@ -351,6 +365,9 @@ class FileLedger(LedgerSteps):
 
     def close(self) -> None:
         if self._fd >= 0:
+            if self._held is not None:
+                _HELD.pop(self._held, None)
+                self._held = None
             os.close(self._fd)  # also releases the lock
             self._fd = -1
 
