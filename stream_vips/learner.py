@@ -24,6 +24,20 @@ True
 >>> mean, variance = learner.posterior.model.predictive(np.array([[0.5, 0.5]]))
 >>> bool(abs(mean[0] - 0.2) < 0.1)
 True
+
+With ``ledger_path=`` the spending is durable and the file stays locked while the learner is
+open; a ``with`` block closes it, so running the cell again reopens the same budget:
+
+>>> import pathlib, tempfile
+>>> tmp = tempfile.TemporaryDirectory()
+>>> options = dict(dim=2, epsilon=2.0, reservoir=1000, batch_size=500, every_records=250,
+...                planned_steps=9, seed=1, ledger_path=pathlib.Path(tmp.name) / "ledger.jsonl")
+>>> with PrivateLearner("linreg", **options) as durable:
+...     spent = durable.learn_many((X[:1500], y[:1500])).epsilon_spent
+>>> with PrivateLearner("linreg", **options) as again:
+...     again.epsilon_spent == spent
+True
+>>> tmp.cleanup()
 """
 
 from __future__ import annotations
@@ -448,6 +462,13 @@ class PrivateLearner:
         if self._owns_ledger and self.ledger is not None:
             self.ledger.close()
             self._owns_ledger = False
+
+    def __enter__(self) -> "PrivateLearner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close on leaving the block, also on an error (the ledger is durable up to it)."""
+        self.close()
 
 
 def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -108,3 +108,14 @@ def test_bad_options_name_the_key():
         PrivateLearner("linear", dim=3)
     with pytest.raises(ConfigError, match="sampling.batch_size"):
         learner(batch_size=5000)
+
+
+def test_a_with_block_closes_the_ledger_and_a_second_open_names_this_process(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with learner(ledger_path=path) as first:
+        first.learn_many(linreg_data(600))
+        with pytest.raises(StreamVipsError, match="held by this process .*close the earlier PrivateLearner"):
+            learner(ledger_path=path)  # the notebook cell run again while the first learner is open
+    again = learner(ledger_path=path)  # the with block released the lock
+    assert again.epsilon_spent == pytest.approx(first.epsilon_spent, rel=1e-12) and first.epsilon_spent > 0
+    again.close()
