@@ -72,6 +72,10 @@ class StateMismatch(StreamVipsError, ValueError):
     """A saved state that does not fit this learner (another family, layout or capacity)."""
 
 
+class DataError(StreamVipsError, ValueError):
+    """Data that :meth:`PrivateLearner.learn_many` cannot take as records; none of it was fed."""
+
+
 class PrivateLearner:
     """One model family learning privately from records (see the module docstring).
 
@@ -299,7 +303,8 @@ class PrivateLearner:
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
-        Returns the learner (river style)."""
+        A ``str`` or ``bytes`` is refused (:class:`DataError`, nothing fed). Returns the learner
+        (river style)."""
         for part in _chunks(records_of(data), chunk):
             if self.halted:
                 break
@@ -498,15 +503,21 @@ def _parse(model: Model, objs: Sequence[Mapping[str, Any]]) -> DecodedBatch:
 
 
 def records_of(data: Any) -> Iterable[Mapping[str, Any]]:
-    """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame."""
+    """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame.
+
+    A ``str`` or ``bytes`` is refused (:class:`DataError`): iterating it would make each
+    character a record."""
+    if isinstance(data, (str, bytes, bytearray, memoryview)):
+        raise DataError(f"learn_many takes many records, not one {type(data).__name__} (each character would be "
+                        "a record): pass a list of records, e.g. [{'x': [...], 'y': ...}] or a list of JSON bytes")
     if isinstance(data, tuple) and len(data) == 2:
         X, y = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
         if X.ndim != 2 or y.shape != (X.shape[0],):
-            raise ValueError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+            raise DataError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
         return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
     if isinstance(data, np.ndarray):
         if data.ndim != 2:
-            raise ValueError(f"X must be shaped (n, d), got {data.shape}")
+            raise DataError(f"X must be shaped (n, d), got {data.shape}")
         return ({"x": xi} for xi in data.tolist())
     if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
         cols = [c for c in data.columns if c != "y"]

@@ -119,3 +119,12 @@ def test_a_with_block_closes_the_ledger_and_a_second_open_names_this_process(tmp
     again = learner(ledger_path=path)  # the with block released the lock
     assert again.epsilon_spent == pytest.approx(first.epsilon_spent, rel=1e-12) and first.epsilon_spent > 0
     again.close()
+
+
+@pytest.mark.parametrize("text", ["hello", b'{"x": [0.1, 0.2, 0.3], "y": 1.0}', bytearray(b"hello")])
+def test_a_string_is_not_a_sequence_of_records(text):
+    lrn = learner()
+    with pytest.raises(StreamVipsError, match=f"not one {type(text).__name__} .*pass a list of records") as exc:
+        lrn.learn_many(text)
+    assert "\n" not in str(exc.value)
+    assert lrn.reservoir.seen == 0 and not lrn.rejected  # nothing fed, nothing rejected
