@@ -14,3 +14,7 @@ class StreamVipsError(Exception):
 
 class ConfigError(StreamVipsError, ValueError):
     """Bad configuration, raised at start; the message names the key."""
+
+
+class FitError(StreamVipsError, ValueError):
+    """``fit`` refused its input or arguments (before spending anything), or made no model."""

@@ -48,6 +48,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from stream_vips import messages
+from stream_vips.errors import FitError
 
 #: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
 CALIBRATION_RTOL = 1e-3
@@ -497,32 +498,122 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    """``stream-vips fit``."""
+    """``stream-vips fit``: every path is checked and the output file reserved before anything
+    is spent; the model is written atomically, or printed to stdout if that still fails."""
     try:
-        if args.data == "-":
-            lines = sys.stdin.buffer.read().splitlines()
-        else:
-            lines = Path(args.data).read_bytes().splitlines()
-    except OSError as exc:
-        print(f"stream-vips fit: cannot read {args.data}: {exc}", file=sys.stderr)
-        return 2
-    lines = [line for line in lines if line.strip()]
+        out = OutputFile(args.out, data=args.data, ledger=args.ledger)
+    except FitError as exc:
+        return _say_error(exc)
     try:
-        result = fit(lines, args.family, args.epsilon, args.delta, non_private=args.non_private, seed=args.seed,
-                     steps=args.steps, ledger_path=args.ledger, **dict(args.param))
-    except ValueError as exc:
-        print(f"stream-vips fit: {exc}", file=sys.stderr)
-        return 1 if str(exc).startswith("no model") else 2
-    except Exception as exc:
-        from stream_vips.errors import ConfigError
-
-        if isinstance(exc, ConfigError):
-            print(f"stream-vips fit: {exc}", file=sys.stderr)
+        try:
+            if args.data == "-":
+                lines = sys.stdin.buffer.read().splitlines()
+            else:
+                lines = Path(args.data).read_bytes().splitlines()
+        except OSError as exc:
+            print(f"stream-vips fit: cannot read {args.data}: {exc}", file=sys.stderr)
             return 2
-        raise
-    Path(args.out).write_bytes(messages.dumps(result.message) + b"\n")
+        lines = [line for line in lines if line.strip()]
+        try:
+            result = fit(lines, args.family, args.epsilon, args.delta, non_private=args.non_private, seed=args.seed,
+                         steps=args.steps, ledger_path=args.ledger, **dict(args.param))
+        except ValueError as exc:
+            print(f"stream-vips fit: {exc}", file=sys.stderr)
+            return 1 if str(exc).startswith("no model") else 2
+        except Exception as exc:
+            from stream_vips.errors import ConfigError
+
+            if isinstance(exc, ConfigError):
+                print(f"stream-vips fit: {exc}", file=sys.stderr)
+                return 2
+            raise
+        written = out.write(messages.dumps(result.message) + b"\n")
+    finally:
+        out.discard()
     print(summary(result), file=sys.stderr)
-    return 0
+    return 0 if written else EXIT_NOT_WRITTEN
+
+
+#: Exit code when the model was made (the budget spent) but --out could not be written: it went to stdout.
+EXIT_NOT_WRITTEN = 4
+
+
+def _say_error(exc: Exception) -> int:
+    """One line on stderr for a refused fit; the exit code of its kind."""
+    print(f"stream-vips fit: {exc}", file=sys.stderr)
+    return 2
+
+
+class OutputFile:
+    """``--out``, checked and reserved before the fit spends anything.
+
+    The path must not be the data file or the ledger (resolved paths, so links and relative
+    spellings are caught), must not be a directory or another non-regular file, and its
+    directory is created the way the ledger's is. A temporary file is created next to it now,
+    which proves the directory writable; :meth:`write` fills it and renames it over the target
+    (atomic: a reader sees the old file or the whole model, never part of one). If that still
+    fails after the budget was spent, the model goes to stdout so the spent budget is not lost.
+    """
+
+    def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
+        import os
+        import tempfile
+
+        self.path = Path(path)
+        target = self.path.resolve()
+        for flag, other in (("the data file", None if data == "-" else data), ("the --ledger file", ledger)):
+            if other is not None and (target == Path(other).resolve() or _same_file(self.path, Path(other))):
+                raise FitError(f"--out {path} is {flag}: writing the model there would destroy it; "
+                               "choose another --out")
+        if self.path.is_dir():
+            raise FitError(f"--out {path} is a directory; give a file name, e.g. {Path(path) / 'model.json'}")
+        if self.path.exists() and not self.path.is_file():
+            raise FitError(f"--out {path} is not a regular file; give a file path")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
+        except OSError as exc:
+            raise FitError(f"--out {path} cannot be written: {exc.strerror or exc}") from exc
+        os.close(fd)
+        self._tmp: Path | None = Path(tmp)
+
+    def write(self, data: bytes) -> bool:
+        """Write ``data`` to the target atomically; on failure print it to stdout (and say so on
+        stderr). Returns whether the target holds it."""
+        import os
+
+        assert self._tmp is not None
+        try:
+            mask = os.umask(0)
+            os.umask(mask)
+            with open(self._tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(self._tmp, 0o666 & ~mask)
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+            return True
+        except OSError as exc:
+            print(f"stream-vips fit: cannot write --out {self.path} ({exc.strerror or exc}); the budget is spent, "
+                  "so the model message is printed to stdout instead", file=sys.stderr)
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return False
+
+    def discard(self) -> None:
+        """Remove the reserved temporary file if it is still there (no partial output)."""
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Both exist and are the same file (a hard link has another resolved path)."""
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
 
 
 def _diameter_text(privacy: dict) -> str:

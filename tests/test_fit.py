@@ -254,3 +254,99 @@ def test_sbn_fit_reads_d_from_y_vectors():
     assert res.message["privacy"]["diameter"] == pytest.approx(2**0.5)
     assert "diameter 1.414, accounted at 2" in fitmod.summary(res)
     assert "accounted at 2" in res.report["budget"]["how"]
+
+
+# ------------------------------------------------------------------ command line: paths and refusals
+
+
+def write_jsonl(path, n: int = 200) -> list[str]:
+    """A logistic data file of n records; returns its lines."""
+    X, y = logistic_data(n)
+    lines = [json.dumps({"x": xi.tolist(), "y": int(yi)}) for xi, yi in zip(X, y)]
+    path.write_text("".join(line + "\n" for line in lines))
+    return lines
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``stream-vips fit ARGV`` (logistic unless --family is given): exit code, stdout, stderr."""
+    from stream_vips.cli import main
+
+    args = ["fit", *argv] if "--family" in argv else ["fit", "--family", "logistic", *argv]
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line_refusal(err: str) -> str:
+    """The refusal is exactly one stream-vips fit line, no traceback."""
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("stream-vips fit: "), err
+    return err.strip()
+
+
+def assert_nothing_spent(ledger) -> None:
+    from stream_vips.privacy.ledger import FileLedger
+
+    if ledger.exists():
+        opened = FileLedger(str(ledger))
+        try:
+            assert opened.events() == []
+        finally:
+            opened.close()
+
+
+def test_cli_out_in_a_new_directory_is_created_like_the_ledgers(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    out = tmp_path / "new" / "sub" / "model.json"
+    code, _, _ = cli(capsys, "--seed", "0", "--out", str(out), str(data))
+    assert code == 0 and check_message(json.loads(out.read_text()))["privacy"]["private"] is True
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.json"]  # no temporary file left
+
+
+def test_cli_out_that_is_a_directory_is_refused_before_spending(tmp_path, capsys):
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    code, out, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path), str(data))
+    assert code == 2 and out == "" and "is a directory" in one_line_refusal(err)
+    assert_nothing_spent(ledger)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
+def test_cli_out_that_is_the_data_file_is_refused_and_the_data_kept(tmp_path, capsys):
+    data = tmp_path / "copy.jsonl"
+    lines = write_jsonl(data)
+    before = data.read_bytes()
+    code, _, err = cli(capsys, "--out", str(data), str(data))
+    assert code == 2 and "data file" in one_line_refusal(err) and data.read_bytes() == before
+    (tmp_path / "link.jsonl").symlink_to(data)  # another spelling of the same file
+    code, _, err = cli(capsys, "--out", str(tmp_path / "link.jsonl"), str(tmp_path / "." / "copy.jsonl"))
+    assert code == 2 and "data file" in one_line_refusal(err) and data.read_bytes() == before
+    assert len(lines) == 200
+
+
+def test_cli_out_that_is_the_ledger_is_refused_and_the_ledger_kept(tmp_path, capsys):
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    assert cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))[0] == 0
+    before = ledger.read_bytes()
+    code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(ledger), str(data))
+    assert code == 2 and "--ledger" in one_line_refusal(err) and ledger.read_bytes() == before
+
+
+def test_cli_out_failing_after_spending_prints_the_model_to_stdout(tmp_path, capsys, monkeypatch):
+    import os
+
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    out = tmp_path / "model.json"
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    code, stdout, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
+    assert code == fitmod.EXIT_NOT_WRITTEN and not out.exists()
+    assert check_message(json.loads(stdout))["privacy"]["private"] is True  # the spent budget is not lost
+    assert "printed to stdout" in err.splitlines()[0] and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # no partial file
