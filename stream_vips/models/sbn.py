@@ -497,7 +497,7 @@ class SigmoidBeliefNetwork(Model):
         }
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore from :meth:`state` (shapes, finiteness and signs checked). A state without
+        """Restore from :meth:`state` (shapes, finiteness and the signs noise cannot flip checked). A state without
         ``wc_stat`` (the earlier layout, q(c) apart from q(W)) gets a zero border: the
         block-diagonal joint precision keeps every mean and variance as it was."""
         if "wc_stat" not in state:
@@ -512,10 +512,13 @@ class SigmoidBeliefNetwork(Model):
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"state {name!r} must be finite")
             arrays[name] = arr
+        # w_stat and c_prec are blends of noisy means used as released (negative entries are valid
+        # there; the eigenvalue floor makes the precision positive definite in _refresh). b_prec is
+        # N E[f] E[xi^(1)] with the weight kept >= 1e-6, so it is >= 0 even under noise.
         positive_names = ("w_prior", "tpbn_xi", "phi_rate", "omega_rate")
-        if any(np.any(arrays[k] <= 0) for k in positive_names) or np.any(arrays["c_prec"] < 0) \
-                or np.any(arrays["b_prec"] < 0) or arrays["noise_var"][0] < 0:
-            raise ValueError("state precisions and rates must be positive (data parts and noise_var >= 0)")
+        if any(np.any(arrays[k] <= 0) for k in positive_names) or np.any(arrays["b_prec"] < 0) \
+                or arrays["noise_var"][0] < 0:
+            raise ValueError("state prior precisions and TPBN rates must be positive, b_prec and noise_var >= 0")
         J, K = self.n_visible, self.n_latent
         self._w_stat = np.zeros((J, K + 1, K + 1))
         self._w_stat[:, :K, :K], self._w_stat[:, K, K] = arrays["w_stat"], arrays["c_prec"]
