@@ -29,8 +29,8 @@ True
 >>> bool(p[0] > 0.9)
 True
 
-Command line: ``stream-vips fit --family logistic --epsilon 1 --delta 1e-5 --out model.json
-data.jsonl`` (``--non-private`` for the baseline); see ``stream-vips fit --help``.
+Command line: ``stream-vips fit --family logistic --dim 3 --epsilon 1 --delta 1e-5 --out
+model.json data.jsonl`` (``--non-private`` for the baseline); see ``stream-vips fit --help``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ from stream_vips.errors import FitError
 
 #: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
 CALIBRATION_RTOL = 1e-3
+#: Largest dimension d that fit accepts, checked before anything is allocated (linreg and logistic
+#: keep d x d statistics: 80 GB each at this d, so their practical limit is the memory).
+MAX_DIM = 100_000
 #: Version of the settings rule (reported with every fit).
 RULE_VERSION = "fit_settings/3"
 
@@ -270,26 +273,38 @@ def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, default=lambda o: o.tolist()).encode()
 
 
-def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_column: str | None = None) -> list[bytes]:
-    """The data as JSON records (bytes), one per arrival: a list/iterable of dicts (or of bytes
-    or str lines), numpy ``(X, y)`` or ``X``, or a pandas DataFrame (``y_column``, default
-    ``"y"`` when present; ``x_columns``, default all the other columns)."""
+def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
+                   y_column: str | None = None) -> tuple[list[bytes], int | None]:
+    """The data as JSON records (bytes), one per arrival, and d when the data's shape fixes it.
+
+    ``data``: a list/iterable of dicts (or of bytes or str lines), numpy ``(X, y)`` or ``X``, or
+    a pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all
+    the other columns). For arrays and DataFrames d is the number of columns of X, part of the
+    schema (replacing one row cannot change it); records carry no such schema, so d is ``None``
+    and must be given (:func:`fit`'s ``dim``).
+
+    >>> records, d = encode_records((np.zeros((2, 3)), np.ones(2)))
+    >>> records[0], d
+    (b'{"x":[0.0,0.0,0.0],"y":1.0}', 3)
+    >>> encode_records([{"x": [1, 2]}])[1] is None
+    True
+    """
     if hasattr(data, "to_numpy") and hasattr(data, "columns"):
         y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
         cols = list(x_columns) if x_columns is not None else [c for c in data.columns if c != y_name]
         X = data[cols].to_numpy(dtype=float)
         data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
     elif x_columns is not None or y_column is not None:
-        raise TypeError("x_columns and y_column apply to a pandas DataFrame only")
+        raise FitError("x_columns and y_column apply to a pandas DataFrame only")
     if isinstance(data, tuple) and len(data) == 2:
         X, y = np.ascontiguousarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
         if X.ndim != 2 or y.shape != (X.shape[0],):
-            raise ValueError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
-        return [_dumps({"x": xi, "y": yi}) for xi, yi in zip(X, y.tolist())]
+            raise FitError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+        return [_dumps({"x": xi, "y": yi}) for xi, yi in zip(X, y.tolist())], X.shape[1]
     if isinstance(data, np.ndarray):
         if data.ndim != 2:
-            raise ValueError(f"X must be shaped (n, d), got {data.shape}")
-        return [_dumps({"x": xi}) for xi in np.ascontiguousarray(data, dtype=float)]
+            raise FitError(f"X must be shaped (n, d), got {data.shape}")
+        return [_dumps({"x": xi}) for xi in np.ascontiguousarray(data, dtype=float)], data.shape[1]
     out = []
     for rec in data:
         if isinstance(rec, (bytes, bytearray)):
@@ -298,19 +313,51 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
             out.append(rec.encode("utf-8"))
         else:
             out.append(_dumps(rec))
-    return out
+    return out, None
 
 
-def infer_dim(encoded: Sequence[bytes], field: str = "x") -> int:
-    """d from the first record whose ``field`` is a list (the record layout is public configuration)."""
-    for raw in encoded:
-        try:
-            obj = json.loads(raw)
-        except ValueError:
+#: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
+PYTHON_NAMES = {"dim": "dim=D", "ledger": "ledger_path", "param": "a keyword", "steps": "steps="}
+CLI_NAMES = {"dim": "--dim D", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
+
+
+def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shape_d: int | None,
+                names: Mapping[str, str] = PYTHON_NAMES) -> int:
+    """The public dimension d: ``dim``, the family's dimension parameter in ``model_params``
+    (``dim``, or ``n_visible`` for sbn, where ``dim`` is taken as ``n_visible`` and removed from
+    ``model_params``) or the data's shape, which must agree; at most :data:`MAX_DIM`.
+
+    Never read from a record: under replace-one adjacency a record's content must not decide
+    the released dimension, nor which other records are valid (docs/fit.md, Privacy).
+
+    >>> resolve_dim("sbn", None, {"dim": 10}, None), resolve_dim("logistic", None, {}, 3)
+    (10, 3)
+    """
+    field_name, param = dimension(family)
+    given = [dim, model_params.get(param)]
+    if param != "dim":
+        given.append(model_params.pop("dim", None))
+    values = set()
+    for value in given:
+        if value is None:
             continue
-        if isinstance(obj, dict) and isinstance(obj.get(field), list) and obj[field]:
-            return len(obj[field])
-    raise ValueError(f"cannot infer the dimension: no record has a non-empty list {field!r} (pass dim=...)")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or int(value) != value:
+            raise FitError(f"the dimension ({names['dim']}) must be a positive integer, got {value!r}")
+        values.add(int(value))
+    if shape_d is not None and values and values != {shape_d}:
+        raise FitError(f"the data have {shape_d} columns but the dimension is given as {sorted(values)[0]}")
+    if shape_d is not None:
+        values = {shape_d}
+    if len(values) > 1:
+        raise FitError(f"the dimension is given twice, as {' and '.join(map(str, sorted(values)))}")
+    if not values:
+        raise FitError(f"fit needs the dimension d of the records: pass {names['dim']} (the length of each "
+                       f"record's {field_name!r}, the model parameter {param}); under replace-one adjacency d is "
+                       "public, so it is never read from the data")
+    (d,) = values
+    if not 1 <= d <= MAX_DIM:
+        raise FitError(f"the dimension must be between 1 and {MAX_DIM:,}, got {d:,}")
+    return d
 
 
 # -------------------------------------------------------------------------------------- pipeline
@@ -381,33 +428,46 @@ def _non_private_message(message: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- fit
 
 
-def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, non_private: bool = False,
-        seed: int | None = None, steps: int | None = None, x_columns: Sequence[str] | None = None,
-        y_column: str | None = None, ledger_path: str | None = None, settings: Settings | None = None,
-        model_id: str = "fit", **model_params: Any) -> FitResult:
+def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, dim: int | None = None,
+        non_private: bool = False, seed: int | None = None, steps: int | None = None,
+        x_columns: Sequence[str] | None = None, y_column: str | None = None, ledger_path: str | None = None,
+        settings: Settings | None = None, model_id: str = "fit", **model_params: Any) -> FitResult:
     """Fit ``family`` to the finite data set ``data`` with (epsilon, delta)-DP, spending the budget.
 
     ``data``: a list or iterable of records (dicts as the family parses them, or JSON lines),
     numpy ``(X, y)``, or a pandas DataFrame (``x_columns``/``y_column``). N (the number of
-    records, valid or not) and d are public; the settings come from :func:`fit_settings`
-    (``steps`` overrides its step count, ``settings`` replaces the rule entirely: only pass
-    settings chosen without looking at this data's accuracy). ``model_params`` go to the family
-    (e.g. ``noise="gamma"``, ``x_bound``, ``y_bound`` for linreg); ``dim`` and ``dataset_size``
-    default to d and N. ``seed`` fixes the noise (reported as ``seeded: true``: reproduction,
-    no guarantee); ``ledger_path`` keeps the privacy ledger in a file. Raises ``ValueError``
-    when no record is valid.
+    records, valid or not) and d are public: for records pass ``dim`` (the family's dimension
+    parameter: ``dim``, or ``n_visible`` for sbn, which may be passed under its own name); for
+    arrays and DataFrames d is their number of columns. The settings come from
+    :func:`fit_settings` (``steps`` overrides its step count, ``settings`` replaces the rule
+    entirely: only pass settings chosen without looking at this data's accuracy).
+    ``model_params`` go to the family (e.g. ``noise="gamma"``, ``x_bound``, ``y_bound`` for
+    linreg); ``dataset_size`` defaults to N. ``seed`` fixes the noise (reported as
+    ``seeded: true``: reproduction, no guarantee); ``ledger_path`` keeps the privacy ledger in a
+    file. Raises :class:`~stream_vips.errors.FitError` (a ``ValueError``) for bad input,
+    before anything is spent, and when no model comes out.
     """
+    return _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
+                x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
+                model_id=model_id, model_params=model_params, names=PYTHON_NAMES)
+
+
+def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | None, non_private: bool,
+         seed: int | None, steps: int | None, x_columns: Sequence[str] | None, y_column: str | None,
+         ledger_path: str | None, settings: Settings | None, model_id: str, model_params: dict[str, Any],
+         names: Mapping[str, str]) -> FitResult:
+    """:func:`fit`, with errors naming the inputs as the caller spells them (``names``)."""
     started = time.perf_counter()
-    encoded = encode_records(data, x_columns=x_columns, y_column=y_column)
+    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column)
     n = len(encoded)
     if n == 0:
-        raise ValueError("fit needs at least one record")
-    field_name, dim_param = dimension(family)
-    d = int(model_params.get(dim_param) or infer_dim(encoded, field_name))
+        raise FitError("fit needs at least one record")
+    d = resolve_dim(family, dim, model_params, shape_d, names)
+    dim_param = dimension(family)[1]
     if settings is None:
         settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
     elif (settings.family, settings.n) != (family, n):
-        raise ValueError(f"settings are for {settings.family!r} with n = {settings.n}, not {family!r} with n = {n}")
+        raise FitError(f"settings are for {settings.family!r} with n = {settings.n}, not {family!r} with n = {n}")
     if steps is not None:
         settings = dataclasses.replace(settings, steps=int(steps),
                                        why={**settings.why, "steps": f"{steps} steps: set by the caller"})
@@ -417,7 +477,7 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, no
         gamma = model_params.get("noise", "known") == "gamma"
         settings = dataclasses.replace(settings, block_weights=default_block_weights(
             d, float(model_params.get("x_bound", 1.0)), float(model_params.get("y_bound", 1.0)), gamma=gamma))
-    params = {dim_param: d, "dataset_size": n, **model_params}
+    params = {"dataset_size": n, **model_params, dim_param: d}
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id)
     message, stats = _run_pipeline(config, encoded, settings.steps)
@@ -490,11 +550,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "message says private: false and epsilon_spent: null)")
     p.add_argument("--out", metavar="MODEL.json", required=True, help="write the final model message here")
     p.add_argument("--seed", type=int, default=None, help="fix the noise (reproduction only: reported as seeded)")
+    p.add_argument("--dim", type=int, default=None, metavar="D",
+                   help="the dimension d of the records (required): the length of each record's 'x' ('y' for "
+                        f"sbn, its n_visible); public, so never read from the data; at most {MAX_DIM:,}")
     p.add_argument("--steps", type=int, default=None, help="override the rule's number of steps")
     p.add_argument("--ledger", metavar="PATH", default=None, help="keep the privacy ledger in this file")
     p.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
                    help="a model parameter (JSON value), e.g. --param noise='\"gamma\"' --param y_bound=2")
     return p
+
+
+def json_lines(raw: bytes) -> list[bytes]:
+    """The records of a JSON Lines file: every line, blank or not, is one (N is public and must
+    not change when a record is replaced by a blank line; a blank one is rejected as empty);
+    the newline that ends the last line does not start another.
+
+    >>> json_lines(b'{"x": [1]}\\n\\n  \\n{"x": [2]}\\n')
+    [b'{"x": [1]}', b'', b'  ', b'{"x": [2]}']
+    >>> json_lines(b""), json_lines(b"\\n")
+    ([], [b''])
+    """
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -506,17 +585,15 @@ def run(args: argparse.Namespace) -> int:
         return _say_error(exc)
     try:
         try:
-            if args.data == "-":
-                lines = sys.stdin.buffer.read().splitlines()
-            else:
-                lines = Path(args.data).read_bytes().splitlines()
+            raw = sys.stdin.buffer.read() if args.data == "-" else Path(args.data).read_bytes()
         except OSError as exc:
             print(f"stream-vips fit: cannot read {args.data}: {exc}", file=sys.stderr)
             return 2
-        lines = [line for line in lines if line.strip()]
         try:
-            result = fit(lines, args.family, args.epsilon, args.delta, non_private=args.non_private, seed=args.seed,
-                         steps=args.steps, ledger_path=args.ledger, **dict(args.param))
+            result = _fit(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
+                          non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
+                          y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
+                          model_params=dict(args.param), names=CLI_NAMES)
         except ValueError as exc:
             print(f"stream-vips fit: {exc}", file=sys.stderr)
             return 1 if str(exc).startswith("no model") else 2

@@ -156,9 +156,9 @@ def test_every_input_form_gives_the_same_model():
     frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(label=y, junk=0.0)
     results = [
         fit((X, y), "logistic", seed=5),
-        fit(records, "logistic", seed=5),
-        fit(iter(records), "logistic", seed=5),
-        fit([json.dumps(r) for r in records], "logistic", seed=5),
+        fit(records, "logistic", seed=5, dim=3),
+        fit(iter(records), "logistic", seed=5, dim=3),
+        fit([json.dumps(r) for r in records], "logistic", seed=5, dim=3),
         fit(frame, "logistic", seed=5, x_columns=["a", "b", "c"], y_column="label"),
     ]
     first = messages.decode_state(results[0].message)
@@ -170,12 +170,12 @@ def test_every_input_form_gives_the_same_model():
 def test_invalid_records_count_in_n_and_an_all_invalid_set_gives_no_model():
     X, y = logistic_data(200)
     records = [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)] + [{"x": [1, 2]}, b"not json"]
-    res = fit(records, "logistic", seed=0)
+    res = fit(records, "logistic", seed=0, dim=3)
     assert res.report["records"] == 202 and res.report["accepted"] == 200
     assert sum(res.report["rejected"].values()) == 2
     assert res.message["hyperparameters"]["dataset_size"] == 202  # N is arrivals, valid or not (public)
     with pytest.raises(ValueError, match="no model"):
-        fit([{"x": [1.0, 2.0, 3.0], "y": 7}] * 5, "logistic", seed=0)
+        fit([{"x": [1.0, 2.0, 3.0], "y": 7}] * 5, "logistic", seed=0, dim=3)
 
 
 def test_file_ledger_holds_every_step(tmp_path):
@@ -199,7 +199,7 @@ def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(yi)}) + "\n" for xi, yi in zip(X, y)))
     out = tmp_path / "model.json"
-    assert main(["fit", "--family", "logistic", "--epsilon", "0.5", "--delta", "1e-6", "--seed", "1",
+    assert main(["fit", "--family", "logistic", "--dim", "3", "--epsilon", "0.5", "--delta", "1e-6", "--seed", "1",
                  "--out", str(out), str(data)]) == 0
     msg = check_message(json.loads(out.read_text()))
     assert 0.5 / (1 + RTOL) ** 2 <= msg["privacy"]["epsilon_spent"] <= 0.5
@@ -207,12 +207,12 @@ def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
     assert "N = 300" in err and "epsilon spent" in err and "z = " in err
     assert "autodp accountant, diameter" in err and "accounted at" not in err  # q = 1: the proven diameter
     base = tmp_path / "base.json"
-    assert main(["fit", "--family", "logistic", "--non-private", "--out", str(base), str(data)]) == 0
+    assert main(["fit", "--family", "logistic", "--dim", "3", "--non-private", "--out", str(base), str(data)]) == 0
     baseline = posterior_from_message(check_message(json.loads(base.read_text())))
     assert baseline.private is False and "NON-PRIVATE" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"x": [1, 2, 3], "y": 5}\n')
-    assert main(["fit", "--family", "logistic", "--out", str(tmp_path / "none.json"), str(empty)]) == 1
+    assert main(["fit", "--family", "logistic", "--dim", "3", "--out", str(tmp_path / "none.json"), str(empty)]) == 1
     assert not (tmp_path / "none.json").exists()
 
 
@@ -242,13 +242,13 @@ def test_sep_bnn_fit_spends_the_budget_and_predicts():
     check_message(res.message)
 
 
-def test_sbn_fit_reads_d_from_y_vectors():
+def test_sbn_fit_takes_d_as_n_visible():
     rng = np.random.default_rng(5)
     Y = (rng.random((800, 10)) < 0.3).astype(int)
-    res = fit([{"y": row.tolist()} for row in Y], "sbn", epsilon=1.0, delta=1e-5, seed=2)
+    res = fit([{"y": row.tolist()} for row in Y], "sbn", epsilon=1.0, delta=1e-5, seed=2, dim=10)
     assert res.settings.d == 10 and res.message["hyperparameters"]["n_visible"] == 10
     assert res.report["steps_taken"] == res.settings.steps
-    base = fit([{"y": row.tolist()} for row in Y], "sbn", non_private=True)
+    base = fit([{"y": row.tolist()} for row in Y], "sbn", non_private=True, n_visible=10)
     assert base.message["privacy"]["private"] is False and base.report["budget"]["epsilon_spent"] is None
     # sbn proves diameter sqrt(2), but pld charges a replace-one step at 2: the report says both
     assert res.message["privacy"]["diameter"] == pytest.approx(2**0.5)
@@ -271,7 +271,7 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     """``stream-vips fit ARGV`` (logistic unless --family is given): exit code, stdout, stderr."""
     from stream_vips.cli import main
 
-    args = ["fit", *argv] if "--family" in argv else ["fit", "--family", "logistic", *argv]
+    args = ["fit", *argv] if "--family" in argv else ["fit", "--family", "logistic", "--dim", "3", *argv]
     code = main(args)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
@@ -350,3 +350,70 @@ def test_cli_out_failing_after_spending_prints_the_model_to_stdout(tmp_path, cap
     assert check_message(json.loads(stdout))["privacy"]["private"] is True  # the spent budget is not lost
     assert "printed to stdout" in err.splitlines()[0] and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # no partial file
+
+
+# ------------------------------------------------------------------------------ the public dimension
+
+
+def test_records_need_the_dimension_which_no_record_decides():
+    """d is public (replace-one): a short first record must not reject the others, and a missing
+    dim is a one-line error naming the keyword (the flag on the command line)."""
+    X, y = logistic_data(200)
+    records = [{"x": [0.1, 0.2], "y": 1}] + [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)]
+    res = fit(records, "logistic", seed=0, dim=3)
+    assert res.settings.d == 3 and res.message["hyperparameters"]["dim"] == 3
+    assert res.report["accepted"] == 200 and res.report["rejected"] == {"wrong_shape": 1}
+    with pytest.raises(ValueError, match=r"pass dim=D .*'x'.*never read from the data"):
+        fit(records, "logistic", seed=0)
+    with pytest.raises(ValueError, match=r"pass dim=D .*'y'.*n_visible"):
+        fit([{"y": [0, 1]}], "sbn", seed=0)
+    assert fit(records, "logistic", seed=0, **{"dim": 3}).settings.d == 3  # the family parameter's own name
+
+
+def test_a_huge_first_record_is_one_rejected_record_not_the_dimension():
+    X, y = logistic_data(200)
+    huge = {"x": [0.0] * (fitmod.MAX_DIM + 50_000), "y": 1}
+    res = fit([huge] + [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)], "logistic", seed=0, dim=3)
+    assert res.report["records"] == 201 and res.report["accepted"] == 200 and res.settings.d == 3
+
+
+def test_the_dimension_is_bounded_and_must_agree_with_the_data_shape():
+    X, y = logistic_data(50)
+    with pytest.raises(ValueError, match="between 1 and 100,000"):
+        fit([{"x": [0.1], "y": 1}], "logistic", dim=fitmod.MAX_DIM + 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        fit([{"x": [0.1], "y": 1}], "logistic", dim=2.5)
+    with pytest.raises(ValueError, match="3 columns"):
+        fit((X, y), "logistic", dim=4)
+    assert fit((X, y), "logistic", dim=3, seed=0).settings.d == 3  # the schema's d, given or not
+    with pytest.raises(ValueError, match="twice"):
+        fit([{"y": [0, 1]}], "sbn", dim=2, n_visible=3)
+
+
+def test_cli_needs_dim_and_keeps_the_param_spellings(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    out = tmp_path / "m.json"
+    code, _, err = cli(capsys, "--family", "logistic", "--out", str(out), str(data))
+    assert code == 2 and "pass --dim D" in one_line_refusal(err) and not out.exists()
+    code, _, _ = cli(capsys, "--family", "logistic", "--param", "dim=3", "--seed", "0", "--out", str(out), str(data))
+    assert code == 0 and json.loads(out.read_text())["hyperparameters"]["dim"] == 3
+    rng = np.random.default_rng(0)
+    sbn = tmp_path / "sbn.jsonl"
+    sbn.write_text("".join(json.dumps({"y": row.tolist()}) + "\n" for row in (rng.random((400, 6)) < 0.3).astype(int)))
+    for flag in (["--dim", "6"], ["--param", "n_visible=6"], ["--param", "dim=6"]):
+        code, _, err = cli(capsys, "--family", "sbn", *flag, "--non-private", "--out", str(out), str(sbn))
+        assert code == 0 and json.loads(out.read_text())["hyperparameters"]["n_visible"] == 6, (flag, err)
+
+
+def test_cli_counts_every_line_blank_or_not(tmp_path, capsys):
+    """N is public: replacing a record by a blank line must not change it; the final newline
+    ends the last line and is not a record."""
+    lines = write_jsonl(tmp_path / "full.jsonl")
+    blanked = tmp_path / "blanked.jsonl"
+    blanked.write_text("\n".join(lines[:10] + ["", "   "] + lines[12:]))  # no final newline either
+    out = tmp_path / "m.json"
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(out), str(blanked))
+    assert code == 0 and "N = 200 records (198 valid)" in err
+    assert json.loads(out.read_text())["hyperparameters"]["dataset_size"] == 200
+    assert fitmod.json_lines(b"a\n\nb\n") == [b"a", b"", b"b"] == fitmod.json_lines(b"a\n\nb")
