@@ -7,7 +7,9 @@ checkpoint must persist is :meth:`PrivateLearner.state`, including the binding t
 that paid for it (privacy rule 11 in docs/privacy.md).
 
 Notebook use needs one import: the defaults keep the ledger in memory (``ledger_path=`` makes it
-durable), serve no metrics and stop when the budget is spent or the data ends.
+durable), serve no metrics and stop when the budget is spent or the data ends. No step is taken
+before the reservoir (``reservoir=``, 10000 by default) is full, so data smaller than it give no
+model: ``learn_many`` then warns why, and :func:`stream_vips.fit` fits a finite data set whole.
 
 >>> import numpy as np
 >>> from stream_vips import PrivateLearner
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -88,12 +91,16 @@ class PrivateLearner:
 
     def __init__(self, family: str | None = None, *, config: Any = None, ledger: Ledger | None = None,
                  **options: Any) -> None:
-        from stream_vips.config import ConfigError, config_from_dict
+        from stream_vips.config import DEFAULT_MODEL_PARAMS, ConfigError, config_from_dict
 
+        #: family parameters the user did not give, so their defaults apply (``dim`` of linreg)
+        self.defaulted_params: dict[str, Any] = {}
         if config is None:
             if family is None:
                 raise ConfigError("model.family: required")
             config = config_from_dict(_notebook_config(family, options), env={})
+            defaults = DEFAULT_MODEL_PARAMS.get(family, {})
+            self.defaulted_params = {k: v for k, v in defaults.items() if k not in options}
         elif family is not None or options:
             raise TypeError("pass either a configuration or a family with keyword options, not both")
         self.config = config
@@ -178,6 +185,7 @@ class PrivateLearner:
         self.steps_taken = 0
         self.skipped_steps = 0
         self.rejected: collections.Counter = collections.Counter()  # reasons of rejected arrivals (public)
+        self._fed = self._offered = 0  # arrivals given to this learner, and those that reached its reservoir
         self.max_rejected_fraction = cfg.sampling.max_rejected_fraction
         self._refused: str | None = None
         self._replay_until: int | None = None
@@ -222,9 +230,49 @@ class PrivateLearner:
 
         message = self.message()
         if message is None:
-            raise StreamVipsError("no private step has been taken yet: there is no released model "
-                                  f"(the reservoir holds {self.reservoir.size} of {self.reservoir.capacity} records)")
+            raise StreamVipsError("no private step has been taken yet, so there is no released model: "
+                                  + self.why_no_model())
         return posterior_from_message(message)
+
+    def why_no_model(self) -> str:
+        """Why there is no released model yet (:meth:`message` is ``None``) and what to do, in one
+        line: records fed and rejected (top reasons), whether updates halted and why, the
+        reservoir's fill and the trigger. Only public quantities (privacy rule 1): counts,
+        reasons, configuration."""
+        res, trigger = self.reservoir, self.trigger
+        top = self._top_rejections()
+        fed = f"{self._fed} records fed"
+        if self._offered < self._fed:
+            fed += f" ({self._offered} reached the reservoir before updates halted)"
+        parts = [f"{fed}, {sum(self.rejected.values())} rejected" + (f" ({top})" if top else "")]
+        if self.halted:
+            parts.append(f"updates halted: {self.halt_reason}")
+        else:
+            parts.append("updates have not halted")
+            if not res.full:
+                slots = "key slots" if self.unit == "key" else "records"
+                parts.append(f"the reservoir is not yet full: it holds {res.size} of {res.capacity} {slots}, and no "
+                             "step is taken before it is full (privacy rule 5); feed at least "
+                             f"{res.capacity - res.size} more records, pass a smaller reservoir= (and batch_size=), "
+                             "or fit a finite data set with stream_vips.fit (the whole data set is its reservoir)")
+            elif self._replay_until is not None:
+                parts.append(f"the ledger already paid for a step at stream position {self._replay_until}: no step "
+                             f"before the stream passes it (now at {res.seen})")
+            elif trigger.every_records is not None:
+                parts.append(f"the reservoir is full and the next step is due after "
+                             f"{max(1, trigger.every_records - trigger.pending)} more arrivals (every_records="
+                             f"{trigger.every_records}): feed more records or call step()")
+            else:
+                parts.append(f"the reservoir is full and the next step is due every_seconds={trigger.every_seconds}: "
+                             "feed more records or call step()")
+        if "dim" in self.defaulted_params and self.rejected.get("wrong_shape"):
+            parts.append(f"no dim= was given, so the {self.model.family} default dim={self.defaulted_params['dim']} "
+                         "applies: pass dim= (the length of your records' x)")
+        return "; ".join(parts)
+
+    def _top_rejections(self) -> str:
+        """The three most common rejection reasons with their counts (public, privacy rule 1)."""
+        return ", ".join(f"{reason} ({count})" for reason, count in self.rejected.most_common(3))
 
     def privacy_report(self, halted: bool | None = None) -> dict[str, Any]:
         """The ``privacy`` section of the newest model message."""
@@ -303,13 +351,35 @@ class PrivateLearner:
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
-        A ``str`` or ``bytes`` is refused (:class:`DataError`, nothing fed). Returns the learner
-        (river style)."""
+        A ``str`` or ``bytes`` is refused (:class:`DataError`, nothing fed). Array and DataFrame
+        columns are public schema: with no ``dim`` given, a column count other than the default
+        is refused before anything is fed (``ConfigError``). The length of one record dict is
+        not checked so: under replace-one adjacency it is that record's private content.
+
+        A feed that ends with no released model warns why (:meth:`why_no_model`): no step is
+        taken before the reservoir is full, so data smaller than it give no model (use
+        :func:`stream_vips.fit` for a finite data set). Returns the learner (river style)."""
+        arrays = _arrays(data)
+        if arrays is not None:
+            self._check_columns(arrays[0].shape[1])
+            data = arrays if arrays[1] is not None else arrays[0]
         for part in _chunks(records_of(data), chunk):
             if self.halted:
                 break
             self.feed(part)
+        if self.last_step is None:
+            warnings.warn(f"learn_many ended without a released model: {self.why_no_model()}", stacklevel=2)
         return self
+
+    def _check_columns(self, columns: int) -> None:
+        """Refuse array data whose column count (public schema) differs from a default ``dim``
+        the user never gave, before anything is fed."""
+        from stream_vips.config import ConfigError
+
+        default = self.defaulted_params.get("dim")
+        if default is not None and columns != default:
+            raise ConfigError(f"model.params.dim: not given, so the {self.model.family} default dim={default} "
+                              f"applies, but the data has {columns} columns: pass dim={columns} (nothing was fed)")
 
     def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
               on_step: Callable[[StepResult], None] | None = None,
@@ -329,6 +399,7 @@ class PrivateLearner:
         if self.unit == "key":
             batch, ids, has = _with_keys(batch, keys)
         ok = batch.ok
+        self._fed += len(ok)
         self.rejected.update(reason for _, reason, _ in batch.rejected)
         row_end = np.cumsum(ok)
 
@@ -364,6 +435,7 @@ class PrivateLearner:
         (and keyless) arrivals only, ``rows`` empty and ``skipped`` the arrivals never decoded.
         """
         n = len(values)
+        self._fed += n
         bytes_in = bool(n) and isinstance(values[0], (bytes, bytearray))
         ok = np.zeros(n, dtype=bool)
         rejected: list[tuple[int, str, str]] = []
@@ -414,6 +486,7 @@ class PrivateLearner:
         while start < n and not self.halted:
             end = start + self._chunk(n - start)
             add(start, end)
+            self._offered += end - start
             self.trigger.observe(end - start)
             start = end
             if self.reservoir.full and self.trigger.due() and not stop():
@@ -437,7 +510,7 @@ class PrivateLearner:
         if not self.engine.non_private and not self.engine.halted:
             empty = 1.0 - float(np.mean(self.reservoir.valid)) if self.reservoir.size else 0.0
             if empty > self.max_rejected_fraction:
-                top = ", ".join(f"{reason} ({count})" for reason, count in self.rejected.most_common(3))
+                top = self._top_rejections()
                 self._refused = (f"{empty:.0%} of the reservoir's slots hold rejected arrivals (more than "
                                  f"sampling.max_rejected_fraction = {self.max_rejected_fraction:g}); a step would "
                                  f"spend budget on almost nothing; top rejection reasons: {top or 'none recorded'}")
@@ -478,7 +551,11 @@ class PrivateLearner:
 
 def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
     """Configuration data for keyword options, with notebook defaults: an in-memory ledger unless
-    ``ledger_path`` is given, no metrics, and a reservoir of at most the data the user has."""
+    ``ledger_path`` is given, and no metrics. The reservoir keeps its configured capacity
+    (``reservoir``, 10000 by default) whatever the data: the learner is built, and its noise
+    calibrated for q = S/M, before any data arrive, and no step is taken before the reservoir is
+    full (privacy rule 5). Data smaller than it give no model, which ``learn_many`` and
+    ``posterior`` say; :func:`stream_vips.fit` uses a whole finite data set as its reservoir."""
     o = dict(options)
     privacy = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
                                      "accountant", "accounting", "block_weights", "mode", "unit", "key_field",
@@ -510,22 +587,31 @@ def records_of(data: Any) -> Iterable[Mapping[str, Any]]:
     if isinstance(data, (str, bytes, bytearray, memoryview)):
         raise DataError(f"learn_many takes many records, not one {type(data).__name__} (each character would be "
                         "a record): pass a list of records, e.g. [{'x': [...], 'y': ...}] or a list of JSON bytes")
+    arrays = _arrays(data)
+    if arrays is None:
+        return iter(data)
+    X, y = arrays
+    if y is None:
+        return ({"x": xi} for xi in X.tolist())
+    return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
+
+
+def _arrays(data: Any) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(X, y)`` of array data: ``(X, y)``, ``X`` (``y`` None) or a pandas DataFrame (``X``:
+    all columns but ``y``); ``None`` for records."""
+    if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
+        X = data[[c for c in data.columns if c != "y"]].to_numpy(dtype=float)
+        data = (X, data["y"].to_numpy(dtype=float)) if "y" in data.columns else X
     if isinstance(data, tuple) and len(data) == 2:
         X, y = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
         if X.ndim != 2 or y.shape != (X.shape[0],):
             raise DataError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
-        return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
+        return X, y
     if isinstance(data, np.ndarray):
         if data.ndim != 2:
             raise DataError(f"X must be shaped (n, d), got {data.shape}")
-        return ({"x": xi} for xi in data.tolist())
-    if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
-        cols = [c for c in data.columns if c != "y"]
-        X = data[cols].to_numpy(dtype=float)
-        if "y" in data.columns:
-            return records_of((X, data["y"].to_numpy(dtype=float)))
-        return records_of(X)
-    return iter(data)
+        return data, None
+    return None
 
 
 def _field_keys(values: Sequence[Any], field: str) -> list[Any]:

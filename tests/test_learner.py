@@ -57,10 +57,65 @@ def test_notebook_defaults_keep_the_ledger_in_memory_and_stop_when_the_budget_is
     assert abs(mean[0] - 0.3) < 0.15 and var[0] > 0
 
 
-def test_no_posterior_before_the_first_step():
-    lrn = learner().learn_many(linreg_data(100))
-    with pytest.raises(StreamVipsError, match="holds 100 of 500 records"):
+def test_finite_data_smaller_than_the_reservoir_gives_no_model_and_says_what_to_do():
+    """The reservoir keeps its configured size (privacy rule 5: no step before it is full); a
+    finite feed that ends without a model says so, and so does asking for the model."""
+    lrn = learner()
+    with pytest.warns(UserWarning, match="learn_many ended without a released model") as caught:
+        lrn.learn_many(linreg_data(300))
+    assert len(caught) == 1
+    with pytest.raises(StreamVipsError) as exc:
         lrn.posterior
+    message = str(exc.value)
+    assert str(caught[0].message) == "learn_many ended without a released model: " + message.split(": ", 1)[1]
+    assert "300 records fed, 0 rejected; updates have not halted" in message
+    assert "the reservoir is not yet full: it holds 300 of 500 records" in message
+    assert "feed at least 200 more records, pass a smaller reservoir=" in message and "stream_vips.fit" in message
+    assert "\n" not in message and lrn.epsilon_spent == 0.0 and not lrn.halted
+
+
+def test_a_full_reservoir_before_its_first_trigger_says_to_feed_more_or_step():
+    lrn = learner(every_records=1000)
+    with pytest.warns(UserWarning, match=r"the reservoir is full and the next step is due after 400 more arrivals "
+                                         r"\(every_records=1000\): feed more records or call step\(\)"):
+        lrn.learn_many(linreg_data(600))
+    assert lrn.step() is not None  # explicitly: the reservoir is full, so this is a release
+    assert lrn.posterior.model.predictive(np.zeros((1, 3)))[0].shape == (1,)
+
+
+def test_no_model_says_how_many_records_were_rejected_why_the_learner_halted_and_what_to_do():
+    """No dim given (the linreg default is 5) on 3-d records: every record is rejected."""
+    X, y = linreg_data(800)
+    records = [{"x": xi.tolist(), "y": float(yi)} for xi, yi in zip(X, y)]
+    lrn = PrivateLearner("linreg", epsilon=3.0, reservoir=500, batch_size=250, every_records=250, planned_steps=10)
+    with pytest.warns(UserWarning, match="without a released model"):
+        lrn.learn_many(records)
+    with pytest.raises(StreamVipsError) as exc:
+        lrn.posterior
+    message = str(exc.value)
+    assert message.startswith("no private step has been taken yet, so there is no released model: "
+                              "800 records fed (500 reached the reservoir before updates halted), 800 rejected "
+                              "(wrong_shape (800)); updates halted: 100% of the reservoir's slots hold rejected "
+                              "arrivals")
+    assert message.endswith("no dim= was given, so the linreg default dim=5 applies: pass dim= (the length of "
+                            "your records' x)")
+    assert "\n" not in message and lrn.epsilon_spent == 0.0 and len(lrn.ledger.events()) == 0
+
+
+@pytest.mark.parametrize("form", ["arrays", "X", "dataframe"])
+def test_array_columns_that_do_not_match_a_default_dim_are_refused_before_anything_is_fed(form):
+    """The column count of arrays is public schema: with no dim given it is checked at once."""
+    X, y = linreg_data(800)
+    data = {"arrays": (X, y), "X": X}.get(form)
+    if form == "dataframe":
+        pd = pytest.importorskip("pandas")
+        data = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "c": X[:, 2], "y": y})
+    lrn = PrivateLearner("linreg", epsilon=3.0, reservoir=500, batch_size=250, every_records=250, planned_steps=10)
+    with pytest.raises(ConfigError, match=r"^model.params.dim: not given, so the linreg default dim=5 applies, but "
+                                          r"the data has 3 columns: pass dim=3 \(nothing was fed\)$"):
+        lrn.learn_many(data)
+    assert lrn.reservoir.seen == 0 and not lrn.rejected and not lrn.halted and lrn.epsilon_spent == 0.0
+    assert learner(dim=3).learn_many((X, y)).steps_taken == 2  # a given dim is used as given: steps at 500, 750
 
 
 def test_a_ledger_path_makes_spending_durable_and_state_is_bound_to_it(tmp_path):
@@ -84,8 +139,9 @@ def test_a_ledger_path_makes_spending_durable_and_state_is_bound_to_it(tmp_path)
 def test_a_reservoir_of_mostly_rejected_records_halts_before_spending():
     """dim 4 on 3-dimensional data: every record is rejected; no step spends budget on nothing."""
     X, y = linreg_data(5000)
-    lrn = PrivateLearner("linreg", dim=4, epsilon=1.0, reservoir=1000, batch_size=100, every_records=500,
-                         planned_steps=8).learn_many((X, y))
+    with pytest.warns(UserWarning, match="without a released model"):
+        lrn = PrivateLearner("linreg", dim=4, epsilon=1.0, reservoir=1000, batch_size=100, every_records=500,
+                             planned_steps=8).learn_many((X, y))
     assert lrn.halted and lrn.steps_taken == 0 and lrn.epsilon_spent == 0.0 and len(lrn.ledger.events()) == 0
     assert "100% of the reservoir's slots hold rejected arrivals" in lrn.halt_reason
     assert "top rejection reasons: wrong_shape (5000)" in lrn.halt_reason
@@ -96,8 +152,9 @@ def test_the_rejected_fraction_threshold_is_configurable():
     data = [{"x": xi.tolist(), "y": float(yi)} if i % 5 else {"x": "bad"} for i, (xi, yi) in enumerate(zip(X, y))]
     tolerant = learner(max_rejected_fraction=0.5).learn_many(data)  # 20% empty slots: steps go on
     assert tolerant.steps_taken == 10  # 20% empty slots: the planned steps all happen
-    strict = PrivateLearner("linreg", dim=3, epsilon=3.0, reservoir=500, batch_size=250, every_records=250,
-                            planned_steps=10, seed=2, max_rejected_fraction=0.1).learn_many(data)
+    with pytest.warns(UserWarning, match="updates halted: 20% of the reservoir's slots hold rejected arrivals"):
+        strict = PrivateLearner("linreg", dim=3, epsilon=3.0, reservoir=500, batch_size=250, every_records=250,
+                                planned_steps=10, seed=2, max_rejected_fraction=0.1).learn_many(data)
     assert strict.halted and strict.steps_taken == 0
     with pytest.raises(ConfigError, match="sampling.max_rejected_fraction"):
         learner(max_rejected_fraction=1.5)
