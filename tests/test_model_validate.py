@@ -34,3 +34,29 @@ def test_integer_bounds_and_wording():
     for bad in (True, 2.0, "3", None):
         with pytest.raises(ValueError, match="dim"):
             integer("dim", bad)
+
+
+@pytest.mark.parametrize("family", sorted(__import__("stream_vips.audit.families", fromlist=["x"]).FAMILY_AUDITS))
+def test_a_model_state_after_heavy_noise_loads(family):
+    """Noise can push any released mean outside its noiseless range; the model uses it as released
+    (post-processing), so its own state -- what checkpoints and model messages carry -- must load
+    again. A refused state fails only after the budget was spent (sbn refused a negative blended
+    xi this way). Five updates at 20 block bounds of noise per entry, three noise seeds."""
+    from stream_vips.audit.families import FAMILY_AUDITS
+
+    spec = FAMILY_AUDITS[family]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        model = spec.make_model(spec.capacity)
+        sums = model.clipped_sum(model.parse_batch(list(spec.candidates)[: spec.batch_size]).rows)
+        stds = {b.name: 20.0 * b.bound / spec.batch_size for b in model.blocks()}
+        if hasattr(model, "set_noise_scale"):
+            model.set_noise_scale(stds)
+        for t in range(5):
+            model.update({b.name: sums[b.name] / spec.batch_size + stds[b.name] * rng.standard_normal(b.shape)
+                          for b in model.blocks()}, 1.0 / (t + 1))
+        state = model.state()
+        restored = spec.make_model(spec.capacity)
+        restored.load_state(state)
+        for name, value in restored.state().items():
+            np.testing.assert_allclose(value, state[name], rtol=1e-12, atol=0, err_msg=f"{family}: {name}")
