@@ -237,17 +237,31 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
     >>> s.steps, s.q, s.tau0, s.kappa, s.accountant
     (1, 1.0, 1.0, 1.0, 'autodp')
     """
-    if family not in RULES:
-        raise ValueError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
+    check_public(family, epsilon, delta, non_private)
     if isinstance(n, bool) or int(n) != n or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+        raise FitError(f"n must be a positive integer, got {n!r}")
     if isinstance(d, bool) or int(d) != d or d < 1:
-        raise ValueError(f"d must be a positive integer, got {d!r}")
-    if not non_private and not (epsilon is not None and math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        raise FitError(f"d must be a positive integer, got {d!r}")
     return RULES[family](int(n), int(d), None if non_private else float(epsilon), float(delta), non_private)
+
+
+def check_public(family: str, epsilon: float | None, delta: float, non_private: bool) -> None:
+    """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1)."""
+    if family not in RULES:
+        raise FitError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
+    if not non_private and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise FitError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise FitError(f"delta must be in (0, 1), got {delta!r}")
+
+
+class NoModelError(FitError):
+    """The fit ran but released no model; the message says why (the learner's halt reason)."""
+
+
+class LedgerRefused(FitError):
+    """The ledger path is not a usable privacy ledger (a directory, another kind of file, corrupt,
+    or locked by another process); raised before anything is spent."""
 
 
 @dataclass
@@ -314,6 +328,21 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
         else:
             out.append(_dumps(rec))
     return out, None
+
+
+def check_json_objects(encoded: Sequence[bytes]) -> None:
+    """Refuse data in which no record is a JSON object: a JSON array file, pretty-printed JSON
+    or CSV read as JSON Lines. (Form only: every record invalid would be refused anyway, by
+    the learner's ``max_rejected_fraction``, without spending.)"""
+    for raw in encoded:
+        if raw.lstrip()[:1] == b"{":
+            try:
+                if isinstance(json.loads(raw), dict):
+                    return
+            except ValueError:
+                continue
+    raise FitError("fit reads JSON Lines (one JSON object per line), and no record is a JSON object: a JSON "
+                   "array, pretty-printed JSON or CSV must be converted first")
 
 
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
@@ -387,12 +416,42 @@ def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private:
     }
 
 
-def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int) -> tuple[dict | None, Any]:
+def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
+    """Refuse a ledger path that is not a file ledger before anything is opened or spent: a
+    directory, a special file, or an existing file whose first line is not a ledger line (the
+    data file, a model message: opening it would even cut a last line without a newline as a
+    torn write)."""
+    from stream_vips.privacy.ledger import LedgerCorrupt, replay_lines
+
+    flag, where = names["ledger"], Path(path)
+    if where.is_dir():
+        raise LedgerRefused(f"{flag} {path} is a directory; give a ledger file, e.g. {where / 'ledger.jsonl'}")
+    if where.exists() and not where.is_file():
+        raise LedgerRefused(f"{flag} {path} is not a regular file")
+    if where.is_file():
+        try:
+            with open(where, "rb") as fh:
+                first = fh.readline()
+        except OSError as exc:
+            raise LedgerRefused(f"{flag} {path} cannot be read: {exc.strerror or exc}") from exc
+        if first:
+            try:
+                replay_lines([first.rstrip(b"\n")], f"ledger {path}")
+            except LedgerCorrupt:
+                raise LedgerRefused(f"{flag} {path} is not a privacy ledger (its first line is not a ledger "
+                                    "line); give a new path or an existing ledger") from None
+
+
+def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
+                  names: Mapping[str, str]) -> tuple[dict | None, Any]:
     """The only place that touches the pipeline: run ``config`` over ``encoded`` until ``steps``
-    releases (or a budget halt); returns the last published message and the run's statistics."""
+    releases (or a budget halt); returns the last published message and the run's statistics.
+    Failures while building (the ledger, the model's memory) happen before any step: they raise
+    :class:`FitError` with nothing spent."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
     from stream_vips.config import config_from_dict
     from stream_vips.pipeline import Application
+    from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch
 
     sink = MemorySink()
 
@@ -400,10 +459,19 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int) -> t
         if app.stats.updates >= steps:
             app.stop()
 
-    app = Application.from_config(
-        config_from_dict(config, env={}), source=MemorySource(encoded, finite=False), sink=sink,
-        dead_letter=MemoryDeadLetterSink(), progress=stop_after_planned_steps,
-        **({"ledger": _memory_ledger()} if config["privacy"]["ledger"]["type"] == "memory" else {}))
+    ledger = config["privacy"]["ledger"]
+    try:
+        app = Application.from_config(
+            config_from_dict(config, env={}), source=MemorySource(encoded, finite=False), sink=sink,
+            dead_letter=MemoryDeadLetterSink(), progress=stop_after_planned_steps,
+            **({"ledger": _memory_ledger()} if ledger["type"] == "memory" else {}))
+    except (LedgerCorrupt, LedgerLocked, LedgerMismatch) as exc:
+        raise LedgerRefused(f"{names['ledger']}: {exc}; nothing was spent") from None
+    except OSError as exc:  # only the ledger file touches the file system here
+        raise LedgerRefused(f"{names['ledger']} {ledger.get('path')}: {exc.strerror or exc}; nothing was spent") from None
+    except MemoryError:
+        raise FitError(f"not enough memory for the {config['model']['family']} model at this dimension; "
+                       "nothing was spent") from None
     stats = app.run()
     return (sink.messages[-1][1] if sink.messages else None), stats
 
@@ -458,11 +526,16 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
          names: Mapping[str, str]) -> FitResult:
     """:func:`fit`, with errors naming the inputs as the caller spells them (``names``)."""
     started = time.perf_counter()
+    check_public(family, epsilon, delta, non_private)
     encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column)
     n = len(encoded)
     if n == 0:
         raise FitError("fit needs at least one record")
+    if shape_d is None:
+        check_json_objects(encoded)
     d = resolve_dim(family, dim, model_params, shape_d, names)
+    if ledger_path is not None:
+        check_ledger(ledger_path, names)
     dim_param = dimension(family)[1]
     if settings is None:
         settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
@@ -480,10 +553,12 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     params = {"dataset_size": n, **model_params, dim_param: d}
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id)
-    message, stats = _run_pipeline(config, encoded, settings.steps)
+    message, stats = _run_pipeline(config, encoded, settings.steps, names)
     if stats.accepted == 0 or message is None:
-        raise ValueError(f"no model: none of the {n} records was valid for {family!r} "
-                         f"(rejected: {dict(stats.rejected)})")
+        reason = stats.halt_reason or (f"none of the {n} records was valid for {family!r}" if stats.accepted == 0
+                                       else "no step was released")
+        raise NoModelError(f"no model: {reason} (N = {n}, {stats.accepted} valid, rejected: "
+                           f"{dict(stats.rejected) or 'none'})")
     if non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
         message = _non_private_message(message)
     from stream_vips.client import posterior_from_message
@@ -541,7 +616,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Fit a model privately to a finite data set (one JSON record per line). The whole data "
                     "set is the reservoir; settings come from N, d, the family, epsilon and delta only "
                     "(docs/fit.md), and the noise is calibrated to spend the whole budget.",
-        epilog="exit codes: 0 a model was written; 1 no model (no valid record); 2 bad arguments or input")
+        epilog=EXIT_TEXT)
     p.add_argument("data", metavar="DATA.jsonl", help="records, one JSON object per line ('-': stdin)")
     p.add_argument("--family", required=True, choices=FAMILIES)
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1)")
@@ -578,47 +653,45 @@ def json_lines(raw: bytes) -> list[bytes]:
 
 def run(args: argparse.Namespace) -> int:
     """``stream-vips fit``: every path is checked and the output file reserved before anything
-    is spent; the model is written atomically, or printed to stdout if that still fails."""
+    is spent; a refusal is one line on stderr (exit codes in the epilog); the model is written
+    atomically, or printed to stdout if that still fails after spending."""
     try:
         out = OutputFile(args.out, data=args.data, ledger=args.ledger)
     except FitError as exc:
-        return _say_error(exc)
+        return _refuse(exc)
     try:
         try:
             raw = sys.stdin.buffer.read() if args.data == "-" else Path(args.data).read_bytes()
         except OSError as exc:
-            print(f"stream-vips fit: cannot read {args.data}: {exc}", file=sys.stderr)
-            return 2
+            return _refuse(FitError(f"cannot read {args.data}: {exc.strerror or exc}"))
         try:
             result = _fit(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
                           non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
                           y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
                           model_params=dict(args.param), names=CLI_NAMES)
-        except ValueError as exc:
-            print(f"stream-vips fit: {exc}", file=sys.stderr)
-            return 1 if str(exc).startswith("no model") else 2
-        except Exception as exc:
-            from stream_vips.errors import ConfigError
-
-            if isinstance(exc, ConfigError):
-                print(f"stream-vips fit: {exc}", file=sys.stderr)
-                return 2
-            raise
+        except ValueError as exc:  # FitError, ConfigError and the models' own parameter checks
+            return _refuse(exc)
         written = out.write(messages.dumps(result.message) + b"\n")
     finally:
         out.discard()
     print(summary(result), file=sys.stderr)
-    return 0 if written else EXIT_NOT_WRITTEN
+    return EXIT_CODES["written"] if written else EXIT_CODES["not_written"]
 
 
-#: Exit code when the model was made (the budget spent) but --out could not be written: it went to stdout.
-EXIT_NOT_WRITTEN = 4
+#: Exit codes of ``stream-vips fit`` (its epilog says them).
+EXIT_CODES = {"written": 0, "no_model": 1, "bad_input": 2, "ledger": 3, "not_written": 4}
+EXIT_TEXT = ("exit codes: 0 a model was written; 1 no model (the reason is printed: no valid record, the budget "
+             "already spent in the ledger, too many rejected records); 2 bad arguments or input; 3 the ledger "
+             "refuses (not a ledger file, corrupt, or in use); 4 the model was made (the budget spent) but --out "
+             "could not be written: it was printed to stdout. Nothing is spent unless the exit code is 0 or 4.")
 
 
-def _say_error(exc: Exception) -> int:
+def _refuse(exc: Exception) -> int:
     """One line on stderr for a refused fit; the exit code of its kind."""
-    print(f"stream-vips fit: {exc}", file=sys.stderr)
-    return 2
+    print("stream-vips fit: " + " ".join(str(exc).splitlines()), file=sys.stderr)
+    if isinstance(exc, NoModelError):
+        return EXIT_CODES["no_model"]
+    return EXIT_CODES["ledger"] if isinstance(exc, LedgerRefused) else EXIT_CODES["bad_input"]
 
 
 class OutputFile:

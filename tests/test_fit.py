@@ -346,7 +346,7 @@ def test_cli_out_failing_after_spending_prints_the_model_to_stdout(tmp_path, cap
 
     monkeypatch.setattr(os, "replace", broken_replace)
     code, stdout, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
-    assert code == fitmod.EXIT_NOT_WRITTEN and not out.exists()
+    assert code == fitmod.EXIT_CODES["not_written"] and not out.exists()
     assert check_message(json.loads(stdout))["privacy"]["private"] is True  # the spent budget is not lost
     assert "printed to stdout" in err.splitlines()[0] and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # no partial file
@@ -417,3 +417,90 @@ def test_cli_counts_every_line_blank_or_not(tmp_path, capsys):
     assert code == 0 and "N = 200 records (198 valid)" in err
     assert json.loads(out.read_text())["hyperparameters"]["dataset_size"] == 200
     assert fitmod.json_lines(b"a\n\nb\n") == [b"a", b"", b"b"] == fitmod.json_lines(b"a\n\nb")
+
+
+# ------------------------------------------------------------------------------- refusals and reasons
+
+
+def test_bad_ledger_paths_are_one_line_before_anything_is_spent(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    model = tmp_path / "model.json"
+    assert cli(capsys, "--seed", "0", "--out", str(model), str(data))[0] == 0
+    kept = {p: p.read_bytes() for p in (data, model)}
+    for ledger, says in ((tmp_path, "is a directory"), (data, "not a privacy ledger"), (model, "not a privacy ledger")):
+        code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "new.json"), str(data))
+        assert code == fitmod.EXIT_CODES["ledger"] and says in one_line_refusal(err), err
+    assert {p: p.read_bytes() for p in kept} == kept and not (tmp_path / "new.json").exists()
+    one_line = tmp_path / "notes.txt"
+    one_line.write_bytes(b"a note without a newline")  # opening it as a ledger would cut it as a torn line
+    X, y = logistic_data(50)
+    with pytest.raises(fitmod.LedgerRefused, match="ledger_path .* not a privacy ledger"):
+        fit((X, y), "logistic", ledger_path=str(one_line))
+    assert one_line.read_bytes() == b"a note without a newline"
+
+
+def test_a_locked_ledger_is_refused_with_one_line(tmp_path, capsys):
+    from stream_vips.privacy.ledger import FileLedger
+
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    holder = FileLedger(str(ledger))
+    try:
+        code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
+    finally:
+        holder.close()
+    assert code == fitmod.EXIT_CODES["ledger"] and "is held by" in one_line_refusal(err)
+    assert err.strip().endswith("nothing was spent")
+
+
+def test_no_model_says_the_real_reason(tmp_path, capsys):
+    X, y = logistic_data(200)
+    ledger = tmp_path / "ledger.jsonl"
+    fit((X, y), "logistic", seed=0, ledger_path=str(ledger))
+    with pytest.raises(fitmod.NoModelError, match=r"no model: step \d+ would spend epsilon .* > budget 1") as info:
+        fit((X, y), "logistic", seed=0, ledger_path=str(ledger))  # the budget is already spent
+    assert "none of the" not in str(info.value)
+    half_bad = [{"x": xi.tolist(), "y": int(yi)} for xi, yi in zip(X, y)] + [{"x": [0.1, 0.2]}] * 300
+    with pytest.raises(fitmod.NoModelError, match="max_rejected_fraction.*wrong_shape"):
+        fit(half_bad, "logistic", dim=3, seed=0)
+    with pytest.raises(fitmod.NoModelError, match="none of the 5 records was valid"):
+        fit([{"x": [0.1, 0.2, 0.3], "y": 7}] * 5, "logistic", dim=3, non_private=True)
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 1 and "would spend epsilon" in one_line_refusal(err)
+
+
+def test_every_deliberate_fit_error_is_a_stream_vips_error_and_a_value_error():
+    from stream_vips import StreamVipsError
+
+    X, y = logistic_data(50)
+    for call in (lambda: fit((X, y), "logistic", epsilon=-1.0), lambda: fit((X, y), "logistic", epsilon=math.nan),
+                 lambda: fit((X, y), "logistic", delta=1.5), lambda: fit([], "logistic", dim=3),
+                 lambda: fit([{"x": [0.1, 0.2, 0.3], "y": 7}] * 5, "logistic", dim=3, seed=0),
+                 lambda: fit((X, y), "lda"), lambda: fit_settings("logistic", 0, 3, 1.0, 1e-5)):
+        with pytest.raises(StreamVipsError) as info:
+            call()
+        assert isinstance(info.value, ValueError), info.value
+
+
+def test_an_unknown_family_is_the_family_error_first():
+    with pytest.raises(ValueError, match=r"settings rule for the families \['linreg', 'logistic', 'sbn', 'sep_bnn'\], "
+                                         "not 'lda'"):
+        fit([{"words": [1, 2]}], "lda")
+
+
+@pytest.mark.parametrize("text", [
+    '[{"x": [0.1, 0.2, 0.3], "y": 1}, {"x": [0.2, 0.1, 0.3], "y": 0}]\n',
+    '{\n  "x": [0.1, 0.2, 0.3],\n  "y": 1\n}\n',
+    "x1,x2,x3,y\n0.1,0.2,0.3,1\n",
+])
+def test_other_formats_are_told_to_use_json_lines(tmp_path, capsys, text):
+    data = tmp_path / "data.json"
+    data.write_text(text)
+    for dim in ([], ["--dim", "3"]):
+        code, _, err = cli(capsys, "--family", "logistic", *dim, "--out", str(tmp_path / "m.json"), str(data))
+        assert code == 2 and "fit reads JSON Lines (one JSON object per line)" in one_line_refusal(err)
+    with pytest.raises(ValueError, match="JSON Lines"):
+        fit(text.splitlines(), "sbn", n_visible=3)
