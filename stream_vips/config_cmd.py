@@ -27,8 +27,9 @@ PROG = "stream-vips config"
 
 REDACTED = "<redacted>"
 
-#: Key names whose values are secrets (matched case-insensitively against the whole key name).
-SECRET_KEY = re.compile(r"password|secret|token|credential|(^|_)key$", re.IGNORECASE)
+#: Key names whose values are secrets (matched case-insensitively against the whole key name); a
+#: count "per key" (``max_records_per_key``) is not a key.
+SECRET_KEY = re.compile(r"password|secret|token|credential|(^|(?<!_per)_)key$", re.IGNORECASE)
 
 EXIT_CODES = "exit codes: 0 printed; 2 bad configuration (the message names the key)"
 

@@ -64,11 +64,11 @@ def test_passwords_are_redacted_from_the_file_the_environment_and_the_comments(t
 
 def test_redact_covers_every_depth_and_keeps_unset_secrets_visible():
     data = {"a": {"b": [{"api_key": "k", "token": "t", "name": "n"}], "client_secret": "s", "password": None},
-            "keyfile": "/x", "monkey": "m", "key": "v"}
+            "keyfile": "/x", "monkey": "m", "key": "v", "max_records_per_key": 3}
     assert config_cmd.redact(data) == {
         "a": {"b": [{"api_key": "<redacted>", "token": "<redacted>", "name": "n"}], "client_secret": "<redacted>",
               "password": None},
-        "keyfile": "/x", "monkey": "m", "key": "<redacted>"}
+        "keyfile": "/x", "monkey": "m", "key": "<redacted>", "max_records_per_key": 3}  # a count, shown
 
 
 def test_bad_configuration_is_exit_2_naming_the_key(monkeypatch, capsys):
