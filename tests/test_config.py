@@ -193,3 +193,15 @@ def test_kafka_ledger_options_are_checked_and_name_the_key():
     cfg = config_from_dict({"privacy": {"ledger": {"type": "kafka", "options": {
         "bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}}}}, env={})
     assert cfg.privacy.ledger.options == {"bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}
+
+
+def test_default_yaml_names_every_model_family():
+    """The family comment in default.yaml is the list a user picks from: it names every registered family."""
+    from importlib import resources
+
+    from stream_vips.config import MODEL_FAMILIES
+
+    text = resources.files("stream_vips").joinpath("data", "default.yaml").read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("family:"))
+    listed = {name.strip() for name in line.split("#", 1)[1].split("|")}
+    assert listed == set(MODEL_FAMILIES)
