@@ -36,14 +36,17 @@ model.json data.jsonl`` (``--non-private`` for the baseline); see ``stream-vips 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -346,7 +349,7 @@ def check_json_objects(encoded: Sequence[bytes]) -> None:
 
 
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
-PYTHON_NAMES = {"dim": "dim=D", "ledger": "ledger_path", "param": "a keyword", "steps": "steps="}
+PYTHON_NAMES = {"dim": "dim=D", "ledger": "ledger_path", "param": "the caller", "steps": "the caller"}
 CLI_NAMES = {"dim": "--dim D", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
 
 
@@ -468,7 +471,8 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
     except (LedgerCorrupt, LedgerLocked, LedgerMismatch) as exc:
         raise LedgerRefused(f"{names['ledger']}: {exc}; nothing was spent") from None
     except OSError as exc:  # only the ledger file touches the file system here
-        raise LedgerRefused(f"{names['ledger']} {ledger.get('path')}: {exc.strerror or exc}; nothing was spent") from None
+        raise LedgerRefused(f"{names['ledger']} {ledger.get('path')}: {exc.strerror or exc}; "
+                            "nothing was spent") from None
     except MemoryError:
         raise FitError(f"not enough memory for the {config['model']['family']} model at this dimension; "
                        "nothing was spent") from None
@@ -513,11 +517,19 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     linreg); ``dataset_size`` defaults to N. ``seed`` fixes the noise (reported as
     ``seeded: true``: reproduction, no guarantee); ``ledger_path`` keeps the privacy ledger in a
     file. Raises :class:`~stream_vips.errors.FitError` (a ``ValueError``) for bad input,
-    before anything is spent, and when no model comes out.
+    before anything is spent, and when no model comes out; warns (:class:`FitWarning`, also in
+    ``report["warnings"]``) when more than 10% of the records were rejected.
     """
-    return _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
-                x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
-                model_id=model_id, model_params=model_params, names=PYTHON_NAMES)
+    result = _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
+                  x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
+                  model_id=model_id, model_params=model_params, names=PYTHON_NAMES)
+    for line in result.report["warnings"]:
+        warnings.warn(line, FitWarning, stacklevel=2)
+    return result
+
+
+class FitWarning(UserWarning):
+    """A fit that produced a model but that the user should look at (``report["warnings"]``)."""
 
 
 def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | None, non_private: bool,
@@ -542,8 +554,9 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     elif (settings.family, settings.n) != (family, n):
         raise FitError(f"settings are for {settings.family!r} with n = {settings.n}, not {family!r} with n = {n}")
     if steps is not None:
-        settings = dataclasses.replace(settings, steps=int(steps),
-                                       why={**settings.why, "steps": f"{steps} steps: set by the caller"})
+        settings = dataclasses.replace(settings, steps=int(steps), why={**settings.why, "steps": (
+            f"set by {names['steps']} (steps = {steps}); the rule would give {settings.steps}")})
+    settings = overridden(settings, {k: v for k, v in model_params.items() if k != dim_param}, names["param"])
     if family == "linreg" and settings.block_weights is None and not non_private:
         from stream_vips.models.linreg import default_block_weights
 
@@ -565,7 +578,51 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
 
     posterior = posterior_from_message(message)
     report = _report(settings, message, stats, n, non_private, time.perf_counter() - started)
+    report["warnings"] = fit_warnings(family, n, stats.rejected, settings.steps, stats)
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
+
+
+def overridden(settings: Settings, params: Mapping[str, Any], by: str) -> Settings:
+    """``settings`` whose reasons say which of the rule's choices ``params`` replace (the reason
+    of a choice the rule did not make would be stale).
+
+    >>> s = overridden(fit_settings("sep_bnn", 1000, 3, 1.0, 1e-5), {"clip": None}, "--param")
+    >>> s.why["clip"]
+    'set by --param (clip = null); the rule would give clip = 1.0'
+    """
+    why = dict(settings.why)
+    for key, value in params.items():
+        if key in settings.model_params:
+            rule = f"{key} = {json.dumps(settings.model_params[key], default=repr)}"
+        elif key in why:
+            rule = why[key]
+        else:
+            continue
+        why[key] = f"set by {by} ({key} = {json.dumps(value, default=repr)}); the rule would give {rule}"
+    return dataclasses.replace(settings, why=why)
+
+
+#: Warn when more than this fraction of the records is rejected (the budget is spent on the rest).
+WARN_REJECTED_FRACTION = 0.1
+#: Per family and rejection reason, what the user most likely got wrong.
+REJECTION_HINTS = {("logistic", "out_of_range"): "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
+
+
+def fit_warnings(family: str, n: int, rejected: Mapping[str, int], planned_steps: int, stats: Any) -> list[str]:
+    """One line per thing a user should not miss in a fit that did produce a model: more than
+    :data:`WARN_REJECTED_FRACTION` of the records rejected (the top reasons, and the likely fix),
+    or fewer steps than planned (the halt reason). What counts as valid is the family's."""
+    out = []
+    total = sum(rejected.values())
+    if total > WARN_REJECTED_FRACTION * n:
+        top = sorted(rejected.items(), key=lambda item: -item[1])[:3]
+        hints = [REJECTION_HINTS[family, reason] for reason, _ in top if (family, reason) in REJECTION_HINTS]
+        out.append(f"{total} of the {n} records ({total / n:.0%}) were rejected, and the whole budget was spent on "
+                   f"the rest; top reasons: {', '.join(f'{r} ({c})' for r, c in top)}"
+                   + "".join(f"; {hint}" for hint in hints))
+    if stats.updates < planned_steps:
+        out.append(f"{stats.updates} of the {planned_steps} planned steps ran: {stats.halt_reason or 'stopped'}")
+    return out
 
 
 def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, non_private: bool,
@@ -580,9 +637,9 @@ def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, 
         budget = {"private": True, "epsilon_budget": total, "epsilon_spent": spent, "fraction_spent": spent / total,
                   "delta": float(p["delta"]), "noise_multiplier": float(p["noise_multiplier"]),
                   "calibration_rtol": CALIBRATION_RTOL,
-                  "how": (f"z calibrated with calibrate_noise_multiplier ({p['accountant']}, Poisson q = {settings.q:g}, "
-                          f"replace-one, {_diameter_text(p)}) so that {settings.steps} steps "
-                          "spend the whole budget")}
+                  "how": (f"z calibrated with calibrate_noise_multiplier ({p['accountant']}, "
+                          f"Poisson q = {settings.q:g}, replace-one, {_diameter_text(p)}) so that "
+                          f"{settings.steps} steps spend the whole budget")}
     return {
         "privacy": dict(p),
         "budget": budget,
@@ -665,16 +722,19 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _refuse(FitError(f"cannot read {args.data}: {exc.strerror or exc}"))
         try:
-            result = _fit(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
-                          non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
-                          y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
-                          model_params=dict(args.param), names=CLI_NAMES)
+            with _quiet_service_logs():
+                result = _fit(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
+                              non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
+                              y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
+                              model_params=dict(args.param), names=CLI_NAMES)
         except ValueError as exc:  # FitError, ConfigError and the models' own parameter checks
             return _refuse(exc)
         written = out.write(messages.dumps(result.message) + b"\n")
     finally:
         out.discard()
     print(summary(result), file=sys.stderr)
+    for line in result.report["warnings"]:
+        print(f"stream-vips fit: warning: {line}", file=sys.stderr)
     return EXIT_CODES["written"] if written else EXIT_CODES["not_written"]
 
 
@@ -684,6 +744,22 @@ EXIT_TEXT = ("exit codes: 0 a model was written; 1 no model (the reason is print
              "already spent in the ledger, too many rejected records); 2 bad arguments or input; 3 the ledger "
              "refuses (not a ledger file, corrupt, or in use); 4 the model was made (the budget spent) but --out "
              "could not be written: it was printed to stdout. Nothing is spent unless the exit code is 0 or 4.")
+
+
+@contextlib.contextmanager
+def _quiet_service_logs() -> Iterator[None]:
+    """Silence the service's log lines (``stream_vips.*``) for one command-line fit: a refused
+    step logs for operators of a long-running service, but here the reason is already in the one
+    ``stream-vips fit:`` line (or the warnings), and two more unprefixed lines would only confuse."""
+    logger = logging.getLogger("stream_vips")
+    handler, propagate = logging.NullHandler(), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _refuse(exc: Exception) -> int:

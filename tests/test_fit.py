@@ -1,4 +1,5 @@
-"""``stream_vips.fit`` (module ``stream_vips.fitting``): settings from public quantities, the whole budget spent, the baseline."""
+"""``stream_vips.fit`` (module ``stream_vips.fitting``): settings from public quantities, the whole
+budget spent, the baseline, and what the user sees when something is wrong."""
 
 from __future__ import annotations
 
@@ -504,3 +505,63 @@ def test_other_formats_are_told_to_use_json_lines(tmp_path, capsys, text):
         assert code == 2 and "fit reads JSON Lines (one JSON object per line)" in one_line_refusal(err)
     with pytest.raises(ValueError, match="JSON Lines"):
         fit(text.splitlines(), "sbn", n_visible=3)
+
+
+# ------------------------------------------------------------------------------- what the user reads
+
+
+def test_a_refused_step_is_one_line_on_the_command_line(tmp_path):
+    """The service logs a refused step (learner and pipeline); the fit command shows only its own
+    line. A subprocess: pytest's log capture would hide the lines that a terminal shows."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    X, y = logistic_data(100)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(yi)}) + "\n" for xi, yi in zip(X, y))
+                    + '{"x": [0.1, 0.2]}\n' * 150)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "stream_vips.cli", "fit", "--family", "logistic", "--dim", "3",
+                           "--out", str(tmp_path / "m.json"), str(data)], capture_output=True, env=env, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "max_rejected_fraction" in one_line_refusal(err)
+
+
+def test_why_lines_say_which_choices_the_caller_overrode(capsys, tmp_path):
+    s = fitmod.overridden(fit_settings("sep_bnn", 1000, 3, 1.0, 1e-5), {"clip": None, "hidden": 7}, "--param")
+    assert s.why["clip"] == "set by --param (clip = null); the rule would give clip = 1.0"
+    assert s.why["hidden"].startswith("set by --param (hidden = 7); the rule would give hidden = ")
+    X, y = logistic_data(200)
+    res = fit((X, y), "logistic", seed=0, steps=3, floor_factor=2.0)
+    assert res.report["why"]["steps"] == "set by the caller (steps = 3); the rule would give 2"
+    assert res.report["why"]["floor_factor"] == ("set by the caller (floor_factor = 2.0); "
+                                                 "the rule would give floor_factor = 1.0")
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--seed", "0", "--param", "floor_factor=2", "--steps", "3", "--out",
+                       str(tmp_path / "m.json"), str(data))
+    assert code == 0 and ("why floor_factor: set by --param (floor_factor = 2); "
+                          "the rule would give floor_factor = 1.0") in err
+    assert "why steps: set by --steps (steps = 3); the rule would give 2" in err
+
+
+def test_many_rejected_records_give_one_warning_with_the_likely_fix(tmp_path, capsys):
+    """-1/+1 labels: about half the records are out of range for logistic (0/1). What counts as
+    valid does not change; the user is told, once."""
+    X, y = logistic_data(300)
+    data = tmp_path / "pm.jsonl"
+    data.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(2 * yi - 1)}) + "\n" for xi, yi in zip(X, y)))
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(tmp_path / "m.json"), str(data))
+    rejected = int((y == 0).sum())
+    warnings_ = [line for line in err.splitlines() if "warning" in line]
+    assert code == 0 and len(warnings_) == 1, err
+    assert warnings_[0].startswith(f"stream-vips fit: warning: {rejected} of the 300 records")
+    assert "out_of_range" in warnings_[0] and "labels must be 0 or 1" in warnings_[0]
+    records = [{"x": xi.tolist(), "y": int(2 * yi - 1)} for xi, yi in zip(X, y)]
+    with pytest.warns(fitmod.FitWarning, match="labels must be 0 or 1"):
+        res = fit(records, "logistic", dim=3, seed=0)
+    assert res.report["accepted"] == 300 - rejected and len(res.report["warnings"]) == 1
+    few_bad = records[:280] + [{"x": [0.1, 0.2, 0.3], "y": 5}] * 20  # 6.7%: no warning
+    assert fit([{**r, "y": max(r["y"], 0)} for r in few_bad], "logistic", dim=3, seed=0).report["warnings"] == []
