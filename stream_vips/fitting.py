@@ -53,7 +53,8 @@ import numpy as np
 from stream_vips import messages
 from stream_vips.errors import FitError
 
-#: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget].
+#: Relative tolerance of the noise calibration: epsilon spent is in [budget / (1 + rtol)^2, budget]
+#: (the tolerance on z is :func:`calibration_rtol`, smaller where epsilon is steep in z).
 CALIBRATION_RTOL = 1e-3
 #: Largest dimension d that fit accepts, checked before anything is allocated (linreg and logistic
 #: keep d x d statistics: 80 GB each at this d, so their practical limit is the memory).
@@ -248,6 +249,42 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
     return RULES[family](int(n), int(d), None if non_private else float(epsilon), float(delta), non_private)
 
 
+def calibration_rtol(epsilon: float, delta: float) -> float:
+    """The relative tolerance on z that keeps the spent epsilon in [budget / (1 + R)^2, budget],
+    R = :data:`CALIBRATION_RTOL`.
+
+    The calibration returns z at most (1 + rtol) above the smallest private z, so the spent
+    epsilon is at least budget / (1 + rtol)^k, with k = -d ln epsilon / d ln z the steepness of
+    the accountant's curve. For a Gaussian mechanism (q = 1, T steps: mu-GDP with
+    mu = sqrt(T) D / z) delta(epsilon, mu) = Phi(-epsilon/mu + mu/2) - e^epsilon
+    Phi(-epsilon/mu - mu/2) has d delta / d mu = phi(epsilon/mu - mu/2) and d delta / d epsilon =
+    -e^epsilon Phi(-epsilon/mu - mu/2), so at the mu where delta(epsilon, mu) = delta
+
+        k = mu phi(epsilon/mu - mu/2) / (epsilon e^epsilon Phi(-epsilon/mu - mu/2)),
+
+    which depends on (epsilon, delta) only: about 1.1 at epsilon 1, but close to 2 delta /
+    epsilon once epsilon is below delta (21.6 at epsilon 1e-6, delta 1e-5, where a tolerance of
+    R on z left 0.997 of the budget spent). As (1 + x)^k <= e^(x k), rtol = 2 ln(1 + R) / (1.25 k)
+    keeps the range, with a quarter of margin for an accountant's curve that is not exactly the
+    Gaussian's (autodp's k is within 1% of it at epsilon 1e-6 to 4). Never above R.
+
+    >>> calibration_rtol(1.0, 1e-5) == CALIBRATION_RTOL
+    True
+    >>> round(calibration_rtol(1e-6, 1e-5) / CALIBRATION_RTOL, 3)
+    0.074
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gdp_delta(mu: float) -> float:
+        return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+
+    mu = brentq(lambda m: gdp_delta(m) - delta, 1e-12, 1e3, xtol=1e-14, rtol=1e-12)
+    a = epsilon / mu
+    k = mu / epsilon * math.exp(norm.logpdf(a - mu / 2) - epsilon - norm.logcdf(-a - mu / 2))
+    return min(CALIBRATION_RTOL, 2 * math.log1p(CALIBRATION_RTOL) / (1.25 * k))
+
+
 def check_public(family: str, epsilon: float | None, delta: float, non_private: bool) -> None:
     """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1)."""
     if family not in RULES:
@@ -396,7 +433,7 @@ def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shap
 
 
 def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private: bool, seed: int | None,
-            ledger_path: str | None, model_id: str) -> dict[str, Any]:
+            ledger_path: str | None, model_id: str, rtol: float) -> dict[str, Any]:
     """Pipeline configuration for one fit: the whole data set as the reservoir, a step whenever
     the previous one is done (time trigger), exit when the planned steps are done or the budget
     refuses one, no metrics server."""
@@ -404,7 +441,7 @@ def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private:
         "mode": "non_private" if non_private else "private",
         "epsilon": 1.0 if non_private else settings.epsilon,
         "delta": settings.delta, "planned_steps": settings.steps, "accountant": settings.accountant, "seed": seed,
-        "calibration_rtol": CALIBRATION_RTOL, "block_weights": settings.block_weights,
+        "calibration_rtol": rtol, "block_weights": settings.block_weights,
         "ledger": {"type": "file", "path": str(ledger_path), "prepay_steps": 1} if ledger_path else {"type": "memory"},
     }
     return {
@@ -564,8 +601,9 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
         settings = dataclasses.replace(settings, block_weights=default_block_weights(
             d, float(model_params.get("x_bound", 1.0)), float(model_params.get("y_bound", 1.0)), gamma=gamma))
     params = {"dataset_size": n, **model_params, dim_param: d}
+    rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
-                     model_id=model_id)
+                     model_id=model_id, rtol=rtol)
     message, stats = _run_pipeline(config, encoded, settings.steps, names)
     if stats.accepted == 0 or message is None:
         reason = stats.halt_reason or (f"none of the {n} records was valid for {family!r}" if stats.accepted == 0
@@ -577,7 +615,7 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     from stream_vips.client import posterior_from_message
 
     posterior = posterior_from_message(message)
-    report = _report(settings, message, stats, n, non_private, time.perf_counter() - started)
+    report = _report(settings, message, stats, n, non_private, rtol, time.perf_counter() - started)
     report["warnings"] = fit_warnings(family, n, stats.rejected, settings.steps, stats)
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
 
@@ -626,7 +664,7 @@ def fit_warnings(family: str, n: int, rejected: Mapping[str, int], planned_steps
 
 
 def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, non_private: bool,
-            seconds: float) -> dict[str, Any]:
+            rtol: float, seconds: float) -> dict[str, Any]:
     """Privacy report of the final message plus the budget's use and the settings with reasons."""
     p = message["privacy"]
     if non_private:
@@ -636,7 +674,7 @@ def _report(settings: Settings, message: Mapping[str, Any], stats: Any, n: int, 
         spent, total = float(p["epsilon_spent"]), float(p["epsilon_budget"])
         budget = {"private": True, "epsilon_budget": total, "epsilon_spent": spent, "fraction_spent": spent / total,
                   "delta": float(p["delta"]), "noise_multiplier": float(p["noise_multiplier"]),
-                  "calibration_rtol": CALIBRATION_RTOL,
+                  "calibration_rtol": rtol,
                   "how": (f"z calibrated with calibrate_noise_multiplier ({p['accountant']}, "
                           f"Poisson q = {settings.q:g}, replace-one, {_diameter_text(p)}) so that "
                           f"{settings.steps} steps spend the whole budget")}

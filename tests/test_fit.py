@@ -565,3 +565,28 @@ def test_many_rejected_records_give_one_warning_with_the_likely_fix(tmp_path, ca
     assert res.report["accepted"] == 300 - rejected and len(res.report["warnings"]) == 1
     few_bad = records[:280] + [{"x": [0.1, 0.2, 0.3], "y": 5}] * 20  # 6.7%: no warning
     assert fit([{**r, "y": max(r["y"], 0)} for r in few_bad], "logistic", dim=3, seed=0).report["warnings"] == []
+
+
+@pytest.mark.parametrize("family,data", [("logistic", logistic_data(300)), ("linreg", linreg_data(300))])
+def test_the_stated_budget_range_holds_at_a_tiny_epsilon(family, data):
+    """At epsilon 1e-6 (below delta) epsilon is steep in z (k = 21.6 where it is 1.1 at epsilon 1),
+    so a tolerance of 1e-3 on z left only 0.997 of the budget spent; the fit's tolerance on z is
+    scaled by that steepness so that [budget / (1 + rtol)^2, budget] holds at every epsilon."""
+    res = fit(data, family, epsilon=1e-6, delta=1e-5, seed=0)
+    b = res.report["budget"]
+    assert 1e-6 / (1 + RTOL) ** 2 <= b["epsilon_spent"] <= 1e-6
+    assert b["calibration_rtol"] == pytest.approx(fitmod.calibration_rtol(1e-6, 1e-5)) and b["calibration_rtol"] < RTOL
+
+
+def test_the_calibration_steepness_is_the_gaussian_curves():
+    """k from the closed form against a finite difference of the exact mu-GDP epsilon(mu)."""
+    from scipy.optimize import brentq
+
+    R = RTOL
+    for epsilon, delta in [(1e-6, 1e-5), (1e-5, 1e-5), (1.0, 1e-5), (4.0, 1e-6)]:
+        mu = brentq(lambda m: gaussian_delta(epsilon, m) - delta, 1e-9, 50, xtol=1e-15, rtol=1e-13)
+        eps_at = lambda m: brentq(lambda e: gaussian_delta(e, m) - delta, 1e-12, 100, xtol=1e-16, rtol=1e-13)
+        k = math.log(eps_at(mu * (1 + 1e-4)) / eps_at(mu)) / math.log(1 + 1e-4)
+        rtol = fitmod.calibration_rtol(epsilon, delta)
+        assert rtol == pytest.approx(min(R, 2 * math.log1p(R) / (1.25 * k)), rel=0.01), (epsilon, k)
+        assert (1 + rtol) ** k <= (1 + R) ** 2
