@@ -372,8 +372,8 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
 
 def check_json_objects(encoded: Sequence[bytes]) -> None:
     """Refuse data in which no record is a JSON object: a JSON array file, pretty-printed JSON
-    or CSV read as JSON Lines. (Form only: every record invalid would be refused anyway, by
-    the learner's ``max_rejected_fraction``, without spending.)"""
+    or CSV read as JSON Lines. (A refusal on form alone: such data have no valid record, so no
+    model could come out of them; nothing is spent.)"""
     for raw in encoded:
         if raw.lstrip()[:1] == b"{":
             try:
@@ -397,7 +397,8 @@ def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shap
     ``model_params``) or the data's shape, which must agree; at most :data:`MAX_DIM`.
 
     Never read from a record: under replace-one adjacency a record's content must not decide
-    the released dimension, nor which other records are valid (docs/fit.md, Privacy).
+    the released dimension, nor which other records are valid (docs/fit.md, "What is private
+    and what is public").
 
     >>> resolve_dim("sbn", None, {"dim": 10}, None), resolve_dim("logistic", None, {}, 3)
     (10, 3)
@@ -410,7 +411,8 @@ def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shap
     for value in given:
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or int(value) != value:
+        if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or not math.isfinite(value)
+                or int(value) != value):
             raise FitError(f"the dimension ({names['dim']}) must be a positive integer, got {value!r}")
         values.add(int(value))
     if shape_d is not None and values and values != {shape_d}:
@@ -608,6 +610,8 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     if stats.accepted == 0 or message is None:
         reason = stats.halt_reason or (f"none of the {n} records was valid for {family!r}" if stats.accepted == 0
                                        else "no step was released")
+        if ledger_path is not None and stats.halted and stats.accepted > 0:
+            reason += f" (the ledger {ledger_path} already holds earlier steps: a new budget needs a new ledger)"
         raise NoModelError(f"no model: {reason} (N = {n}, {stats.accepted} valid, rejected: "
                            f"{dict(stats.rejected) or 'none'})")
     if non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
@@ -616,7 +620,7 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
 
     posterior = posterior_from_message(message)
     report = _report(settings, message, stats, n, non_private, rtol, time.perf_counter() - started)
-    report["warnings"] = fit_warnings(family, n, stats.rejected, settings.steps, stats)
+    report["warnings"] = fit_warnings(family, n, stats, settings.steps)
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
 
 
@@ -646,14 +650,15 @@ WARN_REJECTED_FRACTION = 0.1
 REJECTION_HINTS = {("logistic", "out_of_range"): "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
 
 
-def fit_warnings(family: str, n: int, rejected: Mapping[str, int], planned_steps: int, stats: Any) -> list[str]:
-    """One line per thing a user should not miss in a fit that did produce a model: more than
-    :data:`WARN_REJECTED_FRACTION` of the records rejected (the top reasons, and the likely fix),
-    or fewer steps than planned (the halt reason). What counts as valid is the family's."""
+def fit_warnings(family: str, n: int, stats: Any, planned_steps: int) -> list[str]:
+    """One line per thing a user should not miss in a fit that did produce a model (``stats``:
+    the run's): more than :data:`WARN_REJECTED_FRACTION` of the records rejected (the top
+    reasons, and the likely fix), or fewer steps than planned (the halt reason). What counts as
+    valid is the family's."""
     out = []
-    total = sum(rejected.values())
+    total = sum(stats.rejected.values())
     if total > WARN_REJECTED_FRACTION * n:
-        top = sorted(rejected.items(), key=lambda item: -item[1])[:3]
+        top = stats.rejected.most_common(3)
         hints = [REJECTION_HINTS[family, reason] for reason, _ in top if (family, reason) in REJECTION_HINTS]
         out.append(f"{total} of the {n} records ({total / n:.0%}) were rejected, and the whole budget was spent on "
                    f"the rest; top reasons: {', '.join(f'{r} ({c})' for r, c in top)}"
