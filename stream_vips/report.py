@@ -37,7 +37,7 @@ import sys
 import textwrap
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -491,6 +491,9 @@ def render_png(report: Report) -> bytes:
         ax.plot(when, steps, marker="o" if len(points) < 60 else None, ms=4, color="C2", lw=1.5)
         from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
+        if (max(when) - min(when)).total_seconds() < 2:  # a fit publishes within a second: give the
+            pad = timedelta(seconds=1)                      # locator a range it has an interval for
+            ax.set_xlim(min(when) - pad, max(when) + pad)
         locator = AutoDateLocator(maxticks=6)
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))

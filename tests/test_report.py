@@ -252,3 +252,24 @@ def test_a_kafka_ledger_is_read_committed_and_its_writer_keeps_appending(kafka_b
     assert cli.main(["report", "--ledger-topic", topic, "--ledger-name", "absent", "--bootstrap", kafka_bootstrap,
                      "--models", str(models), "--out", str(tmp_path / "o2")]) == 2
     assert "has no steps" in capsys.readouterr().err
+
+
+def test_a_fit_published_within_a_second_plots_without_a_warning(tmp_path, capsys):
+    """A finite fit publishes every message within a second; the time axis must still get ticks
+    (matplotlib's date locator warned on the sub-second range and defaulted its interval)."""
+    import warnings
+
+    import numpy as np
+
+    from stream_vips.fitting import fit
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, (300, 2))
+    res = fit((X, X @ np.array([1.0, -1.0])), "linreg", epsilon=1.0, delta=1e-5, ledger_path=str(tmp_path / "l.jsonl"))
+    (tmp_path / "m.jsonl").write_text(json.dumps(res.message) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        code = cli.main(["report", "--ledger", str(tmp_path / "l.jsonl"), "--models", str(tmp_path / "m.jsonl"),
+                         "--out", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "report.png").stat().st_size > 10_000
