@@ -262,3 +262,25 @@ def test_any_truncation_keeps_exactly_the_complete_lines(tmp_path, n, cut):
         assert (led.ledger_id == genesis["ledger_id"]) == (complete >= 1)
     if complete:
         assert path.read_bytes() == b"".join(whole.splitlines(keepends=True)[:complete])
+
+
+@pytest.mark.parametrize("content", [b'{"x": [1, 2], "y": 1}', b"age,income\n"[:-1], b'{"schema": "model-message.v1"'])
+def test_a_one_line_file_without_newline_that_is_not_a_ledger_is_refused_not_cut(tmp_path, content):
+    """Pointing a ledger at some other file (a one-line data file, a model) must not cut that line
+    as a torn write: only a genesis can be torn before any complete line."""
+    path = tmp_path / "other.json"
+    path.write_bytes(content)
+    with pytest.raises(LedgerCorrupt, match="not a ledger"):
+        FileLedger(path)
+    assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize("cut", [3, 11, 40])
+def test_a_torn_genesis_is_still_cut(tmp_path, cut):
+    """A crash while the genesis itself was written leaves a prefix of it: that is a torn write."""
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(encode_genesis(new_genesis())[:cut])
+    with FileLedger(path) as led:
+        assert led.events() == [] and led.append(ev(0)) == 0
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0)]

@@ -158,6 +158,10 @@ def encode_line(step: int, event: Any, position: int | None = None) -> bytes:
     return _line(body)
 
 
+#: How every genesis line starts (keys are written sorted, without spaces).
+_GENESIS_PREFIX = b'{"genesis":'
+
+
 def encode_genesis(genesis: dict[str, Any]) -> bytes:
     """The genesis line (newline-terminated)."""
     return _line({"genesis": genesis})
@@ -326,6 +330,11 @@ class FileLedger(LedgerSteps):
             with open(self.path, "rb") as fh:
                 for number, line in enumerate(fh, 1):
                     if not line.endswith(b"\n"):
+                        if number == 1 and not (line.startswith(_GENESIS_PREFIX) or _GENESIS_PREFIX.startswith(line)):
+                            # only a genesis can be torn before any complete line: anything else is
+                            # some other file (data, a model), which must not be cut
+                            raise LedgerCorrupt(f"{self.path} is not a ledger: its only line is incomplete and is "
+                                                "not a ledger line; refusing to cut it (choose another ledger path)")
                         torn.append(number)
                         return
                     self._size += len(line)
