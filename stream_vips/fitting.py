@@ -614,6 +614,10 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
             reason += f" (the ledger {ledger_path} already holds earlier steps: a new budget needs a new ledger)"
         raise NoModelError(f"no model: {reason} (N = {n}, {stats.accepted} valid, rejected: "
                            f"{dict(stats.rejected) or 'none'})")
+    if not non_private and stats.updates >= settings.steps and not message["privacy"]["halted"]:
+        # the planned steps spend the budget (to the calibration tolerance) and no version follows:
+        # readers (inspect, report, ModelReader) should see a finished model, not "updating"
+        message = messages.validate_message({**message, "privacy": {**message["privacy"], "halted": True}})
     if non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
         message = _non_private_message(message)
     from stream_vips.client import posterior_from_message

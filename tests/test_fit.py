@@ -204,6 +204,7 @@ def test_cli_writes_a_readable_model_and_a_summary(tmp_path, capsys):
                  "--out", str(out), str(data)]) == 0
     msg = check_message(json.loads(out.read_text()))
     assert 0.5 / (1 + RTOL) ** 2 <= msg["privacy"]["epsilon_spent"] <= 0.5
+    assert msg["privacy"]["halted"] is True  # the planned steps spent the budget: a finished model
     err = capsys.readouterr().err
     assert "N = 300" in err and "epsilon spent" in err and "z = " in err
     assert "autodp accountant, diameter" in err and "accounted at" not in err  # q = 1: the proven diameter
