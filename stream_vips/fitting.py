@@ -327,13 +327,14 @@ def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, default=lambda o: o.tolist()).encode()
 
 
-def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
-                   y_column: str | None = None) -> tuple[list[bytes], int | None]:
+def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_column: str | None = None,
+                   field: str = "x") -> tuple[list[bytes], int | None]:
     """The data as JSON records (bytes), one per arrival, and d when the data's shape fixes it.
 
     ``data``: a list/iterable of dicts (or of bytes or str lines), numpy ``(X, y)`` or ``X``, or
     a pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all
-    the other columns). For arrays and DataFrames d is the number of columns of X, part of the
+    the other columns). A lone X (array, or a DataFrame without y) fills the record ``field``: the
+    family's vector (``x``, or ``y`` for sbn's images). For arrays and DataFrames d is the number of columns of X, part of the
     schema (replacing one row cannot change it); records carry no such schema, so d is ``None``
     and must be given (:func:`fit`'s ``dim``).
 
@@ -342,6 +343,8 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
     (b'{"x":[0.0,0.0,0.0],"y":1.0}', 3)
     >>> encode_records([{"x": [1, 2]}])[1] is None
     True
+    >>> encode_records(np.array([[0, 1, 1]]), field="y")[0]
+    [b'{"y":[0.0,1.0,1.0]}']
     """
     if hasattr(data, "to_numpy") and hasattr(data, "columns"):
         y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
@@ -358,7 +361,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None,
     if isinstance(data, np.ndarray):
         if data.ndim != 2:
             raise FitError(f"X must be shaped (n, d), got {data.shape}")
-        return [_dumps({"x": xi}) for xi in np.ascontiguousarray(data, dtype=float)], data.shape[1]
+        return [_dumps({field: xi}) for xi in np.ascontiguousarray(data, dtype=float)], data.shape[1]
     out = []
     for rec in data:
         if isinstance(rec, (bytes, bytearray)):
@@ -578,7 +581,7 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     """:func:`fit`, with errors naming the inputs as the caller spells them (``names``)."""
     started = time.perf_counter()
     check_public(family, epsilon, delta, non_private)
-    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column)
+    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=dimension(family)[0])
     n = len(encoded)
     if n == 0:
         raise FitError("fit needs at least one record")

@@ -594,3 +594,11 @@ def test_the_calibration_steepness_is_the_gaussian_curves():
         rtol = fitmod.calibration_rtol(epsilon, delta)
         assert rtol == pytest.approx(min(R, 2 * math.log1p(R) / (1.25 * k)), rel=0.01), (epsilon, k)
         assert (1 + rtol) ** k <= (1 + R) ** 2
+
+
+def test_sbn_fits_a_numpy_array_of_images():
+    """A lone array is the family's vector: images (the ``y`` field) for sbn, with d its columns;
+    it was sent as ``x`` and every image was rejected."""
+    Y = (np.random.default_rng(7).random((500, 9)) < 0.3).astype(np.uint8)
+    res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
+    assert res.report["accepted"] == 500 and res.message["hyperparameters"]["n_visible"] == 9
