@@ -18,3 +18,8 @@ class ConfigError(StreamVipsError, ValueError):
 
 class FitError(StreamVipsError, ValueError):
     """``fit`` refused its input or arguments (before spending anything), or made no model."""
+
+
+class DataError(StreamVipsError, ValueError):
+    """Data that cannot be taken as records (a ``str`` for many records, misshaped arrays); none of
+    it was fed."""

@@ -333,10 +333,11 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
 
     ``data``: a list/iterable of dicts (or of bytes or str lines), numpy ``(X, y)`` or ``X``, or
     a pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all
-    the other columns). A lone X (array, or a DataFrame without y) fills the record ``field``: the
-    family's vector (``x``, or ``y`` for sbn's images). For arrays and DataFrames d is the number of columns of X, part of the
-    schema (replacing one row cannot change it); records carry no such schema, so d is ``None``
-    and must be given (:func:`fit`'s ``dim``).
+    the other columns; :func:`stream_vips.records.tabular`). A lone X (array, or a DataFrame
+    without y) fills the record ``field``: the family's vector (``x``, or ``y`` for sbn's images).
+    For arrays and DataFrames d is the number of columns of X, part of the schema (replacing one
+    row cannot change it); records carry no such schema, so d is ``None`` and must be given
+    (:func:`fit`'s ``dim``).
 
     >>> records, d = encode_records((np.zeros((2, 3)), np.ones(2)))
     >>> records[0], d
@@ -346,22 +347,14 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
     >>> encode_records(np.array([[0, 1, 1]]), field="y")[0]
     [b'{"y":[0.0,1.0,1.0]}']
     """
-    if hasattr(data, "to_numpy") and hasattr(data, "columns"):
-        y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
-        cols = list(x_columns) if x_columns is not None else [c for c in data.columns if c != y_name]
-        X = data[cols].to_numpy(dtype=float)
-        data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
-    elif x_columns is not None or y_column is not None:
-        raise FitError("x_columns and y_column apply to a pandas DataFrame only")
-    if isinstance(data, tuple) and len(data) == 2:
-        X, y = np.ascontiguousarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
-        if X.ndim != 2 or y.shape != (X.shape[0],):
-            raise FitError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+    from stream_vips.records import tabular
+
+    arrays = tabular(data, x_columns=x_columns, y_column=y_column)
+    if arrays is not None:
+        X, y = arrays
+        if y is None:
+            return [_dumps({field: xi}) for xi in X], X.shape[1]
         return [_dumps({"x": xi, "y": yi}) for xi, yi in zip(X, y.tolist())], X.shape[1]
-    if isinstance(data, np.ndarray):
-        if data.ndim != 2:
-            raise FitError(f"X must be shaped (n, d), got {data.shape}")
-        return [_dumps({field: xi}) for xi in np.ascontiguousarray(data, dtype=float)], data.shape[1]
     out = []
     for rec in data:
         if isinstance(rec, (bytes, bytearray)):

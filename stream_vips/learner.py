@@ -63,6 +63,7 @@ from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger, build_ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.records import tabular
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import make_sampler
 from stream_vips.schedule import Trigger
@@ -73,10 +74,6 @@ log = logging.getLogger("stream_vips.learner")
 
 class StateMismatch(StreamVipsError, ValueError):
     """A saved state that does not fit this learner (another family, layout or capacity)."""
-
-
-class DataError(StreamVipsError, ValueError):
-    """Data that :meth:`PrivateLearner.learn_many` cannot take as records; none of it was fed."""
 
 
 class PrivateLearner:
@@ -351,7 +348,7 @@ class PrivateLearner:
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
-        A ``str`` or ``bytes`` is refused (:class:`DataError`, nothing fed). Array and DataFrame
+        A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`, nothing fed). Array and DataFrame
         columns are public schema: with no ``dim`` given, a column count other than the default
         is refused before anything is fed (``ConfigError``). The length of one record dict is
         not checked so: under replace-one adjacency it is that record's private content.
@@ -359,11 +356,13 @@ class PrivateLearner:
         A feed that ends with no released model warns why (:meth:`why_no_model`): no step is
         taken before the reservoir is full, so data smaller than it give no model (use
         :func:`stream_vips.fit` for a finite data set). Returns the learner (river style)."""
-        arrays = _arrays(data)
+        from stream_vips.fitting import dimension
+
+        arrays = tabular(data)
         if arrays is not None:
             self._check_columns(arrays[0].shape[1])
             data = arrays if arrays[1] is not None else arrays[0]
-        for part in _chunks(records_of(data), chunk):
+        for part in _chunks(records_of(data, dimension(self.model.family)[0]), chunk):
             if self.halted:
                 break
             self.feed(part)
@@ -579,39 +578,19 @@ def _parse(model: Model, objs: Sequence[Mapping[str, Any]]) -> DecodedBatch:
     return DecodedBatch(ok, parsed.rows, sorted(parsed.rejected))
 
 
-def records_of(data: Any) -> Iterable[Mapping[str, Any]]:
-    """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame.
+def records_of(data: Any, field: str = "x") -> Iterable[Mapping[str, Any]]:
+    """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame: a
+    lone ``X`` fills the family's vector ``field`` (``x``; ``y`` for sbn's images).
 
-    A ``str`` or ``bytes`` is refused (:class:`DataError`): iterating it would make each
+    A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`): iterating it would make each
     character a record."""
-    if isinstance(data, (str, bytes, bytearray, memoryview)):
-        raise DataError(f"learn_many takes many records, not one {type(data).__name__} (each character would be "
-                        "a record): pass a list of records, e.g. [{'x': [...], 'y': ...}] or a list of JSON bytes")
-    arrays = _arrays(data)
+    arrays = tabular(data)
     if arrays is None:
         return iter(data)
     X, y = arrays
     if y is None:
-        return ({"x": xi} for xi in X.tolist())
+        return ({field: xi} for xi in X.tolist())
     return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
-
-
-def _arrays(data: Any) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """``(X, y)`` of array data: ``(X, y)``, ``X`` (``y`` None) or a pandas DataFrame (``X``:
-    all columns but ``y``); ``None`` for records."""
-    if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
-        X = data[[c for c in data.columns if c != "y"]].to_numpy(dtype=float)
-        data = (X, data["y"].to_numpy(dtype=float)) if "y" in data.columns else X
-    if isinstance(data, tuple) and len(data) == 2:
-        X, y = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
-        if X.ndim != 2 or y.shape != (X.shape[0],):
-            raise DataError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
-        return X, y
-    if isinstance(data, np.ndarray):
-        if data.ndim != 2:
-            raise DataError(f"X must be shaped (n, d), got {data.shape}")
-        return data, None
-    return None
 
 
 def _field_keys(values: Sequence[Any], field: str) -> list[Any]:

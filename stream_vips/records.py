@@ -439,3 +439,37 @@ def _json_type(v: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number"
     )
+
+
+def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
+            y_column: str | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(X, y)`` of array data, ``None`` for records: ``(X, y)``, ``X`` alone (``y`` None) or a
+    pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all the
+    other columns). The column count is public schema (replacing one row cannot change it).
+
+    >>> X, y = tabular((np.zeros((2, 3)), np.ones(2)))
+    >>> X.shape, y.tolist(), tabular([{"x": [1.0]}])
+    ((2, 3), [1.0, 1.0], None)
+    """
+    from stream_vips.errors import DataError
+
+    if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
+        y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
+        cols = list(x_columns) if x_columns is not None else [c for c in data.columns if c != y_name]
+        X = data[cols].to_numpy(dtype=float)
+        data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
+    elif x_columns is not None or y_column is not None:
+        raise DataError("x_columns and y_column apply to a pandas DataFrame only")
+    if isinstance(data, (str, bytes, bytearray, memoryview)):
+        raise DataError(f"expected many records, not one {type(data).__name__} (each character would be a "
+                        "record): pass a list of records, e.g. [{'x': [...], 'y': ...}] or a list of JSON bytes")
+    if isinstance(data, tuple) and len(data) == 2:
+        X, y = np.ascontiguousarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
+        if X.ndim != 2 or y.shape != (X.shape[0],):
+            raise DataError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
+        return X, y
+    if isinstance(data, np.ndarray):
+        if data.ndim != 2:
+            raise DataError(f"X must be shaped (n, d), got {data.shape}")
+        return np.ascontiguousarray(data, dtype=float), None
+    return None

@@ -185,3 +185,13 @@ def test_a_string_is_not_a_sequence_of_records(text):
         lrn.learn_many(text)
     assert "\n" not in str(exc.value)
     assert lrn.reservoir.seen == 0 and not lrn.rejected  # nothing fed, nothing rejected
+
+
+def test_learn_many_takes_an_array_of_images_for_sbn():
+    """A lone array fills the family's vector field (sbn reads images from ``y``), as in fit: it
+    was sent as ``x`` and every image was rejected as missing_field."""
+    Y = (np.random.default_rng(2).random((300, 6)) < 0.4).astype(np.uint8)
+    learner = PrivateLearner("sbn", n_visible=6, n_latent=2, dataset_size=300, reservoir=200, batch_size=100,
+                             every_records=100, planned_steps=5, epsilon=1.0, delta=1e-5, seed=1)
+    learner.learn_many(Y)
+    assert learner.steps_taken > 0 and not learner.rejected
