@@ -304,6 +304,22 @@ class LedgerRefused(FitError):
     or locked by another process); raised before anything is spent."""
 
 
+class SpentError(FitError):
+    """The fit failed once a step may have been paid (during the run or after it). ``message`` is
+    the last released model message (``None`` when no step was released): its budget is spent,
+    so keep it (``stream_vips.client.posterior_from_message`` reads it)."""
+
+    def __init__(self, error: str, message: dict[str, Any] | None) -> None:
+        kept = "the last released model message is kept" if message is not None else "no model had been released"
+        super().__init__(f"failed after spending privacy budget ({error}); {kept} (.message)")
+        self.error, self.message = error, message
+
+
+def _spent(exc: BaseException, message: dict[str, Any] | None) -> SpentError:
+    """The :class:`SpentError` for ``exc`` raised once a step may have been paid (one line)."""
+    return SpentError(" ".join(f"{type(exc).__name__}: {exc}".splitlines()), message)
+
+
 @dataclass
 class FitResult:
     """What :func:`fit` returns: the posterior (as a reader rebuilds it from the message), the
@@ -498,7 +514,7 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
             app.stop()
 
     ledger = config["privacy"]["ledger"]
-    try:
+    try:  # building: nothing is spent before the first step
         app = Application.from_config(
             config_from_dict(config, env={}), source=MemorySource(encoded, finite=False), sink=sink,
             dead_letter=MemoryDeadLetterSink(), progress=stop_after_planned_steps,
@@ -511,7 +527,12 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
     except MemoryError:
         raise FitError(f"not enough memory for the {config['model']['family']} model at this dimension; "
                        "nothing was spent") from None
-    stats = app.run()
+    except TypeError as exc:  # a model parameter of the wrong type
+        raise FitError(f"{names['param']}: {exc}; nothing was spent") from None
+    try:
+        stats = app.run()
+    except Exception as exc:  # steps may have been paid: keep what was released
+        raise _spent(exc, sink.messages[-1][1] if sink.messages else None) from exc
     return (sink.messages[-1][1] if sink.messages else None), stats
 
 
@@ -552,7 +573,8 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     linreg); ``dataset_size`` defaults to N. ``seed`` fixes the noise (reported as
     ``seeded: true``: reproduction, no guarantee); ``ledger_path`` keeps the privacy ledger in a
     file. Raises :class:`~stream_vips.errors.FitError` (a ``ValueError``) for bad input,
-    before anything is spent, and when no model comes out; warns (:class:`FitWarning`, also in
+    before anything is spent, and when no model comes out; :class:`SpentError` (a FitError) when
+    it fails once a step may have been paid, with ``.message`` the last released message; warns (:class:`FitWarning`, also in
     ``report["warnings"]``) when more than 10% of the records were rejected.
     """
     result = _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
@@ -572,6 +594,30 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
          ledger_path: str | None, settings: Settings | None, model_id: str, model_params: dict[str, Any],
          names: Mapping[str, str]) -> FitResult:
     """:func:`fit`, with errors naming the inputs as the caller spells them (``names``)."""
+    return _execute(_prepare(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
+                             x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
+                             model_id=model_id, model_params=model_params, names=names))
+
+
+@dataclass
+class _Plan:
+    """A fit that passed every check: what :func:`_execute` runs (nothing spent yet)."""
+
+    encoded: list[bytes]
+    settings: Settings
+    config: dict[str, Any]
+    rtol: float
+    non_private: bool
+    ledger_path: str | None
+    names: Mapping[str, str]
+    started: float
+
+
+def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | None, non_private: bool,
+             seed: int | None, steps: int | None, x_columns: Sequence[str] | None, y_column: str | None,
+             ledger_path: str | None, settings: Settings | None, model_id: str, model_params: dict[str, Any],
+             names: Mapping[str, str]) -> _Plan:
+    """The refusal phase: every check on the input, before anything is spent (FitError)."""
     started = time.perf_counter()
     check_public(family, epsilon, delta, non_private)
     encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=dimension(family)[0])
@@ -602,25 +648,36 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
     rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id, rtol=rtol)
-    message, stats = _run_pipeline(config, encoded, settings.steps, names)
+    return _Plan(encoded, settings, config, rtol, non_private, ledger_path, names, started)
+
+
+def _execute(plan: _Plan) -> FitResult:
+    """The execution phase: run the pipeline and build the result. Building the pipeline may still
+    refuse (nothing spent); anything that fails once a step may have been paid raises
+    :class:`SpentError` carrying the last released message."""
+    settings, n, family = plan.settings, len(plan.encoded), plan.settings.family
+    message, stats = _run_pipeline(plan.config, plan.encoded, settings.steps, plan.names)
     if stats.accepted == 0 or message is None:
         reason = stats.halt_reason or (f"none of the {n} records was valid for {family!r}" if stats.accepted == 0
                                        else "no step was released")
-        if ledger_path is not None and stats.halted and stats.accepted > 0:
-            reason += f" (the ledger {ledger_path} already holds earlier steps: a new budget needs a new ledger)"
+        if plan.ledger_path is not None and stats.halted and stats.accepted > 0:
+            reason += f" (the ledger {plan.ledger_path} already holds earlier steps: a new budget needs a new ledger)"
         raise NoModelError(f"no model: {reason} (N = {n}, {stats.accepted} valid, rejected: "
                            f"{dict(stats.rejected) or 'none'})")
-    if not non_private and stats.updates >= settings.steps and not message["privacy"]["halted"]:
-        # the planned steps spend the budget (to the calibration tolerance) and no version follows:
-        # readers (inspect, report, ModelReader) should see a finished model, not "updating"
-        message = messages.validate_message({**message, "privacy": {**message["privacy"], "halted": True}})
-    if non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
-        message = _non_private_message(message)
-    from stream_vips.client import posterior_from_message
+    try:
+        if not plan.non_private and stats.updates >= settings.steps and not message["privacy"]["halted"]:
+            # the planned steps spend the budget (to the calibration tolerance) and no version follows:
+            # readers (inspect, report, ModelReader) should see a finished model, not "updating"
+            message = messages.validate_message({**message, "privacy": {**message["privacy"], "halted": True}})
+        if plan.non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
+            message = _non_private_message(message)
+        from stream_vips.client import posterior_from_message
 
-    posterior = posterior_from_message(message)
-    report = _report(settings, message, stats, n, non_private, rtol, time.perf_counter() - started)
-    report["warnings"] = fit_warnings(family, n, stats, settings.steps)
+        posterior = posterior_from_message(message)
+        report = _report(settings, message, stats, n, plan.non_private, plan.rtol, time.perf_counter() - plan.started)
+        report["warnings"] = fit_warnings(family, n, stats, settings.steps)
+    except Exception as exc:  # the budget is spent: the message must not be lost with the error
+        raise _spent(exc, message) from exc
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
 
 
@@ -752,41 +809,66 @@ def json_lines(raw: bytes) -> list[bytes]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``stream-vips fit``: every path is checked and the output file reserved before anything
-    is spent; a refusal is one line on stderr (exit codes in the epilog); the model is written
-    atomically, or printed to stdout if that still fails after spending."""
+    """``stream-vips fit``: every check (arguments, data, ledger, --out) runs and the output file is
+    reserved before anything is spent; a refusal is one line on stderr (exit codes in the
+    epilog). The model is written atomically, or printed to stdout if that still fails after
+    spending; a failure after spending keeps the last released model the same way (exit 5)."""
     try:
         out = OutputFile(args.out, data=args.data, ledger=args.ledger)
-    except FitError as exc:
-        return _refuse(exc)
-    try:
         try:
             raw = sys.stdin.buffer.read() if args.data == "-" else Path(args.data).read_bytes()
         except OSError as exc:
-            return _refuse(FitError(f"cannot read {args.data}: {exc.strerror or exc}"))
+            raise FitError(f"cannot read {args.data}: {exc.strerror or exc}") from None
+        with _quiet_service_logs():
+            plan = _prepare(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
+                            non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
+                            y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
+                            model_params=dict(args.param), names=CLI_NAMES)
+        out.reserve()
+    except ValueError as exc:  # FitError, ConfigError and the models' own parameter checks
+        return _refuse(exc)
+    try:
         try:
             with _quiet_service_logs():
-                result = _fit(json_lines(raw), args.family, args.epsilon, args.delta, dim=args.dim,
-                              non_private=args.non_private, seed=args.seed, steps=args.steps, x_columns=None,
-                              y_column=None, ledger_path=args.ledger, settings=None, model_id="fit",
-                              model_params=dict(args.param), names=CLI_NAMES)
-        except ValueError as exc:  # FitError, ConfigError and the models' own parameter checks
+                result = _execute(plan)
+        except SpentError as exc:
+            return _failed_after_spending(exc, out)
+        except ValueError as exc:  # building the pipeline refused (nothing spent), or no model
             return _refuse(exc)
-        written = out.write(messages.dumps(result.message) + b"\n")
+        except Exception as exc:  # pragma: no cover - _execute turns failures after a step into SpentError
+            return _failed_after_spending(_spent(exc, None), out)
+        error = out.write(messages.dumps(result.message) + b"\n")
     finally:
         out.discard()
+    if error is not None:
+        print(f"stream-vips fit: cannot write --out {out.path} ({error}); the budget is spent, so the model "
+              "message is printed to stdout instead", file=sys.stderr)
     print(summary(result), file=sys.stderr)
     for line in result.report["warnings"]:
         print(f"stream-vips fit: warning: {line}", file=sys.stderr)
-    return EXIT_CODES["written"] if written else EXIT_CODES["not_written"]
+    return EXIT_CODES["written"] if error is None else EXIT_CODES["not_written"]
+
+
+def _failed_after_spending(exc: SpentError, out: "OutputFile") -> int:
+    """Keep the last released message of a fit that failed after spending (--out, else stdout)
+    and say so in one line; exit code 5."""
+    where = "no model had been released"
+    if exc.message is not None:
+        error = out.write(messages.dumps(exc.message) + b"\n")
+        where = (f"the last released model was saved to {out.path}" if error is None else
+                 f"--out {out.path} cannot be written ({error}), so the last released model was printed to stdout")
+    print(f"stream-vips fit: failed after spending privacy budget ({exc.error}); {where}", file=sys.stderr)
+    return EXIT_CODES["spent"]
 
 
 #: Exit codes of ``stream-vips fit`` (its epilog says them).
-EXIT_CODES = {"written": 0, "no_model": 1, "bad_input": 2, "ledger": 3, "not_written": 4}
+EXIT_CODES = {"written": 0, "no_model": 1, "bad_input": 2, "ledger": 3, "not_written": 4, "spent": 5}
 EXIT_TEXT = ("exit codes: 0 a model was written; 1 no model (the reason is printed: no valid record, the budget "
              "already spent in the ledger, too many rejected records); 2 bad arguments or input; 3 the ledger "
              "refuses (not a ledger file, corrupt, or in use); 4 the model was made (the budget spent) but --out "
-             "could not be written: it was printed to stdout. Nothing is spent unless the exit code is 0 or 4.")
+             "could not be written: it was printed to stdout; 5 the fit failed after spending (the error is "
+             "printed): the last released model, if any, was saved to --out (or stdout if that failed). Nothing "
+             "is spent unless the exit code is 0, 4 or 5.")
 
 
 @contextlib.contextmanager
@@ -814,20 +896,17 @@ def _refuse(exc: Exception) -> int:
 
 
 class OutputFile:
-    """``--out``, checked and reserved before the fit spends anything.
+    """``--out``, checked before the fit and reserved before it spends anything.
 
     The path must not be the data file or the ledger (resolved paths, so links and relative
-    spellings are caught), must not be a directory or another non-regular file, and its
-    directory is created the way the ledger's is. A temporary file is created next to it now,
-    which proves the directory writable; :meth:`write` fills it and renames it over the target
-    (atomic: a reader sees the old file or the whole model, never part of one). If that still
-    fails after the budget was spent, the model goes to stdout so the spent budget is not lost.
+    spellings are caught), must not be a directory or another non-regular file. :meth:`reserve`
+    creates its directory the way the ledger's is and a temporary file next to it, which proves
+    the directory writable; :meth:`write` fills it and renames it over the target (atomic: a
+    reader sees the old file or the whole model, never part of one). If that still fails after
+    the budget was spent, the model goes to stdout so the spent budget is not lost.
     """
 
     def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
-        import os
-        import tempfile
-
         self.path = Path(path)
         target = self.path.resolve()
         for flag, other in (("the data file", None if data == "-" else data), ("the --ledger file", ledger)):
@@ -838,21 +917,29 @@ class OutputFile:
             raise FitError(f"--out {path} is a directory; give a file name, e.g. {Path(path) / 'model.json'}")
         if self.path.exists() and not self.path.is_file():
             raise FitError(f"--out {path} is not a regular file; give a file path")
+        self._tmp: Path | None = None
+
+    def reserve(self) -> None:
+        """Create the directory and the temporary file (FitError when they cannot be)."""
+        import os
+        import tempfile
+
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
         except OSError as exc:
-            raise FitError(f"--out {path} cannot be written: {exc.strerror or exc}") from exc
+            raise FitError(f"--out {self.path} cannot be written: {exc.strerror or exc}") from exc
         os.close(fd)
-        self._tmp: Path | None = Path(tmp)
+        self._tmp = Path(tmp)
 
-    def write(self, data: bytes) -> bool:
-        """Write ``data`` to the target atomically; on failure print it to stdout (and say so on
-        stderr). Returns whether the target holds it."""
+    def write(self, data: bytes) -> str | None:
+        """Write ``data`` to the target atomically; on failure print it to stdout. Returns ``None``
+        when the target holds it, else why it could not be written."""
         import os
 
-        assert self._tmp is not None
         try:
+            if self._tmp is None:
+                raise OSError("no temporary file was reserved")
             mask = os.umask(0)
             os.umask(mask)
             with open(self._tmp, "wb") as fh:
@@ -862,13 +949,11 @@ class OutputFile:
             os.chmod(self._tmp, 0o666 & ~mask)
             os.replace(self._tmp, self.path)
             self._tmp = None
-            return True
+            return None
         except OSError as exc:
-            print(f"stream-vips fit: cannot write --out {self.path} ({exc.strerror or exc}); the budget is spent, "
-                  "so the model message is printed to stdout instead", file=sys.stderr)
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
-            return False
+            return str(exc.strerror or exc)
 
     def discard(self) -> None:
         """Remove the reserved temporary file if it is still there (no partial output)."""

@@ -602,3 +602,49 @@ def test_sbn_fits_a_numpy_array_of_images():
     Y = (np.random.default_rng(7).random((500, 9)) < 0.3).astype(np.uint8)
     res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
     assert res.report["accepted"] == 500 and res.message["hyperparameters"]["n_visible"] == 9
+
+
+# ------------------------------------------------------------------- failures after spending keep the model
+
+
+def test_a_failure_after_spending_keeps_the_last_released_model(tmp_path, capsys, monkeypatch):
+    """An error once a step was paid is not bad input: the CLI saves the last released message to
+    --out and exits 5 with one line; Python raises SpentError carrying it."""
+    import stream_vips.client
+
+    data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+
+    def broken(message):
+        raise np.linalg.LinAlgError("Singular matrix")
+
+    monkeypatch.setattr(stream_vips.client, "posterior_from_message", broken)
+    code, stdout, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(out), str(data))
+    assert code == fitmod.EXIT_CODES["spent"] == 5 and stdout == ""
+    line = one_line_refusal(err)
+    assert "LinAlgError: Singular matrix" in line and f"saved to {out}" in line
+    assert check_message(json.loads(out.read_text()))["privacy"]["epsilon_spent"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "ledger.jsonl", "model.json"]
+    X, y = logistic_data(200)
+    with pytest.raises(fitmod.SpentError, match="LinAlgError") as info:
+        fit((X, y), "logistic", seed=0)
+    assert info.value.message["privacy"]["private"] is True and isinstance(info.value, ValueError)
+
+
+def test_an_os_error_during_the_run_keeps_what_was_released(tmp_path, capsys, monkeypatch):
+    """A ledger write failing at step 2 (disk full) after step 1 was released: no traceback, the
+    step-1 model is saved, exit 5."""
+    from stream_vips.pipeline import Application
+
+    original = Application.run
+
+    def run_then_fail(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Application, "run", run_then_fail)
+    data, out = tmp_path / "data.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
+    assert code == 5 and "No space left on device" in one_line_refusal(err) and "saved to" in err
+    assert check_message(json.loads(out.read_text()))["privacy"]["private"] is True
