@@ -295,6 +295,28 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
         raise FitError(f"delta must be in (0, 1), got {delta!r}")
 
 
+def check_settings(settings: Settings, family: str, n: int, d: int, epsilon: float | None, delta: float,
+                   non_private: bool) -> None:
+    """Refuse ``settings`` made for another fit: their family, n, d, epsilon, delta or privacy
+    would silently replace the call's (a budget of 0.1 spent as 4.0). One line names the field.
+
+    >>> try:
+    ...     check_settings(fit_settings("linreg", 500, 3, 4.0, 1e-5), "linreg", 500, 3, 0.1, 1e-6, False)
+    ... except FitError as exc:
+    ...     print(str(exc).split(";")[0])
+    settings= are for epsilon = 4.0, but the call asks for epsilon = 0.1
+    """
+    if (settings.epsilon is None) != non_private:
+        raise FitError(f"settings= are for a {'non-' if settings.epsilon is None else ''}private fit, but the call "
+                       f"asks for a {'non-' if non_private else ''}private one; pass settings made for this call")
+    call = {"family": family, "n": n, "d": d, "epsilon": None if non_private else float(epsilon),
+            "delta": float(delta)}
+    for key, value in call.items():
+        if getattr(settings, key) != value:
+            raise FitError(f"settings= are for {key} = {getattr(settings, key)!r}, but the call asks for "
+                           f"{key} = {value!r}; pass settings made for this call (fit_settings)")
+
+
 class NoModelError(FitError):
     """The fit ran but released no model; the message says why (the learner's halt reason)."""
 
@@ -632,8 +654,8 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
     dim_param = dimension(family)[1]
     if settings is None:
         settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
-    elif (settings.family, settings.n) != (family, n):
-        raise FitError(f"settings are for {settings.family!r} with n = {settings.n}, not {family!r} with n = {n}")
+    else:
+        check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=int(steps), why={**settings.why, "steps": (
             f"set by {names['steps']} (steps = {steps}); the rule would give {settings.steps}")})

@@ -648,3 +648,20 @@ def test_an_os_error_during_the_run_keeps_what_was_released(tmp_path, capsys, mo
     code, _, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
     assert code == 5 and "No space left on device" in one_line_refusal(err) and "saved to" in err
     assert check_message(json.loads(out.read_text()))["privacy"]["private"] is True
+
+
+def test_settings_made_for_another_fit_are_refused_before_spending():
+    """settings= must not replace the call's budget (epsilon 0.1 spent as 4.0), n, d or privacy."""
+    X, y = linreg_data(100)
+    good = fit_settings("linreg", 100, 3, 0.1, 1e-6)
+    for other, field in ((fit_settings("linreg", 100, 3, 4.0, 1e-6), "epsilon = 4.0"),
+                         (fit_settings("linreg", 100, 3, 0.1, 1e-5), "delta = 1e-05"),
+                         (fit_settings("linreg", 100, 4, 0.1, 1e-6), "d = 4"),
+                         (fit_settings("linreg", 500, 3, 0.1, 1e-6), "n = 500"),
+                         (fit_settings("logistic", 100, 3, 0.1, 1e-6), "family = 'logistic'"),
+                         (fit_settings("linreg", 100, 3, None, 1e-6, non_private=True), "a non-private fit")):
+        with pytest.raises(fitmod.FitError, match=f"settings= are for {field}") as info:
+            fit((X, y), "linreg", epsilon=0.1, delta=1e-6, settings=other, seed=0)
+        assert "\n" not in str(info.value)
+    res = fit((X, y), "linreg", epsilon=0.1, delta=1e-6, settings=good, seed=0)
+    assert res.report["budget"]["epsilon_budget"] == 0.1 and res.message["privacy"]["delta"] == 1e-6
