@@ -920,8 +920,8 @@ def _refuse(exc: Exception) -> int:
 class OutputFile:
     """``--out``, checked before the fit and reserved before it spends anything.
 
-    The path must not be the data file or the ledger (resolved paths, so links and relative
-    spellings are caught), must not be a directory or another non-regular file. :meth:`reserve`
+    The path must not be the data file (nor the file on stdin when the data is ``-``) or the
+    ledger (resolved paths, so links and relative spellings are caught), must not be a directory or another non-regular file. :meth:`reserve`
     creates its directory the way the ledger's is and a temporary file next to it, which proves
     the directory writable; :meth:`write` fills it and renames it over the target (atomic: a
     reader sees the old file or the whole model, never part of one). If that still fails after
@@ -935,6 +935,9 @@ class OutputFile:
             if other is not None and (target == Path(other).resolve() or _same_file(self.path, Path(other))):
                 raise FitError(f"--out {path} is {flag}: writing the model there would destroy it; "
                                "choose another --out")
+        if data == "-" and _is_stdin(self.path):
+            raise FitError(f"--out {path} is the data read from stdin: writing the model there would destroy it; "
+                           "choose another --out")
         if self.path.is_dir():
             raise FitError(f"--out {path} is a directory; give a file name, e.g. {Path(path) / 'model.json'}")
         if self.path.exists() and not self.path.is_file():
@@ -982,6 +985,17 @@ class OutputFile:
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
             self._tmp = None
+
+
+def _is_stdin(path: Path) -> bool:
+    """``path`` exists and is the file on standard input (same device and inode)."""
+    import os
+
+    try:
+        st, out = os.fstat(0), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -665,3 +665,22 @@ def test_settings_made_for_another_fit_are_refused_before_spending():
         assert "\n" not in str(info.value)
     res = fit((X, y), "linreg", epsilon=0.1, delta=1e-6, settings=good, seed=0)
     assert res.report["budget"]["epsilon_budget"] == 0.1 and res.message["privacy"]["delta"] == 1e-6
+
+
+def test_cli_out_that_is_the_data_on_stdin_is_refused_and_the_data_kept(tmp_path, capsys):
+    """``fit --out d.jsonl - < d.jsonl`` would overwrite the data it reads."""
+    import os
+
+    data = tmp_path / "d.jsonl"
+    write_jsonl(data)
+    before = data.read_bytes()
+    saved = os.dup(0)
+    try:
+        with open(data, "rb") as fh:
+            os.dup2(fh.fileno(), 0)
+        code, _, err = cli(capsys, "--out", str(data), "-")
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert code == 2 and "data read from stdin" in one_line_refusal(err) and data.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
