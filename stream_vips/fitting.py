@@ -497,8 +497,6 @@ def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
     directory, a special file, or an existing file whose first line is not a ledger line (the
     data file, a model message: opening it would even cut a last line without a newline as a
     torn write)."""
-    from stream_vips.privacy.ledger import LedgerCorrupt, replay_lines
-
     flag, where = names["ledger"], Path(path)
     if where.is_dir():
         raise LedgerRefused(f"{flag} {path} is a directory; give a ledger file, e.g. {where / 'ledger.jsonl'}")
@@ -506,16 +504,28 @@ def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
         raise LedgerRefused(f"{flag} {path} is not a regular file")
     if where.is_file():
         try:
-            with open(where, "rb") as fh:
-                first = fh.readline()
+            is_ledger = first_line_is_ledger(where)
         except OSError as exc:
             raise LedgerRefused(f"{flag} {path} cannot be read: {exc.strerror or exc}") from exc
-        if first:
-            try:
-                replay_lines([first.rstrip(b"\n")], f"ledger {path}")
-            except LedgerCorrupt:
-                raise LedgerRefused(f"{flag} {path} is not a privacy ledger (its first line is not a ledger "
-                                    "line); give a new path or an existing ledger") from None
+        if is_ledger is False:
+            raise LedgerRefused(f"{flag} {path} is not a privacy ledger (its first line is not a ledger "
+                                "line); give a new path or an existing ledger")
+
+
+def first_line_is_ledger(path: Path) -> bool | None:
+    """Whether the file's first line is a privacy-ledger line (``None``: the file is empty); the
+    probe for ``--ledger`` (must be one) and ``--out`` (must not be one). OSError if unreadable."""
+    from stream_vips.privacy.ledger import LedgerCorrupt, replay_lines
+
+    with open(path, "rb") as fh:
+        first = fh.readline()
+    if not first:
+        return None
+    try:
+        replay_lines([first.rstrip(b"\n")], f"ledger {path}")
+    except LedgerCorrupt:
+        return False
+    return True
 
 
 def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
@@ -920,8 +930,9 @@ def _refuse(exc: Exception) -> int:
 class OutputFile:
     """``--out``, checked before the fit and reserved before it spends anything.
 
-    The path must not be the data file (nor the file on stdin when the data is ``-``) or the
-    ledger (resolved paths, so links and relative spellings are caught), must not be a directory or another non-regular file. :meth:`reserve`
+    The path must not be the data file (nor the file on stdin when the data is ``-``), the
+    ledger (resolved paths, so links and relative spellings are caught) or any other privacy
+    ledger (its first line is a ledger line: overwriting it would erase spent budget), must not be a directory or another non-regular file. :meth:`reserve`
     creates its directory the way the ledger's is and a temporary file next to it, which proves
     the directory writable; :meth:`write` fills it and renames it over the target (atomic: a
     reader sees the old file or the whole model, never part of one). If that still fails after
@@ -942,6 +953,9 @@ class OutputFile:
             raise FitError(f"--out {path} is a directory; give a file name, e.g. {Path(path) / 'model.json'}")
         if self.path.exists() and not self.path.is_file():
             raise FitError(f"--out {path} is not a regular file; give a file path")
+        if self.path.is_file() and _readable_ledger(self.path):
+            raise FitError(f"--out {path} is a privacy ledger (its first line is a ledger line): writing the model "
+                           "there would erase the record of the spent budget; choose another --out")
         self._tmp: Path | None = None
 
     def reserve(self) -> None:
@@ -985,6 +999,14 @@ class OutputFile:
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
             self._tmp = None
+
+
+def _readable_ledger(path: Path) -> bool:
+    """``path`` can be read and its first line is a ledger line (an unreadable file is left to the write)."""
+    try:
+        return bool(first_line_is_ledger(path))
+    except OSError:
+        return False
 
 
 def _is_stdin(path: Path) -> bool:

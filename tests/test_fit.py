@@ -684,3 +684,13 @@ def test_cli_out_that_is_the_data_on_stdin_is_refused_and_the_data_kept(tmp_path
         os.close(saved)
     assert code == 2 and "data read from stdin" in one_line_refusal(err) and data.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+def test_cli_out_onto_another_privacy_ledger_is_refused_and_the_ledger_kept(tmp_path, capsys):
+    data, ledger, model = tmp_path / "data.jsonl", tmp_path / "old-ledger.jsonl", tmp_path / "m.json"
+    write_jsonl(data)
+    assert cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(model), str(data))[0] == 0
+    before = ledger.read_bytes()
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(ledger), str(data))
+    assert code == 2 and "is a privacy ledger" in one_line_refusal(err) and ledger.read_bytes() == before
+    assert cli(capsys, "--seed", "0", "--out", str(model), str(data))[0] == 0  # a model file is overwritten
