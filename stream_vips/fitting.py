@@ -907,16 +907,24 @@ EXIT_TEXT = ("exit codes: 0 a model was written; 1 no model (the reason is print
 def _quiet_service_logs() -> Iterator[None]:
     """Silence the service's log lines (``stream_vips.*``) for one command-line fit: a refused
     step logs for operators of a long-running service, but here the reason is already in the one
-    ``stream-vips fit:`` line (or the warnings), and two more unprefixed lines would only confuse."""
-    logger = logging.getLogger("stream_vips")
-    handler, propagate = logging.NullHandler(), logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
+    ``stream-vips fit:`` line (or the warnings), and two more unprefixed lines would only confuse.
+    The ledger's warnings and errors still show, as ``stream-vips fit: warning:`` lines: a torn
+    last line cut from the user's ledger file is something they must hear about."""
+    logger, ledger_logger = logging.getLogger("stream_vips"), logging.getLogger("stream_vips.privacy.ledger")
+    quiet, loud = logging.NullHandler(), logging.StreamHandler(sys.stderr)
+    loud.setFormatter(logging.Formatter("stream-vips fit: warning: %(message)s"))
+    saved = logger.propagate, ledger_logger.propagate, ledger_logger.level
+    logger.addHandler(quiet)
+    ledger_logger.addHandler(loud)
+    logger.propagate = ledger_logger.propagate = False
+    ledger_logger.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
+        logger.removeHandler(quiet)
+        ledger_logger.removeHandler(loud)
+        logger.propagate, ledger_logger.propagate = saved[:2]
+        ledger_logger.setLevel(saved[2])
 
 
 def _refuse(exc: Exception) -> int:

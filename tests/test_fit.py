@@ -694,3 +694,16 @@ def test_cli_out_onto_another_privacy_ledger_is_refused_and_the_ledger_kept(tmp_
     code, _, err = cli(capsys, "--seed", "0", "--out", str(ledger), str(data))
     assert code == 2 and "is a privacy ledger" in one_line_refusal(err) and ledger.read_bytes() == before
     assert cli(capsys, "--seed", "0", "--out", str(model), str(data))[0] == 0  # a model file is overwritten
+
+
+def test_the_ledgers_warning_about_a_cut_torn_line_reaches_the_cli_user(tmp_path, capsys):
+    """The command line silences the service's refused-step logs, not the ledger's warnings."""
+    from stream_vips.privacy.ledger import FileLedger, encode_line
+    from stream_vips.privacy.events import SubsampledGaussianEvent
+
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    FileLedger(str(ledger)).close()
+    ledger.write_bytes(ledger.read_bytes() + encode_line(0, SubsampledGaussianEvent(1.0, 1.0, "poisson"))[:20])
+    code, _, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 0 and err.startswith("stream-vips fit: warning: ledger ") and "torn last line 2" in err

@@ -284,3 +284,36 @@ def test_a_torn_genesis_is_still_cut(tmp_path, cut):
         assert led.events() == [] and led.append(ev(0)) == 0
     with FileLedger(path) as led:
         assert led.events() == [ev(0)]
+
+
+def test_event_lines_start_as_the_torn_write_rule_expects():
+    """The torn-line rule recognises an event line by how encode_line starts it (with and without a position)."""
+    from stream_vips.privacy.ledger import _EVENT_PREFIXES, _GENESIS_PREFIX
+
+    assert encode_line(3, ev(3)).startswith(_EVENT_PREFIXES) and encode_line(3, ev(3), 17).startswith(_EVENT_PREFIXES)
+    assert encode_genesis(new_genesis()).startswith(_GENESIS_PREFIX)
+
+
+@pytest.mark.parametrize("foreign", [b"operator note", b"x", b'{"note": "kept"}', b"\x00\x00"])
+def test_foreign_bytes_appended_to_a_ledger_are_refused_not_cut(tmp_path, foreign):
+    """``printf 'operator note' >> ledger.jsonl`` leaves an incomplete last line that is not how a
+    ledger line starts: it is not a torn write, so opening refuses and changes nothing."""
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        led.append(ev(0))
+    path.write_bytes(path.read_bytes() + foreign)
+    before = path.read_bytes()
+    with pytest.raises(LedgerCorrupt, match="line 3 is incomplete and is not the start of a ledger line"):
+        FileLedger(path)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("cut", [1, 2, 6, 9, 30])
+def test_a_torn_event_line_with_a_position_is_still_cut(tmp_path, cut):
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        led.append(ev(0), 5)
+    whole = path.read_bytes()
+    path.write_bytes(whole + encode_line(1, ev(1), 9)[:cut])
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0)] and path.read_bytes() == whole

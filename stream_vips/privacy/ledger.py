@@ -160,6 +160,14 @@ def encode_line(step: int, event: Any, position: int | None = None) -> bytes:
 
 #: How every genesis line starts (keys are written sorted, without spaces).
 _GENESIS_PREFIX = b'{"genesis":'
+#: How every event line starts: :func:`encode_line` writes sorted keys, so ``at`` comes first when
+#: a position is given, else ``event`` (tests/test_privacy_ledger.py checks both).
+_EVENT_PREFIXES = (b'{"at":', b'{"event":')
+
+
+def _could_start(partial: bytes, prefixes: Sequence[bytes]) -> bool:
+    """Whether an incomplete line could be a torn write of a line beginning with one of ``prefixes``."""
+    return any(partial.startswith(p) or p.startswith(partial) for p in prefixes)
 
 
 def encode_genesis(genesis: dict[str, Any]) -> bytes:
@@ -275,8 +283,12 @@ class FileLedger(LedgerSteps):
     """Append-only file ledger, fsynced per event and replayed on open.
 
     A new (or empty) file gets a genesis line first. On open, only a last line without its
-    newline is a write torn by a crash (its ``append`` never returned): it is cut with a
-    warning. Every complete line must pass its checksum, even the last one: a complete line that
+    newline that could be the start of a ledger line is a write torn by a crash (its ``append``
+    never returned): it is cut with a warning. "Could be the start" means a prefix of a line as
+    written here, or beginning like one: a genesis (``{"genesis":``) when it is the only line,
+    an event line (``{"at":`` or ``{"event":``) after that. Any other incomplete last line is
+    not ours (a data or model file as the only line, foreign bytes appended to a ledger):
+    ``LedgerCorrupt`` names it and nothing is cut. Every complete line must pass its checksum, even the last one: a complete line that
     fails is corruption, not a torn write, and ``LedgerCorrupt`` names it (cutting it would
     under-count and delete the evidence). The file is locked (``flock``) so two processes cannot
     both spend from it.
@@ -330,11 +342,16 @@ class FileLedger(LedgerSteps):
             with open(self.path, "rb") as fh:
                 for number, line in enumerate(fh, 1):
                     if not line.endswith(b"\n"):
-                        if number == 1 and not (line.startswith(_GENESIS_PREFIX) or _GENESIS_PREFIX.startswith(line)):
+                        if number == 1 and not _could_start(line, (_GENESIS_PREFIX,)):
                             # only a genesis can be torn before any complete line: anything else is
                             # some other file (data, a model), which must not be cut
                             raise LedgerCorrupt(f"{self.path} is not a ledger: its only line is incomplete and is "
                                                 "not a ledger line; refusing to cut it (choose another ledger path)")
+                        if number > 1 and not _could_start(line, _EVENT_PREFIXES):
+                            # not how our writer starts a line: bytes someone appended, kept as evidence
+                            raise LedgerCorrupt(f"ledger {self.path} line {number} is incomplete and is not the start "
+                                                "of a ledger line (appended by something else?); refusing to cut "
+                                                "it, nothing was changed: remove that line by hand")
                         torn.append(number)
                         return
                     self._size += len(line)
