@@ -268,21 +268,39 @@ def calibration_rtol(epsilon: float, delta: float) -> float:
     keeps the range, with a quarter of margin for an accountant's curve that is not exactly the
     Gaussian's (autodp's k is within 1% of it at epsilon 1e-6 to 4). Never above R.
 
+    e^epsilon overflows a float from epsilon 710, so delta is computed as Phi(..) -
+    exp(epsilon + ln Phi(..)) and mu is solved for in ln mu. For large epsilon k does not fall
+    below 1 but rises to 2 (1.81 at epsilon 800, delta 1e-5): at fixed delta, epsilon(mu) =
+    mu^2/2 + mu Phi^-1(1 - delta) + o(mu), so d ln epsilon / d ln mu -> 2. Above
+    :data:`_STEEPNESS_LIMIT_EPSILON` (mu near 1400, where k is between 1.95 and 2.002 for every
+    delta in [1e-300, 0.9]) k = 2 is used: at most 0.1% below the true k, well inside the
+    quarter margin.
+
     >>> calibration_rtol(1.0, 1e-5) == CALIBRATION_RTOL
     True
     >>> round(calibration_rtol(1e-6, 1e-5) / CALIBRATION_RTOL, 3)
     0.074
+    >>> [round(calibration_rtol(e, 1e-5) / CALIBRATION_RTOL, 3) for e in (800.0, 1e300)]
+    [0.883, 0.8]
     """
     from scipy.optimize import brentq
     from scipy.stats import norm
 
-    def gdp_delta(mu: float) -> float:
-        return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+    if epsilon > _STEEPNESS_LIMIT_EPSILON:
+        k = 2.0
+    else:
+        def gdp_delta(log_mu: float) -> float:
+            mu = math.exp(log_mu)
+            return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
 
-    mu = brentq(lambda m: gdp_delta(m) - delta, 1e-12, 1e3, xtol=1e-14, rtol=1e-12)
-    a = epsilon / mu
-    k = mu / epsilon * math.exp(norm.logpdf(a - mu / 2) - epsilon - norm.logcdf(-a - mu / 2))
+        mu = math.exp(brentq(lambda t: gdp_delta(t) - delta, math.log(1e-12), math.log(1e4), xtol=1e-13, rtol=1e-13))
+        a = epsilon / mu
+        k = mu / epsilon * math.exp(norm.logpdf(a - mu / 2) - epsilon - norm.logcdf(-a - mu / 2))
     return min(CALIBRATION_RTOL, 2 * math.log1p(CALIBRATION_RTOL) / (1.25 * k))
+
+
+#: Above this epsilon :func:`calibration_rtol` uses the steepness's large-epsilon limit k = 2.
+_STEEPNESS_LIMIT_EPSILON = 1e6
 
 
 def check_public(family: str, epsilon: float | None, delta: float, non_private: bool) -> None:
@@ -674,8 +692,12 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
         from stream_vips.models.linreg import default_block_weights
 
         gamma = model_params.get("noise", "known") == "gamma"
-        settings = dataclasses.replace(settings, block_weights=default_block_weights(
-            d, float(model_params.get("x_bound", 1.0)), float(model_params.get("y_bound", 1.0)), gamma=gamma))
+        try:  # checks x_bound and y_bound, which the model's own checks only see later
+            weights = default_block_weights(d, model_params.get("x_bound", 1.0), model_params.get("y_bound", 1.0),
+                                            gamma=gamma)
+        except ValueError as exc:
+            raise FitError(f"{names['param']}: {exc}") from None
+        settings = dataclasses.replace(settings, block_weights=weights)
     params = {"dataset_size": n, **model_params, dim_param: d}
     rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,

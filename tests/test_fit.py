@@ -707,3 +707,26 @@ def test_the_ledgers_warning_about_a_cut_torn_line_reaches_the_cli_user(tmp_path
     ledger.write_bytes(ledger.read_bytes() + encode_line(0, SubsampledGaussianEvent(1.0, 1.0, "poisson"))[:20])
     code, _, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
     assert code == 0 and err.startswith("stream-vips fit: warning: ledger ") and "torn last line 2" in err
+
+
+@pytest.mark.parametrize("param", ["x_bound=[1]", "x_bound=null", "y_bound=\"a\"", "y_bound=-1"])
+def test_a_bad_linreg_bound_is_one_line_naming_the_key_before_spending(tmp_path, capsys, param):
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    X, y = linreg_data(50)
+    data.write_text("".join(json.dumps({"x": xi.tolist(), "y": float(yi)}) + "\n" for xi, yi in zip(X, y)))
+    code, _, err = cli(capsys, "--family", "linreg", "--dim", "3", "--param", param, "--ledger", str(ledger),
+                       "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 2 and f"--param: linreg {param.split('=')[0]} must be a positive number" in one_line_refusal(err)
+    assert not ledger.exists() and not (tmp_path / "m.json").exists()
+    with pytest.raises(fitmod.FitError, match="x_bound"):
+        fit((X, y), "linreg", x_bound=[1])
+
+
+def test_a_huge_epsilon_is_calibrated_not_an_overflow():
+    """e^800 overflows a float: the steepness is computed in log space, and its limit 2 above 1e6."""
+    for epsilon in (800.0, 1e5, 1e300):
+        rtol = fitmod.calibration_rtol(epsilon, 1e-5)
+        assert 2 * math.log1p(RTOL) / (1.25 * 2.002) <= rtol <= 2 * math.log1p(RTOL) / (1.25 * 1.8)
+    X, y = linreg_data(100)
+    res = fit((X, y), "linreg", epsilon=800.0, seed=0)
+    assert 800 / (1 + RTOL) ** 2 <= res.report["budget"]["epsilon_spent"] <= 800
