@@ -962,15 +962,19 @@ class OutputFile:
 
     The path must not be the data file (nor the file on stdin when the data is ``-``), the
     ledger (resolved paths, so links and relative spellings are caught) or any other privacy
-    ledger (its first line is a ledger line: overwriting it would erase spent budget), must not be a directory or another non-regular file. :meth:`reserve`
-    creates its directory the way the ledger's is and a temporary file next to it, which proves
-    the directory writable; :meth:`write` fills it and renames it over the target (atomic: a
+    ledger (its first line is a ledger line: overwriting it would erase spent budget), must not
+    be a directory or another non-regular file. :meth:`reserve` creates its directory the way
+    the ledger's is and a temporary file next to it, which proves the directory writable (a
+    fit that writes no model removes both); :meth:`write` fills it and renames it over the target (atomic: a
     reader sees the old file or the whole model, never part of one). If that still fails after
     the budget was spent, the model goes to stdout so the spent budget is not lost.
     """
 
     def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
         self.path = Path(path)
+        self._tmp: Path | None = None
+        self._created: list[Path] = []  # directories reserve() made, deepest first
+        self._written = False
         target = self.path.resolve()
         for flag, other in (("the data file", None if data == "-" else data), ("the --ledger file", ledger)):
             if other is not None and (target == Path(other).resolve() or _same_file(self.path, Path(other))):
@@ -986,17 +990,19 @@ class OutputFile:
         if self.path.is_file() and _readable_ledger(self.path):
             raise FitError(f"--out {path} is a privacy ledger (its first line is a ledger line): writing the model "
                            "there would erase the record of the spent budget; choose another --out")
-        self._tmp: Path | None = None
 
     def reserve(self) -> None:
         """Create the directory and the temporary file (FitError when they cannot be)."""
         import os
         import tempfile
 
+        missing = [p for p in self.path.absolute().parents if not p.exists()]  # deepest first
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = missing
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
         except OSError as exc:
+            self.discard()
             raise FitError(f"--out {self.path} cannot be written: {exc.strerror or exc}") from exc
         os.close(fd)
         self._tmp = Path(tmp)
@@ -1017,7 +1023,7 @@ class OutputFile:
                 os.fsync(fh.fileno())
             os.chmod(self._tmp, 0o666 & ~mask)
             os.replace(self._tmp, self.path)
-            self._tmp = None
+            self._tmp, self._written = None, True
             return None
         except OSError as exc:
             sys.stdout.buffer.write(data)
@@ -1025,10 +1031,18 @@ class OutputFile:
             return str(exc.strerror or exc)
 
     def discard(self) -> None:
-        """Remove the reserved temporary file if it is still there (no partial output)."""
+        """Remove the reserved temporary file if it is still there (no partial output) and, when
+        no model was written, the directories :meth:`reserve` created (a refused fit leaves nothing)."""
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
             self._tmp = None
+        if not self._written:
+            for directory in self._created:
+                try:
+                    directory.rmdir()
+                except OSError:  # no longer empty: something else put a file there
+                    break
+        self._created = []
 
 
 def _readable_ledger(path: Path) -> bool:

@@ -730,3 +730,24 @@ def test_a_huge_epsilon_is_calibrated_not_an_overflow():
     X, y = linreg_data(100)
     res = fit((X, y), "linreg", epsilon=800.0, seed=0)
     assert 800 / (1 + RTOL) ** 2 <= res.report["budget"]["epsilon_spent"] <= 800
+
+
+def test_a_refused_or_modelless_fit_leaves_no_directory_it_created_for_out(tmp_path, capsys):
+    from stream_vips.privacy.ledger import FileLedger
+
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    out = tmp_path / "new" / "sub" / "m.json"
+    code, _, err = cli(capsys, "--epsilon", "-1", "--out", str(out), str(data))  # refused before reserving
+    assert code == 2 and not (tmp_path / "new").exists()
+    holder = FileLedger(str(ledger))
+    try:  # refused while building the pipeline, after --out was reserved
+        code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(out), str(data))
+    finally:
+        holder.close()
+    assert code == fitmod.EXIT_CODES["ledger"] and not (tmp_path / "new").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"x": [0.1, 0.2, 0.3], "y": 7}\n' * 5)
+    code, _, err = cli(capsys, "--out", str(out), str(bad))  # ran, no model
+    assert code == 1 and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "data.jsonl", "ledger.jsonl"]
