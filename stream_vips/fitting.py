@@ -965,13 +965,16 @@ class OutputFile:
     ledger (its first line is a ledger line: overwriting it would erase spent budget), must not
     be a directory or another non-regular file. :meth:`reserve` creates its directory the way
     the ledger's is and a temporary file next to it, which proves the directory writable (a
-    fit that writes no model removes both); :meth:`write` fills it and renames it over the target (atomic: a
-    reader sees the old file or the whole model, never part of one). If that still fails after
-    the budget was spent, the model goes to stdout so the spent budget is not lost.
+    fit that writes no model removes both); :meth:`write` fills it and renames it over the
+    target (atomic: a reader sees the old file or the whole model, never part of one). An
+    existing file keeps its mode, and a symlink stays a link: the temporary file is made in the
+    link target's directory and renamed over the target. If that still fails after the budget
+    was spent, the model goes to stdout so the spent budget is not lost.
     """
 
     def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
         self.path = Path(path)
+        self._target = self.path.resolve()  # a symlink's target is written, the link kept
         self._tmp: Path | None = None
         self._created: list[Path] = []  # directories reserve() made, deepest first
         self._written = False
@@ -996,11 +999,11 @@ class OutputFile:
         import os
         import tempfile
 
-        missing = [p for p in self.path.absolute().parents if not p.exists()]  # deepest first
+        missing = [p for p in self._target.parents if not p.exists()]  # deepest first
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._target.parent.mkdir(parents=True, exist_ok=True)
             self._created = missing
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
+            fd, tmp = tempfile.mkstemp(dir=self._target.parent, prefix=f".{self._target.name}.", suffix=".partial")
         except OSError as exc:
             self.discard()
             raise FitError(f"--out {self.path} cannot be written: {exc.strerror or exc}") from exc
@@ -1015,14 +1018,18 @@ class OutputFile:
         try:
             if self._tmp is None:
                 raise OSError("no temporary file was reserved")
-            mask = os.umask(0)
-            os.umask(mask)
+            try:  # an existing file keeps its mode (a private 0600 model stays private)
+                mode = os.stat(self._target).st_mode & 0o7777
+            except FileNotFoundError:
+                mask = os.umask(0)
+                os.umask(mask)
+                mode = 0o666 & ~mask
             with open(self._tmp, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.chmod(self._tmp, 0o666 & ~mask)
-            os.replace(self._tmp, self.path)
+            os.chmod(self._tmp, mode)
+            os.replace(self._tmp, self._target)
             self._tmp, self._written = None, True
             return None
         except OSError as exc:

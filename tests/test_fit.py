@@ -751,3 +751,22 @@ def test_a_refused_or_modelless_fit_leaves_no_directory_it_created_for_out(tmp_p
     code, _, err = cli(capsys, "--out", str(out), str(bad))  # ran, no model
     assert code == 1 and not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "data.jsonl", "ledger.jsonl"]
+
+
+def test_cli_out_keeps_an_existing_files_mode_and_a_symlink(tmp_path, capsys):
+    import os
+    import stat
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    out.write_text("old model\n")
+    out.chmod(0o600)
+    assert cli(capsys, "--seed", "0", "--out", str(out), str(data))[0] == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600 and check_message(json.loads(out.read_text()))
+    (tmp_path / "models").mkdir()
+    target, link = tmp_path / "models" / "current.json", tmp_path / "link.json"
+    target.write_text("old model\n")
+    link.symlink_to(target)
+    assert cli(capsys, "--seed", "0", "--out", str(link), str(data))[0] == 0
+    assert link.is_symlink() and check_message(json.loads(target.read_text()))["privacy"]["private"] is True
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["current.json"]  # no temporary file left
