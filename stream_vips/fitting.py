@@ -242,6 +242,11 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
     (1, 1.0, 1.0, 1.0, 'autodp')
     """
     check_public(family, epsilon, delta, non_private)
+    return _rule_settings(family, n, d, epsilon, delta, non_private)
+
+
+def _rule_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+    """:func:`fit_settings` once :func:`check_public` has passed."""
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise FitError(f"n must be a positive integer, got {n!r}")
     if isinstance(d, bool) or int(d) != d or d < 1:
@@ -681,10 +686,12 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
         check_ledger(ledger_path, names)
     dim_param = dimension(family)[1]
     if settings is None:
-        settings = fit_settings(family, n, d, None if non_private else epsilon, delta, non_private=non_private)
+        settings = _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
     else:
         check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise FitError(f"steps must be a positive integer, got {steps!r}")
         settings = dataclasses.replace(settings, steps=int(steps), why={**settings.why, "steps": (
             f"set by {names['steps']} (steps = {steps}); the rule would give {settings.steps}")})
     settings = overridden(settings, {k: v for k, v in model_params.items() if k != dim_param}, names["param"])

@@ -770,3 +770,10 @@ def test_cli_out_keeps_an_existing_files_mode_and_a_symlink(tmp_path, capsys):
     assert cli(capsys, "--seed", "0", "--out", str(link), str(data))[0] == 0
     assert link.is_symlink() and check_message(json.loads(target.read_text()))["privacy"]["private"] is True
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["current.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("steps", [2.5, True, 0, -1, "2"])
+def test_steps_must_be_a_positive_integer(steps):
+    X, y = logistic_data(50)
+    with pytest.raises(fitmod.FitError, match=f"steps must be a positive integer, got {steps!r}"):
+        fit((X, y), "logistic", steps=steps)
