@@ -356,7 +356,7 @@ class SpentError(FitError):
 
     def __init__(self, error: str, message: dict[str, Any] | None) -> None:
         kept = "the last released model message is kept" if message is not None else "no model had been released"
-        super().__init__(f"failed after spending privacy budget ({error}); {kept} (.message)")
+        super().__init__(f"the fit failed once privacy budget may have been spent ({error}); {kept} (.message)")
         self.error, self.message = error, message
 
 
@@ -629,8 +629,9 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     ``seeded: true``: reproduction, no guarantee); ``ledger_path`` keeps the privacy ledger in a
     file. Raises :class:`~stream_vips.errors.FitError` (a ``ValueError``) for bad input,
     before anything is spent, and when no model comes out; :class:`SpentError` (a FitError) when
-    it fails once a step may have been paid, with ``.message`` the last released message; warns (:class:`FitWarning`, also in
-    ``report["warnings"]``) when more than 10% of the records were rejected.
+    it fails once a step may have been paid, with ``.message`` the last released message; warns
+    (:class:`FitWarning`, also in ``report["warnings"]``) when more than 10% of the records were
+    rejected.
     """
     result = _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
                   x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
@@ -730,7 +731,8 @@ def _execute(plan: _Plan) -> FitResult:
             # the planned steps spend the budget (to the calibration tolerance) and no version follows:
             # readers (inspect, report, ModelReader) should see a finished model, not "updating"
             message = messages.validate_message({**message, "privacy": {**message["privacy"], "halted": True}})
-        if plan.non_private and messages.is_private(message) is not False and message["privacy"]["accountant"] == "none":
+        if (plan.non_private and messages.is_private(message) is not False
+                and message["privacy"]["accountant"] == "none"):
             message = _non_private_message(message)
         from stream_vips.client import posterior_from_message
 
@@ -918,7 +920,8 @@ def _failed_after_spending(exc: SpentError, out: "OutputFile") -> int:
         error = out.write(messages.dumps(exc.message) + b"\n")
         where = (f"the last released model was saved to {out.path}" if error is None else
                  f"--out {out.path} cannot be written ({error}), so the last released model was printed to stdout")
-    print(f"stream-vips fit: failed after spending privacy budget ({exc.error}); {where}", file=sys.stderr)
+    print(f"stream-vips fit: the fit failed once privacy budget may have been spent ({exc.error}); {where}",
+          file=sys.stderr)
     return EXIT_CODES["spent"]
 
 
