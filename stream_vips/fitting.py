@@ -586,8 +586,10 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
         raise FitError(f"{names['param']}: {exc}; nothing was spent") from None
     try:
         stats = app.run()
-    except Exception as exc:  # steps may have been paid: keep what was released
-        raise _spent(exc, sink.messages[-1][1] if sink.messages else None) from exc
+    except Exception as exc:  # steps may have been paid: keep the newest model, which they paid for
+        # not the sink's last message: publish_interval_s holds versions back until the loop ends, while
+        # the learner's model is always paid for (the engine appends to the ledger before updating it)
+        raise _spent(exc, app.learner.message()) from exc
     return (sink.messages[-1][1] if sink.messages else None), stats
 
 

@@ -631,23 +631,33 @@ def test_a_failure_after_spending_keeps_the_last_released_model(tmp_path, capsys
     assert info.value.message["privacy"]["private"] is True and isinstance(info.value, ValueError)
 
 
-def test_an_os_error_during_the_run_keeps_what_was_released(tmp_path, capsys, monkeypatch):
-    """A ledger write failing at step 2 (disk full) after step 1 was released: no traceback, the
-    step-1 model is saved, exit 5."""
-    from stream_vips.pipeline import Application
+def test_an_os_error_during_the_run_keeps_the_last_paid_step(tmp_path, capsys, monkeypatch):
+    """The ledger write of step 3 of 4 fails (disk full) inside the run: no traceback, exit 5, and
+    the saved model is the one of the last paid step (step 2), not the first published version
+    (the fit holds versions back until the loop ends): its steps and epsilon are the ledger's."""
+    from stream_vips.privacy.accountant import make_accountant
+    from stream_vips.privacy.ledger import FileLedger
 
-    original = Application.run
+    original, calls = FileLedger.append_many, []
 
-    def run_then_fail(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        raise OSError(28, "No space left on device")
+    def full_at_step_3(self, entries):
+        calls.append(len(entries))
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return original(self, entries)
 
-    monkeypatch.setattr(Application, "run", run_then_fail)
-    data, out = tmp_path / "data.jsonl", tmp_path / "model.json"
+    monkeypatch.setattr(FileLedger, "append_many", full_at_step_3)
+    data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
     write_jsonl(data)
-    code, _, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
+    code, _, err = cli(capsys, "--seed", "0", "--steps", "4", "--ledger", str(ledger), "--out", str(out), str(data))
     assert code == 5 and "No space left on device" in one_line_refusal(err) and "saved to" in err
-    assert check_message(json.loads(out.read_text()))["privacy"]["private"] is True
+    monkeypatch.setattr(FileLedger, "append_many", original)
+    p = check_message(json.loads(out.read_text()))["privacy"]
+    with FileLedger(str(ledger)) as opened:
+        events = opened.events()
+    assert p["private"] is True and p["steps"] == len(events) == 2
+    paid = make_accountant(p["accountant"], "poisson").epsilon(events, p["delta"])
+    assert p["epsilon_spent"] == pytest.approx(paid, rel=1e-9)
 
 
 def test_settings_made_for_another_fit_are_refused_before_spending():
