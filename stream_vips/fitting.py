@@ -535,13 +535,18 @@ def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
                                 "line); give a new path or an existing ledger")
 
 
+def read_first_line(path: Path) -> bytes:
+    """The file's first line with its newline, if it has one (OSError if unreadable): the probe of
+    ``--ledger`` (must be a ledger) and ``--out`` (must not be one)."""
+    with open(path, "rb") as fh:
+        return fh.readline()
+
+
 def first_line_is_ledger(path: Path) -> bool | None:
-    """Whether the file's first line is a privacy-ledger line (``None``: the file is empty); the
-    probe for ``--ledger`` (must be one) and ``--out`` (must not be one). OSError if unreadable."""
+    """Whether the file's first line is a privacy-ledger line (``None``: the file is empty). OSError if unreadable."""
     from stream_vips.privacy.ledger import LedgerCorrupt, replay_lines
 
-    with open(path, "rb") as fh:
-        first = fh.readline()
+    first = read_first_line(path)
     if not first:
         return None
     try:
@@ -1003,8 +1008,8 @@ class OutputFile:
         if self.path.exists() and not self.path.is_file():
             raise FitError(f"--out {path} is not a regular file; give a file path")
         if self.path.is_file() and _readable_ledger(self.path):
-            raise FitError(f"--out {path} is a privacy ledger (its first line is a ledger line): writing the model "
-                           "there would erase the record of the spent budget; choose another --out")
+            raise FitError(f"--out {path} is a privacy ledger (its first line begins like a ledger line): writing "
+                           "the model there would erase the record of the spent budget; choose another --out")
 
     def reserve(self) -> None:
         """Create the directory and the temporary file (FitError when they cannot be)."""
@@ -1065,9 +1070,13 @@ class OutputFile:
 
 
 def _readable_ledger(path: Path) -> bool:
-    """``path`` can be read and its first line is a ledger line (an unreadable file is left to the write)."""
+    """``path`` can be read and its first line begins like a ledger line, whether or not its
+    checksum passes (:func:`~stream_vips.privacy.ledger.starts_like_ledger`; an unreadable file is
+    left to the write)."""
+    from stream_vips.privacy.ledger import starts_like_ledger
+
     try:
-        return bool(first_line_is_ledger(path))
+        return starts_like_ledger(read_first_line(path))
     except OSError:
         return False
 

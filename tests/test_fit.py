@@ -706,6 +706,25 @@ def test_cli_out_onto_another_privacy_ledger_is_refused_and_the_ledger_kept(tmp_
     assert cli(capsys, "--seed", "0", "--out", str(model), str(data))[0] == 0  # a model file is overwritten
 
 
+@pytest.mark.parametrize("damage", ["genesis_checksum", "torn_genesis", "legacy_event"])
+def test_cli_out_onto_a_damaged_or_legacy_ledger_is_refused_whether_or_not_its_checksum_passes(
+        tmp_path, capsys, damage):
+    """A ledger whose genesis fails its checksum (or is torn, or which starts with an event line as
+    before geneses) still records spent budget: --out must not replace it."""
+    from stream_vips.privacy.events import SubsampledGaussianEvent
+    from stream_vips.privacy.ledger import encode_genesis, encode_line, new_genesis
+
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    event = encode_line(0, SubsampledGaussianEvent(1.0, 1.0, "poisson"))
+    genesis = encode_genesis(new_genesis())
+    ledger.write_bytes({"genesis_checksum": genesis.replace(b'"ledger_id":"', b'"ledger_id":"0', 1) + event,
+                        "torn_genesis": genesis[:30], "legacy_event": event}[damage])
+    before = ledger.read_bytes()
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(ledger), str(data))
+    assert code == 2 and "is a privacy ledger" in one_line_refusal(err) and ledger.read_bytes() == before
+
+
 def test_the_ledgers_warning_about_a_cut_torn_line_reaches_the_cli_user(tmp_path, capsys):
     """The command line silences the service's refused-step logs, not the ledger's warnings."""
     from stream_vips.privacy.ledger import FileLedger, encode_line

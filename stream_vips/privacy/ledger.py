@@ -170,6 +170,23 @@ def _could_start(partial: bytes, prefixes: Sequence[bytes]) -> bool:
     return any(partial.startswith(p) or p.startswith(partial) for p in prefixes)
 
 
+def starts_like_ledger(first_line: bytes) -> bool:
+    """Whether a file whose first line (as read, with its newline if it has one) is ``first_line``
+    may be a privacy ledger: that line begins like a genesis or an event line (a ledger written
+    before geneses), or it is incomplete and could be the start of one. Checksums are not
+    checked: a ledger with a damaged line still records spent budget, so nothing may replace it.
+
+    >>> starts_like_ledger(encode_genesis(new_genesis())[:-9] + b"\\n"), starts_like_ledger(b'{"gen')
+    (True, True)
+    >>> starts_like_ledger(b'{"schema": "model-message.v1"}\\n'), starts_like_ledger(b"{\\n")
+    (False, False)
+    """
+    prefixes = (_GENESIS_PREFIX, *_EVENT_PREFIXES)
+    if first_line.endswith(b"\n"):
+        return first_line.startswith(prefixes)
+    return bool(first_line) and _could_start(first_line, prefixes)
+
+
 def encode_genesis(genesis: dict[str, Any]) -> bytes:
     """The genesis line (newline-terminated)."""
     return _line({"genesis": genesis})
