@@ -1007,7 +1007,21 @@ class OutputFile:
             raise FitError(f"--out {path} is a directory; give a file name, e.g. {Path(path) / 'model.json'}")
         if self.path.exists() and not self.path.is_file():
             raise FitError(f"--out {path} is not a regular file; give a file path")
-        if self.path.is_file() and _readable_ledger(self.path):
+        if self.path.is_file():
+            self._refuse_a_ledger(path)
+
+    def _refuse_a_ledger(self, path: str) -> None:
+        """Refuse an existing --out that is, or may be (it cannot be read), a privacy ledger: its
+        first line begins like a ledger line, whether or not its checksum passes
+        (:func:`~stream_vips.privacy.ledger.starts_like_ledger`)."""
+        from stream_vips.privacy.ledger import starts_like_ledger
+
+        try:
+            first = read_first_line(self.path)
+        except OSError as exc:
+            raise FitError(f"--out {path} exists but cannot be read ({exc.strerror or exc}), so it may be a privacy "
+                           "ledger, which the model must not replace; choose another --out") from None
+        if starts_like_ledger(first):
             raise FitError(f"--out {path} is a privacy ledger (its first line begins like a ledger line): writing "
                            "the model there would erase the record of the spent budget; choose another --out")
 
@@ -1067,18 +1081,6 @@ class OutputFile:
                 except OSError:  # no longer empty: something else put a file there
                     break
         self._created = []
-
-
-def _readable_ledger(path: Path) -> bool:
-    """``path`` can be read and its first line begins like a ledger line, whether or not its
-    checksum passes (:func:`~stream_vips.privacy.ledger.starts_like_ledger`; an unreadable file is
-    left to the write)."""
-    from stream_vips.privacy.ledger import starts_like_ledger
-
-    try:
-        return starts_like_ledger(read_first_line(path))
-    except OSError:
-        return False
 
 
 def _is_stdin(path: Path) -> bool:

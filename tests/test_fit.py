@@ -706,6 +706,23 @@ def test_cli_out_onto_another_privacy_ledger_is_refused_and_the_ledger_kept(tmp_
     assert cli(capsys, "--seed", "0", "--out", str(model), str(data))[0] == 0  # a model file is overwritten
 
 
+def test_cli_out_that_cannot_be_read_is_refused_not_replaced(tmp_path, capsys, monkeypatch):
+    """An existing --out whose first line cannot be read may be a ledger (root reads a 0000 file, so
+    the unreadable probe is simulated): one line, the file kept, nothing spent."""
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    assert cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))[0] == 0
+    before, inode = ledger.read_bytes(), ledger.stat().st_ino
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(fitmod, "read_first_line", unreadable)
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(ledger), str(data))
+    assert code == 2 and "cannot be read (Permission denied)" in one_line_refusal(err)
+    assert ledger.read_bytes() == before and ledger.stat().st_ino == inode
+
+
 @pytest.mark.parametrize("damage", ["genesis_checksum", "torn_genesis", "legacy_event"])
 def test_cli_out_onto_a_damaged_or_legacy_ledger_is_refused_whether_or_not_its_checksum_passes(
         tmp_path, capsys, damage):
