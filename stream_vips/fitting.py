@@ -543,12 +543,15 @@ def read_first_line(path: Path) -> bytes:
 
 
 def first_line_is_ledger(path: Path) -> bool | None:
-    """Whether the file's first line is a privacy-ledger line (``None``: the file is empty). OSError if unreadable."""
-    from stream_vips.privacy.ledger import LedgerCorrupt, replay_lines
+    """Whether the file's first line is a privacy-ledger line, or a torn genesis that opening the
+    ledger cuts (``None``: the file is empty). OSError if unreadable."""
+    from stream_vips.privacy.ledger import LedgerCorrupt, is_torn_write, replay_lines
 
     first = read_first_line(path)
     if not first:
         return None
+    if not first.endswith(b"\n"):
+        return is_torn_write(first, first=True)
     try:
         replay_lines([first.rstrip(b"\n")], f"ledger {path}")
     except LedgerCorrupt:

@@ -755,6 +755,20 @@ def test_the_ledgers_warning_about_a_cut_torn_line_reaches_the_cli_user(tmp_path
     assert code == 0 and err.startswith("stream-vips fit: warning: ledger ") and "torn last line 2" in err
 
 
+def test_a_ledger_holding_only_a_torn_genesis_is_accepted_and_cut(tmp_path, capsys):
+    """A crash while the genesis was written leaves a prefix of it, which opening the ledger cuts:
+    the --ledger probe must accept it too (it refused such a file as not a ledger)."""
+    from stream_vips.privacy.ledger import FileLedger, encode_genesis, new_genesis
+
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    ledger.write_bytes(encode_genesis(new_genesis())[:30])
+    code, _, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 0 and "torn last line 1" in err.splitlines()[0]
+    with FileLedger(str(ledger)) as opened:
+        assert len(opened.events()) == fitmod.LOGISTIC_STEPS
+
+
 @pytest.mark.parametrize("param", ["x_bound=[1]", "x_bound=null", "y_bound=\"a\"", "y_bound=-1"])
 def test_a_bad_linreg_bound_is_one_line_naming_the_key_before_spending(tmp_path, capsys, param):
     data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"

@@ -170,6 +170,13 @@ def _could_start(partial: bytes, prefixes: Sequence[bytes]) -> bool:
     return any(partial.startswith(p) or p.startswith(partial) for p in prefixes)
 
 
+def is_torn_write(line: bytes, first: bool) -> bool:
+    """Whether ``line``, an incomplete last line (no newline), is our write torn by a crash, to be
+    cut on open: it could be the start of a genesis when it is the file's ``first`` line, of an
+    event line after that. Anything else is not ours and is kept (:class:`FileLedger`)."""
+    return _could_start(line, (_GENESIS_PREFIX,) if first else _EVENT_PREFIXES)
+
+
 def starts_like_ledger(first_line: bytes) -> bool:
     """Whether a file whose first line (as read, with its newline if it has one) is ``first_line``
     may be a privacy ledger: that line begins like a genesis or an event line (a ledger written
@@ -359,12 +366,12 @@ class FileLedger(LedgerSteps):
             with open(self.path, "rb") as fh:
                 for number, line in enumerate(fh, 1):
                     if not line.endswith(b"\n"):
-                        if number == 1 and not _could_start(line, (_GENESIS_PREFIX,)):
+                        if number == 1 and not is_torn_write(line, first=True):
                             # only a genesis can be torn before any complete line: anything else is
                             # some other file (data, a model), which must not be cut
                             raise LedgerCorrupt(f"{self.path} is not a ledger: its only line is incomplete and is "
                                                 "not a ledger line; refusing to cut it (choose another ledger path)")
-                        if number > 1 and not _could_start(line, _EVENT_PREFIXES):
+                        if number > 1 and not is_torn_write(line, first=False):
                             # not how our writer starts a line: bytes someone appended, kept as evidence
                             raise LedgerCorrupt(f"ledger {self.path} line {number} is incomplete and is not the start "
                                                 "of a ledger line (appended by something else?); refusing to cut "
