@@ -294,7 +294,7 @@ def test_event_lines_start_as_the_torn_write_rule_expects():
     assert encode_genesis(new_genesis()).startswith(_GENESIS_PREFIX)
 
 
-@pytest.mark.parametrize("foreign", [b"operator note", b"x", b'{"note": "kept"}', b"\x00\x00"])
+@pytest.mark.parametrize("foreign", [b"operator note", b"x", b'{"note": "kept"}', b"\x00\x00ftyp\x01"])
 def test_foreign_bytes_appended_to_a_ledger_are_refused_not_cut(tmp_path, foreign):
     """``printf 'operator note' >> ledger.jsonl`` leaves an incomplete last line that is not how a
     ledger line starts: it is not a torn write, so opening refuses and changes nothing."""
@@ -317,3 +317,25 @@ def test_a_torn_event_line_with_a_position_is_still_cut(tmp_path, cut):
     path.write_bytes(whole + encode_line(1, ev(1), 9)[:cut])
     with FileLedger(path) as led:
         assert led.events() == [ev(0)] and path.read_bytes() == whole
+
+
+@pytest.mark.parametrize("lines", [0, 1, 2])
+def test_a_tail_of_nul_bytes_left_by_a_crash_is_cut_as_torn(tmp_path, caplog, lines):
+    """A crash can leave the file extended but its last blocks unwritten (XFS, ext4 data=writeback):
+    they read as NUL bytes, with no newline. That is a torn write, cut with a warning, whether it
+    follows whole lines or is all the file holds (the genesis never reached the disk)."""
+    path = tmp_path / "ledger.jsonl"
+    if lines:
+        with FileLedger(path) as led:
+            for i in range(lines - 1):
+                led.append(ev(i))
+        whole = path.read_bytes()
+    else:
+        whole = b""
+    path.write_bytes(whole + b"\x00" * 4096)
+    with caplog.at_level(logging.WARNING, logger="stream_vips.privacy.ledger"):
+        with FileLedger(path) as led:
+            assert led.events() == [ev(i) for i in range(max(0, lines - 1))]
+    assert "dropping torn last line" in caplog.text
+    assert b"\x00" not in path.read_bytes() and (not whole or path.read_bytes() == whole)
+
