@@ -408,9 +408,13 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
     >>> encode_records(np.array([[0, 1, 1]]), field="y")[0]
     [b'{"y":[0.0,1.0,1.0]}']
     """
+    from stream_vips.errors import DataError
     from stream_vips.records import tabular
 
-    arrays = tabular(data, x_columns=x_columns, y_column=y_column)
+    try:
+        arrays = tabular(data, x_columns=x_columns, y_column=y_column)
+    except DataError as exc:  # fit's errors are FitError (docs/fit.md); the message names no value
+        raise FitError(str(exc)) from None
     if arrays is not None:
         X, y = arrays
         if y is None:

@@ -446,30 +446,63 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
     """``(X, y)`` of array data, ``None`` for records: ``(X, y)``, ``X`` alone (``y`` None) or a
     pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all the
     other columns). The column count is public schema (replacing one row cannot change it).
+    Data that cannot be read so is a :class:`~stream_vips.errors.DataError` naming the column or
+    the shape, never a value (a value is a record's private content).
 
     >>> X, y = tabular((np.zeros((2, 3)), np.ones(2)))
     >>> X.shape, y.tolist(), tabular([{"x": [1.0]}])
     ((2, 3), [1.0, 1.0], None)
+    >>> tabular(([{"x": [1.0]}], [{"x": [2.0]}]))
+    Traceback (most recent call last):
+    ...
+    stream_vips.errors.DataError: a 2-tuple is read as (X, y) arrays, and X is not a numeric array: pass ...
     """
     from stream_vips.errors import DataError
 
     if hasattr(data, "to_numpy") and hasattr(data, "columns"):  # a pandas DataFrame
         y_name = y_column if y_column is not None else ("y" if "y" in data.columns else None)
         cols = list(x_columns) if x_columns is not None else [c for c in data.columns if c != y_name]
-        X = data[cols].to_numpy(dtype=float)
-        data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
+        for name in [*cols, *([] if y_name is None else [y_name])]:
+            if name not in data.columns:
+                raise DataError(f"the DataFrame has no column {name!r} (x_columns / y_column name its columns)")
+        try:
+            X = data[cols].to_numpy(dtype=float)
+            data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
+        except (TypeError, ValueError):
+            bad = next((c for c in [*cols, y_name] if c is not None and not _numeric(data[c])), None)
+            raise DataError(f"DataFrame column {bad!r} is not numeric (every x and y column must be)") from None
     elif x_columns is not None or y_column is not None:
         raise DataError("x_columns and y_column apply to a pandas DataFrame only")
     if isinstance(data, (str, bytes, bytearray, memoryview)):
         raise DataError(f"expected many records, not one {type(data).__name__} (each character would be a "
                         "record): pass a list of records, e.g. [{'x': [...], 'y': ...}] or a list of JSON bytes")
     if isinstance(data, tuple) and len(data) == 2:
-        X, y = np.ascontiguousarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
+        arrays = []
+        for name, part in (("X", data[0]), ("y", data[1])):
+            try:
+                arrays.append(np.asarray(part, dtype=float))
+            except (TypeError, ValueError):
+                raise DataError(f"a 2-tuple is read as (X, y) arrays, and {name} is not a numeric array: pass "
+                                "records as a list, e.g. [{'x': [...], 'y': ...}], or numeric arrays shaped (n, d) "
+                                "and (n,)") from None
+        X, y = np.ascontiguousarray(arrays[0]), arrays[1]
         if X.ndim != 2 or y.shape != (X.shape[0],):
             raise DataError(f"(X, y) must be shaped (n, d) and (n,), got {X.shape} and {y.shape}")
         return X, y
     if isinstance(data, np.ndarray):
         if data.ndim != 2:
             raise DataError(f"X must be shaped (n, d), got {data.shape}")
-        return np.ascontiguousarray(data, dtype=float), None
+        try:
+            return np.ascontiguousarray(data, dtype=float), None
+        except (TypeError, ValueError):
+            raise DataError(f"X must be numeric, got an array of dtype {data.dtype}") from None
     return None
+
+
+def _numeric(column: Any) -> bool:
+    """Whether a DataFrame column converts to floats (only asked once a conversion failed)."""
+    try:
+        column.to_numpy(dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -832,6 +832,33 @@ def test_cli_out_keeps_an_existing_files_mode_and_a_symlink(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["current.json"]  # no temporary file left
 
 
+def _bad_shapes():
+    pd = pytest.importorskip("pandas")
+    secret = "secret-4711"
+    frame = pd.DataFrame({"a": [0.1, 0.2], "b": [0.3, 0.4], "y": [0.0, 1.0]})
+    return secret, [
+        (({"x": [0.1, 0.2, 0.3], "y": 1}, {"x": [0.3, 0.2, 0.1], "y": 0}), {}, "2-tuple"),  # two records
+        ((np.zeros((2, 3)), [0.0, secret]), {}, "y is not a numeric array"),
+        (pd.DataFrame({"a": [0.1, secret], "b": [0.3, 0.4], "y": [0.0, 1.0]}), {}, "column 'a' is not numeric"),
+        (frame, {"x_columns": ["a", "missing"]}, "no column 'missing'"),
+        (frame, {"y_column": "label"}, "no column 'label'"),
+        (np.array([["0.1", secret, "0.3"]]), {}, "X must be numeric"),
+        ((np.zeros(3), np.zeros(3)), {}, "shaped (n, d) and (n,)"),
+    ]
+
+
+def test_data_shape_errors_are_fit_errors_that_never_quote_a_value():
+    """docs/fit.md promises FitError for bad input; the shape checks of records.tabular raised
+    DataError (and a 2-tuple of records, a non-numeric cell or a missing column a bare TypeError,
+    ValueError or KeyError quoting the data)."""
+    secret, cases = _bad_shapes()
+    for data, kwargs, says in cases:
+        with pytest.raises(fitmod.FitError) as info:
+            fit(data, "logistic", dim=3, **kwargs)
+        assert says in str(info.value) and secret not in str(info.value) and "\n" not in str(info.value)
+        assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
 @pytest.mark.parametrize("steps", [2.5, True, 0, -1, "2"])
 def test_steps_must_be_a_positive_integer(steps):
     X, y = logistic_data(50)
