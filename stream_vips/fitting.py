@@ -1037,10 +1037,10 @@ class OutputFile:
         import os
         import tempfile
 
-        missing = [p for p in self._target.parents if not p.exists()]  # deepest first
+        # recorded before mkdir, so a failure partway (a name too long deeper down) still removes what it made
+        self._created = [p for p in self._target.parents if not p.exists()]  # deepest first
         try:
             self._target.parent.mkdir(parents=True, exist_ok=True)
-            self._created = missing
             fd, tmp = tempfile.mkstemp(dir=self._target.parent, prefix=f".{self._target.name}.", suffix=".partial")
         except OSError as exc:
             self.discard()
@@ -1078,6 +1078,8 @@ class OutputFile:
     def discard(self) -> None:
         """Remove the reserved temporary file if it is still there (no partial output) and, when
         no model was written, the directories :meth:`reserve` created (a refused fit leaves nothing)."""
+        import os
+
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
             self._tmp = None
@@ -1085,8 +1087,10 @@ class OutputFile:
             for directory in self._created:
                 try:
                     directory.rmdir()
-                except OSError:  # no longer empty: something else put a file there
-                    break
+                except OSError:
+                    if os.path.isdir(directory):  # no longer empty: something else put a file there
+                        break
+                    # never made: mkdir failed before it (or its name is too long to exist)
         self._created = []
 
 

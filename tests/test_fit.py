@@ -813,6 +813,15 @@ def test_a_refused_or_modelless_fit_leaves_no_directory_it_created_for_out(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "data.jsonl", "ledger.jsonl"]
 
 
+def test_out_directories_made_before_a_mkdir_failure_are_removed(tmp_path, capsys):
+    """mkdir -p failing partway (a component too long) left the directories it had made."""
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--out", str(tmp_path / "new" / ("x" * 300) / "m.json"), str(data))
+    assert code == 2 and "cannot be written" in one_line_refusal(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
 def test_cli_out_keeps_an_existing_files_mode_and_a_symlink(tmp_path, capsys):
     import os
     import stat
