@@ -998,13 +998,14 @@ class OutputFile:
 
     def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
         self.path = Path(path)
-        self._target = self.path.resolve()  # a symlink's target is written, the link kept
+        self._target = _resolve(self.path, "--out")  # a symlink's target is written, the link kept
         self._tmp: Path | None = None
         self._created: list[Path] = []  # directories reserve() made, deepest first
         self._written = False
-        target = self.path.resolve()
-        for flag, other in (("the data file", None if data == "-" else data), ("the --ledger file", ledger)):
-            if other is not None and (target == Path(other).resolve() or _same_file(self.path, Path(other))):
+        for flag, other, name in (("the data file", None if data == "-" else data, "the data file"),
+                                  ("the --ledger file", ledger, "--ledger")):
+            if other is not None and (self._target == _resolve(Path(other), name)
+                                      or _same_file(self.path, Path(other))):
                 raise FitError(f"--out {path} is {flag}: writing the model there would destroy it; "
                                "choose another --out")
         if data == "-" and _is_stdin(self.path):
@@ -1092,6 +1093,15 @@ class OutputFile:
                         break
                     # never made: mkdir failed before it (or its name is too long to exist)
         self._created = []
+
+
+def _resolve(path: Path, flag: str) -> Path:
+    """``path`` made absolute with its symlinks followed; a symlink loop is a FitError (one line)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: a symlink loop before Python 3.13
+        raise FitError(f"{flag} {path} cannot be resolved ({getattr(exc, 'strerror', None) or exc}): "
+                       "a symlink loop? give a path that leads to a file") from None
 
 
 def _is_stdin(path: Path) -> bool:

@@ -822,6 +822,18 @@ def test_out_directories_made_before_a_mkdir_failure_are_removed(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
 
 
+@pytest.mark.parametrize("flag", ["--out", "--ledger"])
+def test_a_symlink_loop_is_one_line_before_spending(tmp_path, capsys, flag):
+    data, a, b = tmp_path / "data.jsonl", tmp_path / "a.json", tmp_path / "b.json"
+    write_jsonl(data)
+    a.symlink_to(b)
+    b.symlink_to(a)
+    other = "--ledger" if flag == "--out" else "--out"
+    code, _, err = cli(capsys, flag, str(a), other, str(tmp_path / "c.json"), str(data))
+    assert code == 2 and f"{flag} {a} cannot be resolved" in one_line_refusal(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "data.jsonl"]
+
+
 def test_cli_out_keeps_an_existing_files_mode_and_a_symlink(tmp_path, capsys):
     import os
     import stat
