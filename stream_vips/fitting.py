@@ -1050,9 +1050,12 @@ class OutputFile:
         self._tmp = Path(tmp)
 
     def write(self, data: bytes) -> str | None:
-        """Write ``data`` to the target atomically; on failure print it to stdout. Returns ``None``
-        when the target holds it, else why it could not be written."""
+        """Write ``data`` to the target atomically and durably (the file, then its directory,
+        fsynced); on failure print it to stdout. Returns ``None`` when the target holds it, else
+        why it could not be written."""
         import os
+
+        from stream_vips.privacy.ledger import fsync_dir
 
         try:
             if self._tmp is None:
@@ -1070,6 +1073,7 @@ class OutputFile:
             os.chmod(self._tmp, mode)
             os.replace(self._tmp, self._target)
             self._tmp, self._written = None, True
+            fsync_dir(self._target.parent)  # the rename itself must survive a crash
             return None
         except OSError as exc:
             sys.stdout.buffer.write(data)

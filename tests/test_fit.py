@@ -822,6 +822,25 @@ def test_out_directories_made_before_a_mkdir_failure_are_removed(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
 
 
+def test_the_out_rename_is_made_durable_by_fsyncing_its_directory(tmp_path, capsys, monkeypatch):
+    import os
+    import stat
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "models" / "m.json"
+    write_jsonl(data)
+    out.parent.mkdir()
+    synced, real_fsync = [], os.fsync
+
+    def recording_fsync(fd):
+        st = os.fstat(fd)
+        synced.append((stat.S_ISDIR(st.st_mode), st.st_ino, os.path.exists(out)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    assert cli(capsys, "--seed", "0", "--out", str(out), str(data))[0] == 0
+    assert (True, out.parent.stat().st_ino, True) in synced  # the directory, after the rename
+
+
 @pytest.mark.parametrize("flag", ["--out", "--ledger"])
 def test_a_symlink_loop_is_one_line_before_spending(tmp_path, capsys, flag):
     data, a, b = tmp_path / "data.jsonl", tmp_path / "a.json", tmp_path / "b.json"

@@ -306,6 +306,15 @@ def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | N
     return genesis, events, positions
 
 
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a file created or renamed in ``directory`` durable: fsync the directory's entries."""
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 #: Ledger files this process holds locked, by identity (device, inode: the same file under any
 #: path) -> the pid that locked it (a forked child inherits the map, not the ownership), so a
 #: second open can say who holds the lock.
@@ -355,17 +364,10 @@ class FileLedger(LedgerSteps):
                 raise LedgerCorrupt(f"ledger {self.path} already exists; a reset starts a new file")
             self._genesis = genesis
             if created:
-                self._fsync_dir()
+                fsync_dir(self.path.parent)
         except BaseException:
             self.close()
             raise
-
-    def _fsync_dir(self) -> None:
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def _replay(self) -> tuple[dict[str, Any] | None, list, list]:
         """Replay the complete lines, streaming the file (memory holds the events, not the file);
