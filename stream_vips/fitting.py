@@ -350,19 +350,22 @@ class LedgerRefused(FitError):
 
 
 class SpentError(FitError):
-    """The fit failed once a step may have been paid (during the run or after it). ``message`` is
-    the last released model message (``None`` when no step was released): its budget is spent,
-    so keep it (``stream_vips.client.posterior_from_message`` reads it)."""
+    """The fit failed once a step was paid (during the run or after it). ``message`` is the model
+    of the last paid step (``None`` when no model was made): its budget is spent, so keep it
+    (``stream_vips.client.posterior_from_message`` reads it). ``headline`` is the one line saying
+    what failed (without "budget" for a non-private fit, which spends none)."""
 
-    def __init__(self, error: str, message: dict[str, Any] | None) -> None:
-        kept = "the last released model message is kept" if message is not None else "no model had been released"
-        super().__init__(f"the fit failed once privacy budget may have been spent ({error}); {kept} (.message)")
+    def __init__(self, error: str, message: dict[str, Any] | None, non_private: bool = False) -> None:
+        self.headline = (f"the non-private fit failed after it made a model ({error})" if non_private else
+                         f"the fit failed after privacy budget was spent ({error})")
+        kept = "the last model is kept" if message is not None else "no model had been made"
+        super().__init__(f"{self.headline}; {kept} (.message)")
         self.error, self.message = error, message
 
 
-def _spent(exc: BaseException, message: dict[str, Any] | None) -> SpentError:
-    """The :class:`SpentError` for ``exc`` raised once a step may have been paid (one line)."""
-    return SpentError(" ".join(f"{type(exc).__name__}: {exc}".splitlines()), message)
+def _error_text(exc: BaseException) -> str:
+    """``exc`` as one line: its type and message."""
+    return " ".join(f"{type(exc).__name__}: {exc}".splitlines())
 
 
 @dataclass
@@ -596,12 +599,19 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
                        "nothing was spent") from None
     except TypeError as exc:  # a model parameter of the wrong type
         raise FitError(f"{names['param']}: {exc}; nothing was spent") from None
+    non_private = config["privacy"]["mode"] == "non_private"
+    paid_before = None if non_private else len(app.ledger.events())
     try:
         stats = app.run()
-    except Exception as exc:  # steps may have been paid: keep the newest model, which they paid for
-        # not the sink's last message: publish_interval_s holds versions back until the loop ends, while
-        # the learner's model is always paid for (the engine appends to the ledger before updating it)
-        raise _spent(exc, app.learner.message()) from exc
+    except Exception as exc:
+        # keep the learner's model, not the sink's last message: publish_interval_s holds versions back
+        # until the loop ends, while the learner's model is always paid for (the ledger is appended first)
+        message = app.learner.message()
+        spent = message is not None if non_private else len(app.ledger.events()) > paid_before
+        if not spent:  # the ledger holds no new step: nothing was spent (an ordinary failure)
+            raise NoModelError(f"no model: the fit failed before any step was "
+                               f"{'made' if non_private else 'paid'} ({_error_text(exc)}); nothing was spent") from exc
+        raise SpentError(_error_text(exc), message, non_private) from exc
     return (sink.messages[-1][1] if sink.messages else None), stats
 
 
@@ -643,7 +653,7 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     ``seeded: true``: reproduction, no guarantee); ``ledger_path`` keeps the privacy ledger in a
     file. Raises :class:`~stream_vips.errors.FitError` (a ``ValueError``) for bad input,
     before anything is spent, and when no model comes out; :class:`SpentError` (a FitError) when
-    it fails once a step may have been paid, with ``.message`` the last released message; warns
+    it fails once a step was paid, with ``.message`` the model of the last paid step; warns
     (:class:`FitWarning`, also in ``report["warnings"]``) when more than 10% of the records were
     rejected.
     """
@@ -729,8 +739,9 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
 
 def _execute(plan: _Plan) -> FitResult:
     """The execution phase: run the pipeline and build the result. Building the pipeline may still
-    refuse (nothing spent); anything that fails once a step may have been paid raises
-    :class:`SpentError` carrying the last released message."""
+    refuse (nothing spent); a failure during the run with no new step in the ledger is a
+    :class:`NoModelError` (nothing spent); anything that fails once a step was paid raises
+    :class:`SpentError` carrying the model of the last paid step."""
     settings, n, family = plan.settings, len(plan.encoded), plan.settings.family
     message, stats = _run_pipeline(plan.config, plan.encoded, settings.steps, plan.names)
     if stats.accepted == 0 or message is None:
@@ -754,7 +765,7 @@ def _execute(plan: _Plan) -> FitResult:
         report = _report(settings, message, stats, n, plan.non_private, plan.rtol, time.perf_counter() - plan.started)
         report["warnings"] = fit_warnings(family, n, stats, settings.steps)
     except Exception as exc:  # the budget is spent: the message must not be lost with the error
-        raise _spent(exc, message) from exc
+        raise SpentError(_error_text(exc), message, plan.non_private) from exc
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
 
 
@@ -889,7 +900,7 @@ def run(args: argparse.Namespace) -> int:
     """``stream-vips fit``: every check (arguments, data, ledger, --out) runs and the output file is
     reserved before anything is spent; a refusal is one line on stderr (exit codes in the
     epilog). The model is written atomically, or printed to stdout if that still fails after
-    spending; a failure after spending keeps the last released model the same way (exit 5)."""
+    spending; a failure after spending keeps the last paid model the same way (exit 5)."""
     try:
         out = OutputFile(args.out, data=args.data, ledger=args.ledger)
         try:
@@ -913,7 +924,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:  # building the pipeline refused (nothing spent), or no model
             return _refuse(exc)
         except Exception as exc:  # pragma: no cover - _execute turns failures after a step into SpentError
-            return _failed_after_spending(_spent(exc, None), out)
+            return _failed_after_spending(SpentError(_error_text(exc), None, plan.non_private), out)
         error = out.write(messages.dumps(result.message) + b"\n")
     finally:
         out.discard()
@@ -927,26 +938,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _failed_after_spending(exc: SpentError, out: "OutputFile") -> int:
-    """Keep the last released message of a fit that failed after spending (--out, else stdout)
+    """Keep the last paid model of a fit that failed after spending (--out, else stdout)
     and say so in one line; exit code 5."""
-    where = "no model had been released"
+    where = "no model had been made"
     if exc.message is not None:
         error = out.write(messages.dumps(exc.message) + b"\n")
-        where = (f"the last released model was saved to {out.path}" if error is None else
-                 f"--out {out.path} cannot be written ({error}), so the last released model was printed to stdout")
-    print(f"stream-vips fit: the fit failed once privacy budget may have been spent ({exc.error}); {where}",
-          file=sys.stderr)
+        where = (f"the last model was saved to {out.path}" if error is None else
+                 f"--out {out.path} cannot be written ({error}), so the last model was printed to stdout")
+    print(f"stream-vips fit: {exc.headline}; {where}", file=sys.stderr)
     return EXIT_CODES["spent"]
 
 
 #: Exit codes of ``stream-vips fit`` (its epilog says them).
 EXIT_CODES = {"written": 0, "no_model": 1, "bad_input": 2, "ledger": 3, "not_written": 4, "spent": 5}
 EXIT_TEXT = ("exit codes: 0 a model was written; 1 no model (the reason is printed: no valid record, the budget "
-             "already spent in the ledger, too many rejected records); 2 bad arguments or input; 3 the ledger "
-             "refuses (not a ledger file, corrupt, or in use); 4 the model was made (the budget spent) but --out "
-             "could not be written: it was printed to stdout; 5 the fit failed after spending (the error is "
-             "printed): the last released model, if any, was saved to --out (or stdout if that failed). Nothing "
-             "is spent unless the exit code is 0, 4 or 5.")
+             "already spent in the ledger, too many rejected records, a failure before any step was paid); 2 bad "
+             "arguments or input; 3 the ledger refuses (not a ledger file, corrupt, or in use); 4 the model was made "
+             "(the budget spent) but --out could not be written: it was printed to stdout; 5 the fit failed after "
+             "spending (the error is printed): the model of the last paid step, if any, was saved to --out (or "
+             "stdout if that failed). Nothing is spent unless the exit code is 0, 4 or 5.")
 
 
 @contextlib.contextmanager

@@ -660,6 +660,47 @@ def test_an_os_error_during_the_run_keeps_the_last_paid_step(tmp_path, capsys, m
     assert p["epsilon_spent"] == pytest.approx(paid, rel=1e-9)
 
 
+def test_a_run_failing_before_any_step_was_paid_says_nothing_was_spent(tmp_path, capsys, monkeypatch):
+    """Whether budget was spent is the ledger's step count before and after the run: the first
+    ledger write failing pays nothing, so this is an ordinary failure (exit 1), not exit 5."""
+    from stream_vips.privacy.ledger import FileLedger
+
+    def disk_full(self, entries):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(FileLedger, "append_many", disk_full)
+    data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(out), str(data))
+    line = one_line_refusal(err)
+    assert code == fitmod.EXIT_CODES["no_model"] and "nothing was spent" in line and "budget" not in line
+    assert "No space left on device" in line and not out.exists()
+    monkeypatch.undo()
+    assert_nothing_spent(ledger)
+
+
+def test_a_non_private_fit_failing_mid_run_does_not_speak_of_budget(tmp_path, capsys, monkeypatch):
+    from stream_vips.pipeline import Application
+
+    original = Application.run
+
+    def run_then_fail(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Application, "run", run_then_fail)
+    data, out = tmp_path / "data.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--non-private", "--out", str(out), str(data))
+    line = one_line_refusal(err)
+    assert code == 5 and "budget" not in line and "non-private fit failed" in line and "saved to" in line
+    assert check_message(json.loads(out.read_text()))["privacy"]["steps"] == fitmod.NON_PRIVATE_LOGISTIC_STEPS
+    X, y = logistic_data(200)
+    with pytest.raises(fitmod.SpentError) as info:
+        fit((X, y), "logistic", non_private=True)
+    assert "budget" not in str(info.value) and info.value.message is not None
+
+
 def test_settings_made_for_another_fit_are_refused_before_spending():
     """settings= must not replace the call's budget (epsilon 0.1 spent as 4.0), n, d or privacy."""
     X, y = linreg_data(100)
