@@ -361,8 +361,7 @@ class PrivateLearner:
         arrays = tabular(data)
         if arrays is not None:
             self._check_columns(arrays[0].shape[1])
-            data = arrays if arrays[1] is not None else arrays[0]
-        for part in _chunks(records_of(data, dimension(self.model.family)[0]), chunk):
+        for part in _chunks(_as_records(data, arrays, dimension(self.model.family)[0]), chunk):
             if self.halted:
                 break
             self.feed(part)
@@ -584,7 +583,12 @@ def records_of(data: Any, field: str = "x") -> Iterable[Mapping[str, Any]]:
 
     A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`): iterating it would make each
     character a record."""
-    arrays = tabular(data)
+    return _as_records(data, tabular(data), field)
+
+
+def _as_records(data: Any, arrays: tuple[np.ndarray, np.ndarray | None] | None,
+                field: str) -> Iterable[Mapping[str, Any]]:
+    """:func:`records_of` once ``arrays = tabular(data)`` is known (read once per data set)."""
     if arrays is None:
         return iter(data)
     X, y = arrays

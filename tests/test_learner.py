@@ -195,3 +195,19 @@ def test_learn_many_takes_an_array_of_images_for_sbn():
                              every_records=100, planned_steps=5, epsilon=1.0, delta=1e-5, seed=1)
     learner.learn_many(Y)
     assert learner.steps_taken > 0 and not learner.rejected
+
+
+def test_learn_many_reads_array_data_once(monkeypatch):
+    """learn_many converted the arrays twice (its column check, then records_of)."""
+    import stream_vips.learner as learner_module
+
+    calls, real = [], learner_module.tabular
+
+    def counting(data, **kw):
+        calls.append(type(data).__name__)
+        return real(data, **kw)
+
+    monkeypatch.setattr(learner_module, "tabular", counting)
+    X, y = linreg_data(600)
+    assert learner().learn_many((X, y)).steps_taken == 1 and calls == ["tuple"]
+
