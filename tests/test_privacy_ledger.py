@@ -89,7 +89,8 @@ def test_complete_last_line_with_bad_checksum_is_corruption_not_a_torn_write(tmp
     """A line that ends in its newline was written whole: if it fails its checksum it was
     changed afterwards. Cutting it would under-count and delete the evidence."""
     path = tmp_path / "ledger.jsonl"
-    data = encode_genesis(new_genesis()) + encode_line(0, ev(0)) + encode_line(1, ev(1)).replace(b'"count":1', b'"count":9')
+    changed = encode_line(1, ev(1)).replace(b'"count":1', b'"count":9')
+    data = encode_genesis(new_genesis()) + encode_line(0, ev(0)) + changed
     path.write_bytes(data)
     with pytest.raises(LedgerCorrupt, match="line 3 is corrupt: checksum"):
         FileLedger(path)
