@@ -101,7 +101,10 @@ def format_text(summaries: list[dict[str, Any]]) -> str:
     lines = []
     for s in summaries:
         p = s["privacy"]
-        state = "HALTED (budget spent)" if p["halted"] else "updating"
+        if p.get("private") is False:
+            state = "non-private, finished" if p["halted"] else "non-private"
+        else:
+            state = "HALTED (budget spent)" if p["halted"] else "updating"
         lines.append(f"model {s['model_id']}  family {s['family']}  version {s['version']}  "
                      f"created {s['created_at']}  [{state}]")
         lines.append(f"  {privacy_line(p)}")

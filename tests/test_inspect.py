@@ -114,6 +114,8 @@ def test_a_non_private_report_claims_no_guarantee():
     summary = sv_inspect.summary(message("base", 0, private=False))
     text = sv_inspect.format_text([summary])
     assert "privacy: NONE" in text and "epsilon" not in text.split("privacy: NONE")[1].splitlines()[0]
+    # and its state says non-private, never "updating" or "budget spent" (it has no budget)
+    assert "[non-private]" in text.splitlines()[0] and "budget" not in text.splitlines()[0]
 
 
 def closed_port() -> int:
