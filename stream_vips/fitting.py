@@ -1007,6 +1007,8 @@ class OutputFile:
     """
 
     def __init__(self, path: str, *, data: str, ledger: str | None) -> None:
+        if path == "-":  # would make a file named "-": the model is a file, written atomically
+            raise FitError("--out - is not supported: give a file path for the model (the summary goes to stderr)")
         self.path = Path(path)
         self._target = _resolve(self.path, "--out")  # a symlink's target is written, the link kept
         self._tmp: Path | None = None

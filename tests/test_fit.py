@@ -315,6 +315,16 @@ def test_cli_out_that_is_a_directory_is_refused_before_spending(tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
 
 
+def test_cli_out_dash_is_refused_instead_of_making_a_file_named_dash(tmp_path, capsys, monkeypatch):
+    data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
+    write_jsonl(data)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "--ledger", str(ledger), "--out", "-", str(data))
+    assert code == 2 and out == "" and "--out - is not supported" in one_line_refusal(err)
+    assert_nothing_spent(ledger)
+    assert not (tmp_path / "-").exists()
+
+
 def test_cli_out_that_is_the_data_file_is_refused_and_the_data_kept(tmp_path, capsys):
     data = tmp_path / "copy.jsonl"
     lines = write_jsonl(data)
