@@ -1152,7 +1152,7 @@ def summary(result: FitResult) -> str:
     """A few lines for a human: N, the settings, z and the budget spent."""
     r, s = result.report, result.settings
     lines = [f"stream-vips fit: {s.family}, N = {r['records']} records ({r['accepted']} valid), d = {s.d}",
-             f"  settings ({s.rule}): q = {s.q:g} (batch {s.batch_size}), {s.steps} step{"s" if s.steps != 1 else ""}, "
+             f"  settings ({s.rule}): q = {s.q:g} (batch {s.batch_size}), {s.steps} step{'s' if s.steps != 1 else ''}, "
              f"rho_t = ({s.tau0:g} + t)^-{s.kappa:g}, block weights {s.block_weights}"]
     b = r["budget"]
     if b["private"]:
