@@ -604,15 +604,36 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
     try:
         stats = app.run()
     except Exception as exc:
-        # keep the learner's model, not the sink's last message: publish_interval_s holds versions back
-        # until the loop ends, while the learner's model is always paid for (the ledger is appended first)
-        message = app.learner.message()
-        spent = message is not None if non_private else len(app.ledger.events()) > paid_before
-        if not spent:  # the ledger holds no new step: nothing was spent (an ordinary failure)
-            raise NoModelError(f"no model: the fit failed before any step was "
-                               f"{'made' if non_private else 'paid'} ({_error_text(exc)}); nothing was spent") from exc
-        raise SpentError(_error_text(exc), message, non_private) from exc
+        raise _failure_during_run(app, sink, exc, non_private, paid_before) from exc
     return (sink.messages[-1][1] if sink.messages else None), stats
+
+
+def _failure_during_run(app: Any, sink: Any, exc: Exception, non_private: bool,
+                        paid_before: int | None) -> FitError:
+    """The error for a run that raised: :class:`NoModelError` when the ledger holds no new step
+    (nothing spent), else :class:`SpentError` with the newest model that is whole. That is the
+    learner's model when the update of the last paid step completed (the ledger is appended
+    before the update, so it is paid for); when that update itself failed, the model may mix two
+    steps, so the sink's last published version is kept instead and the error says so. Building
+    the message may fail again (it recomputes the spent epsilon): then the sink's version too."""
+    engine = app.learner.engine
+    paid = None if non_private else len(app.ledger.events())
+    spent = engine.last_step is not None if non_private else paid > paid_before
+    if not spent:  # the ledger holds no new step: nothing was spent (an ordinary failure)
+        return NoModelError(f"no model: the fit failed before any step was {'made' if non_private else 'paid'} "
+                            f"({_error_text(exc)}); nothing was spent")
+    error, message = _error_text(exc), None
+    if non_private or engine.last_step == paid - 1:
+        try:
+            message = app.learner.message()
+        except Exception:  # noqa: BLE001 - the same failure again: fall back to the published version
+            message = None
+    if message is None and sink.messages:
+        message = sink.messages[-1][1]
+        if not non_private:
+            error += (f"; the model kept is version {message['version']}, the last whole one, while the ledger "
+                      f"holds {paid} paid steps")
+    return SpentError(error, message, non_private)
 
 
 def _memory_ledger() -> Any:
@@ -1085,12 +1106,16 @@ class OutputFile:
             os.chmod(self._tmp, mode)
             os.replace(self._tmp, self._target)
             self._tmp, self._written = None, True
-            fsync_dir(self._target.parent)  # the rename itself must survive a crash
-            return None
         except OSError as exc:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
             return str(exc.strerror or exc)
+        try:  # the rename itself must survive a crash; the file is whole either way
+            fsync_dir(self._target.parent)
+        except OSError as exc:
+            print(f"stream-vips fit: warning: --out {self.path} is written, but its directory could not be synced "
+                  f"({exc.strerror or exc}): a crash soon after may lose the rename", file=sys.stderr)
+        return None
 
     def discard(self) -> None:
         """Remove the reserved temporary file if it is still there (no partial output) and, when

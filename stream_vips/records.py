@@ -495,7 +495,7 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
         try:
             return np.ascontiguousarray(data, dtype=float), None
         except (TypeError, ValueError):
-            raise DataError(f"X must be numeric, got an array of dtype {data.dtype}") from None
+            raise DataError(f"X must be numeric, got an array of kind {data.dtype.kind!r}") from None
     return None
 
 

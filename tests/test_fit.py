@@ -892,6 +892,22 @@ def test_the_out_rename_is_made_durable_by_fsyncing_its_directory(tmp_path, caps
     assert (True, out.parent.stat().st_ino, True) in synced  # the directory, after the rename
 
 
+def test_a_directory_that_cannot_be_synced_still_counts_as_written(tmp_path, capsys, monkeypatch):
+    """The file is whole once renamed: a directory fsync the file system refuses is a warning,
+    not "cannot write --out" with exit 4 and the model also dumped on stdout."""
+    import stream_vips.privacy.ledger as ledger_module
+
+    def refuse(path):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(ledger_module, "fsync_dir", refuse)
+    data, out = tmp_path / "data.jsonl", tmp_path / "m.json"
+    write_jsonl(data)
+    code, stdout, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
+    assert code == 0 and stdout == "" and "could not be synced" in err
+    assert check_message(json.loads(out.read_text()))["privacy"]["private"] is True
+
+
 @pytest.mark.parametrize("flag", ["--out", "--ledger"])
 def test_a_symlink_loop_is_one_line_before_spending(tmp_path, capsys, flag):
     data, a, b = tmp_path / "data.jsonl", tmp_path / "a.json", tmp_path / "b.json"
@@ -955,3 +971,54 @@ def test_steps_must_be_a_positive_integer(steps):
     X, y = logistic_data(50)
     with pytest.raises(fitmod.FitError, match=f"steps must be a positive integer, got {steps!r}"):
         fit((X, y), "logistic", steps=steps)
+
+
+@pytest.mark.parametrize("exc", [ValueError, RuntimeError, MemoryError])
+def test_a_failure_rebuilding_the_message_after_spending_is_still_exit_5(tmp_path, capsys, monkeypatch, exc):
+    """The accountant failing once 3 steps are paid: rebuilding the learner's message fails again
+    in the error path, which exited 2 ("bad input") or said no model had been made. The ledger
+    decides that budget was spent, and the last published version is kept."""
+    from stream_vips.privacy.budget import BudgetMonitor
+
+    original = BudgetMonitor.spent
+
+    def spent(self):
+        if self._steps >= 3:
+            raise exc("accountant failed")
+        return original(self)
+
+    monkeypatch.setattr(BudgetMonitor, "spent", spent)
+    data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--seed", "0", "--steps", "6", "--ledger", str(ledger), "--out", str(out), str(data))
+    line = one_line_refusal(err)
+    assert code == 5 and "accountant failed" in line and "budget was spent" in line
+    assert check_message(json.loads(out.read_text()))["privacy"]["private"] is True
+
+
+def test_a_failed_model_update_after_paying_keeps_the_last_whole_model(tmp_path, capsys, monkeypatch):
+    """Step 3's update raises after the ledger paid for it: the learner's model may then mix two
+    steps, so the kept model is the last whole published version, and the line says how many
+    steps the ledger holds."""
+    from stream_vips.models.logistic import BayesianLogisticRegression
+    from stream_vips.privacy.ledger import FileLedger
+
+    original, calls = BayesianLogisticRegression.update, []
+
+    def fail_third(self, noisy_mean, rho):
+        calls.append(rho)
+        if len(calls) == 3:
+            raise np.linalg.LinAlgError("Matrix is not positive definite")
+        return original(self, noisy_mean, rho)
+
+    monkeypatch.setattr(BayesianLogisticRegression, "update", fail_third)
+    data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
+    write_jsonl(data)
+    code, _, err = cli(capsys, "--seed", "0", "--steps", "6", "--ledger", str(ledger), "--out", str(out), str(data))
+    line = one_line_refusal(err)
+    monkeypatch.undo()
+    with FileLedger(str(ledger)) as opened:
+        paid = len(opened.events())
+    kept = check_message(json.loads(out.read_text()))
+    assert code == 5 and paid == 3 and "the last whole one" in line and f"holds {paid} paid steps" in line
+    assert kept["privacy"]["steps"] < paid

@@ -340,3 +340,16 @@ def test_a_tail_of_nul_bytes_left_by_a_crash_is_cut_as_torn(tmp_path, caplog, li
     assert "dropping torn last line" in caplog.text
     assert b"\x00" not in path.read_bytes() and (not whole or path.read_bytes() == whole)
 
+
+
+def test_a_torn_first_event_of_a_ledger_written_before_geneses_is_cut_and_agrees_with_the_probe(tmp_path):
+    """Older ledgers start with an event line: a crash while writing the first one leaves a prefix
+    of it, which FileLedger cuts like a torn genesis, and the first-line probe calls it a ledger."""
+    from stream_vips.privacy.ledger import starts_like_ledger
+
+    path = tmp_path / "ledger.jsonl"
+    torn = encode_line(0, ev(0))[:40]
+    path.write_bytes(torn)
+    assert starts_like_ledger(torn)
+    with FileLedger(path) as led:
+        assert led.events() == []

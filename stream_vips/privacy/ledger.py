@@ -172,8 +172,8 @@ def _could_start(partial: bytes, prefixes: Sequence[bytes]) -> bool:
 
 def is_torn_write(line: bytes, first: bool) -> bool:
     """Whether ``line``, an incomplete last line (no newline), is our write torn by a crash, to be
-    cut on open: it could be the start of a genesis when it is the file's ``first`` line, of an
-    event line after that, or it is NUL bytes only, which is how a crash leaves a file whose size
+    cut on open: it could be the start of an event line, or of a genesis when it is the file's
+    ``first`` line (a ledger written before geneses starts with an event), or it is NUL bytes only, which is how a crash leaves a file whose size
     was extended but whose blocks were never written (XFS, ext4 ``data=writeback``). Anything else
     is not ours and is kept (:class:`FileLedger`): printable bytes, and binary data that merely
     begins with a NUL (a foreign file must never be cut).
@@ -183,24 +183,25 @@ def is_torn_write(line: bytes, first: bool) -> bool:
     >>> is_torn_write(b"note", first=False), is_torn_write(b"\\0\\0ftyp", first=True)
     (False, False)
     """
-    return not line.strip(b"\0") or _could_start(line, (_GENESIS_PREFIX,) if first else _EVENT_PREFIXES)
+    return not line.strip(b"\0") or _could_start(line, (_GENESIS_PREFIX, *_EVENT_PREFIXES) if first
+                                                  else _EVENT_PREFIXES)
 
 
 def starts_like_ledger(first_line: bytes) -> bool:
     """Whether a file whose first line (as read, with its newline if it has one) is ``first_line``
     may be a privacy ledger: that line begins like a genesis or an event line (a ledger written
-    before geneses), or it is incomplete and could be the start of one. Checksums are not
-    checked: a ledger with a damaged line still records spent budget, so nothing may replace it.
+    before geneses), or it is incomplete and a torn first line (:func:`is_torn_write`: the same
+    rule :class:`FileLedger` cuts by, so a file is a ledger to both or to neither). Checksums are
+    not checked: a ledger with a damaged line still records spent budget, so nothing may replace it.
 
     >>> starts_like_ledger(encode_genesis(new_genesis())[:-9] + b"\\n"), starts_like_ledger(b'{"gen')
     (True, True)
     >>> starts_like_ledger(b'{"schema": "model-message.v1"}\\n'), starts_like_ledger(b"{\\n")
     (False, False)
     """
-    prefixes = (_GENESIS_PREFIX, *_EVENT_PREFIXES)
     if first_line.endswith(b"\n"):
-        return first_line.startswith(prefixes)
-    return bool(first_line) and _could_start(first_line, prefixes)
+        return first_line.startswith((_GENESIS_PREFIX, *_EVENT_PREFIXES))
+    return bool(first_line) and is_torn_write(first_line, first=True)
 
 
 def encode_genesis(genesis: dict[str, Any]) -> bytes:
