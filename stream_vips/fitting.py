@@ -824,11 +824,12 @@ def fit_warnings(family: str, n: int, stats: Any, planned_steps: int) -> list[st
     out = []
     total = sum(stats.rejected.values())
     if total > WARN_REJECTED_FRACTION * n:
-        top = stats.rejected.most_common(3)
-        hints = [REJECTION_HINTS[family, reason] for reason, _ in top if (family, reason) in REJECTION_HINTS]
+        from stream_vips.records import top_reasons
+
+        hints = [REJECTION_HINTS[family, reason] for reason, _ in stats.rejected.most_common(3)
+                 if (family, reason) in REJECTION_HINTS]
         out.append(f"{total} of the {n} records ({total / n:.0%}) were rejected, and the whole budget was spent on "
-                   f"the rest; top reasons: {', '.join(f'{r} ({c})' for r, c in top)}"
-                   + "".join(f"; {hint}" for hint in hints))
+                   f"the rest; top reasons: {top_reasons(stats.rejected)}" + "".join(f"; {hint}" for hint in hints))
     if stats.updates < planned_steps:
         out.append(f"{stats.updates} of the {planned_steps} planned steps ran: {stats.halt_reason or 'stopped'}")
     return out

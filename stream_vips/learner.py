@@ -63,7 +63,7 @@ from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger, build_ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
-from stream_vips.records import tabular
+from stream_vips.records import tabular, top_reasons
 from stream_vips.reservoir import Reservoir
 from stream_vips.sampling import make_sampler
 from stream_vips.schedule import Trigger
@@ -269,7 +269,7 @@ class PrivateLearner:
 
     def _top_rejections(self) -> str:
         """The three most common rejection reasons with their counts (public, privacy rule 1)."""
-        return ", ".join(f"{reason} ({count})" for reason, count in self.rejected.most_common(3))
+        return top_reasons(self.rejected)
 
     def privacy_report(self, halted: bool | None = None) -> dict[str, Any]:
         """The ``privacy`` section of the newest model message."""
@@ -348,10 +348,11 @@ class PrivateLearner:
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
-        A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`, nothing fed). Array and DataFrame
-        columns are public schema: with no ``dim`` given, a column count other than the default
-        is refused before anything is fed (``ConfigError``). The length of one record dict is
-        not checked so: under replace-one adjacency it is that record's private content.
+        A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`, nothing fed).
+        Array and DataFrame columns are public schema: with no ``dim`` given, a column count other
+        than the default is refused before anything is fed (``ConfigError``). The length of one
+        record dict is not checked so: under replace-one adjacency it is that record's private
+        content.
 
         A feed that ends with no released model warns why (:meth:`why_no_model`): no step is
         taken before the reservoir is full, so data smaller than it give no model (use
@@ -581,8 +582,8 @@ def records_of(data: Any, field: str = "x") -> Iterable[Mapping[str, Any]]:
     """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame: a
     lone ``X`` fills the family's vector ``field`` (``x``; ``y`` for sbn's images).
 
-    A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`): iterating it would make each
-    character a record."""
+    A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`): iterating it
+    would make each character a record."""
     return _as_records(data, tabular(data), field)
 
 

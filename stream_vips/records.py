@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import operator
 from itertools import chain, repeat
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -506,3 +506,15 @@ def _numeric(column: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def top_reasons(counts: Mapping[str, int], k: int = 3) -> str:
+    """The ``k`` most common rejection reasons with their counts, for one line (public counts).
+
+    >>> import collections
+    >>> top_reasons(collections.Counter({"wrong_shape": 4, "invalid_json": 9, "empty_document": 1}), 2)
+    'invalid_json (9), wrong_shape (4)'
+    """
+    from collections import Counter
+
+    return ", ".join(f"{reason} ({count})" for reason, count in Counter(counts).most_common(k))

@@ -173,10 +173,11 @@ def _could_start(partial: bytes, prefixes: Sequence[bytes]) -> bool:
 def is_torn_write(line: bytes, first: bool) -> bool:
     """Whether ``line``, an incomplete last line (no newline), is our write torn by a crash, to be
     cut on open: it could be the start of an event line, or of a genesis when it is the file's
-    ``first`` line (a ledger written before geneses starts with an event), or it is NUL bytes only, which is how a crash leaves a file whose size
-    was extended but whose blocks were never written (XFS, ext4 ``data=writeback``). Anything else
-    is not ours and is kept (:class:`FileLedger`): printable bytes, and binary data that merely
-    begins with a NUL (a foreign file must never be cut).
+    ``first`` line (a ledger written before geneses starts with an event), or it is NUL bytes
+    only, which is how a crash leaves a file whose size was extended but whose blocks were never
+    written (XFS, ext4 ``data=writeback``). Anything else is not ours and is kept
+    (:class:`FileLedger`): printable bytes, and binary data that merely begins with a NUL (a
+    foreign file must never be cut).
 
     >>> is_torn_write(b'{"ev', first=False), is_torn_write(b"\\0\\0\\0", first=True)
     (True, True)
@@ -328,8 +329,8 @@ class FileLedger(LedgerSteps):
     A new (or empty) file gets a genesis line first. On open, only a last line without its
     newline that could be the start of a ledger line is a write torn by a crash (its ``append``
     never returned): it is cut with a warning. "Could be the start" means a prefix of a line as
-    written here, or beginning like one: a genesis (``{"genesis":``) when it is the only line,
-    an event line (``{"at":`` or ``{"event":``) after that; or NUL bytes only, which is what a
+    written here, or beginning like one: an event line (``{"at":`` or ``{"event":``), or a
+    genesis (``{"genesis":``) when it is the only line; or NUL bytes only, which is what a
     crash leaves where the file was extended but its blocks never written (:func:`is_torn_write`).
     Any other incomplete last line is not ours (a data or model file as the only line, foreign
     bytes appended to a ledger): ``LedgerCorrupt`` names it and nothing is cut. Every complete
