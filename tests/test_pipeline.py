@@ -23,6 +23,7 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
+from stream_vips.checkpoint import Checkpoint
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.pipeline import Application, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
@@ -419,3 +420,47 @@ def test_sources_that_know_their_lag_export_it_as_a_metric(tmp_path):
     text = generate_latest(app.metrics.registry).decode()
     assert 'stream_vips_consumer_lag_records{partition="0",topic="records"} 7.0' in text
     assert 'stream_vips_consumer_lag_records{partition="2",topic="records"} 0.0' in text
+
+
+def test_a_model_update_that_fails_after_its_step_was_paid_is_never_published_nor_paid_again(tmp_path):
+    """The engine pays (durable ledger append) before it draws noise and updates the model. When
+    that update raises, the run stops before anything else leaves the process: the half-updated
+    model is neither published nor checkpointed, so no downstream reader sees it, and a restart
+    from the last checkpoint skips the paid stream position (no second charge) while every
+    message it publishes accounts for the failed step too (epsilon is never under-counted)."""
+    lines = synthetic_lines(1_500)
+    d = cfg_dict(tmp_path, privacy={"epsilon": 50.0},
+                 runtime={"checkpoint_path": str(tmp_path / "ckpt" / "state.npz"), "poll_max_records": 50})
+    sink = MemorySink()
+    app = Application.from_config(config_from_dict(d, env={}), source=SeekableSource(lines[:900]), sink=sink)
+    original, calls = app.model.update, []
+
+    def update(noisy_mean, rho):
+        calls.append(rho)
+        original(noisy_mean, rho)
+        if len(calls) == 3:  # the model's state has already changed when the failure comes
+            raise RuntimeError("injected failure inside the model update")
+
+    app.model.update = update
+    with pytest.raises(RuntimeError, match="injected failure"):
+        app.run()
+    paid = ledger_events(tmp_path / "ledger.jsonl")
+    assert len(paid) == 3 == len(calls)  # the third step was paid before its update failed
+    first_versions = [m["version"] for _, m in sink.messages]
+    assert first_versions == [0, 1]  # each whole step once; the failed step's model never went out
+
+    (offset,) = Checkpoint(tmp_path / "ckpt" / "state.npz").load()["offsets"].values()
+    sink2 = MemorySink()
+    second = Application.from_config(config_from_dict(d, env={}), source=SeekableSource(lines, start=offset),
+                                     sink=sink2)
+    second.run()
+    events = ledger_events(tmp_path / "ledger.jsonl")
+    assert events[:3] == paid and len(events) > 3  # never reset, never rewritten
+    versions = [m["version"] for _, m in sink2.messages]
+    assert 2 not in versions and versions == sorted(versions) and min(versions) >= 3
+    assert second.learner.skipped_steps >= 1  # the paid position was skipped, not paid again
+    acct = RdpAccountant()
+    for _, msg in sink2.messages:
+        v = msg["version"]
+        assert msg["privacy"]["steps"] == v + 1
+        assert msg["privacy"]["epsilon_spent"] == pytest.approx(acct.epsilon(events[: v + 1], DELTA), rel=1e-9)
