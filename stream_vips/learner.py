@@ -61,7 +61,7 @@ from stream_vips.models.base import Model
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import Ledger, build_ledger, check_binding
+from stream_vips.privacy.ledger import Ledger, LedgerMismatch, build_ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.records import tabular, top_reasons
 from stream_vips.reservoir import Reservoir
@@ -186,6 +186,9 @@ class PrivateLearner:
         self.max_rejected_fraction = cfg.sampling.max_rejected_fraction
         self._refused: str | None = None
         self._replay_until: int | None = None
+        # window accounting bounds a record's steps by its stream position; an earlier life's steps
+        # leave this learner's positions unknown until a checkpoint is restored (load_state)
+        self._unplaced = bool(window) and monitor is not None and monitor.steps > 0
         self.validation = cfg.sampling.validation
 
     @classmethod
@@ -312,6 +315,7 @@ class PrivateLearner:
         except ValueError as exc:
             raise StateMismatch(f"{what} does not fit this learner: {exc}") from exc
         self.trigger.pending = int(state["trigger_pending"])
+        self._unplaced = False
         last = None if self.engine.non_private else self.ledger.last_position
         if last is not None and last > self.reservoir.seen:
             self._replay_until = last
@@ -497,9 +501,23 @@ class PrivateLearner:
         """A time-based step is due (``every_seconds``) and the reservoir is full."""
         return self.trigger.every_seconds is not None and self.reservoir.full and self.trigger.due()
 
+    def check_window_position(self) -> None:
+        """Under window accounting, a ledger that already holds steps needs this learner's stream
+        position restored first (:meth:`load_state`, a checkpoint): records read again at new
+        positions would be in more than L steps, which the window cannot see. Raises
+        ``LedgerMismatch`` otherwise."""
+        if self._unplaced:
+            raise LedgerMismatch(
+                f"window accounting: ledger {self.ledger.ledger_id} already holds {self.engine.monitor.steps} steps, "
+                "but no checkpoint restored this learner's stream position: records read again would be in more "
+                f"than {self.window_steps} steps; restore the checkpoint (runtime.checkpoint_path, load_state), "
+                "or run `stream-vips reset` to start a new budget deliberately")
+
     def step(self) -> StepResult | None:
         """One private step now; ``None`` when the budget refused it (then :attr:`halted`) or when
-        an earlier life already paid at this stream position (counted in :attr:`skipped_steps`)."""
+        an earlier life already paid at this stream position (counted in :attr:`skipped_steps`).
+        Raises ``LedgerMismatch`` when :meth:`check_window_position` does (nothing spent)."""
+        self.check_window_position()
         if self._replay_until is not None:
             if self.reservoir.seen <= self._replay_until:
                 self.trigger.reset()

@@ -190,6 +190,11 @@ class Application:
                 model_params=cfg.model.params, dead_letter_max_bytes=cfg.runtime.dead_letter_max_bytes,
                 **connectors, **parts,
             )
+            if learner.window_steps and cfg.runtime.checkpoint_path is None:
+                raise ConfigError(
+                    "privacy.accounting: window accounting in a service needs runtime.checkpoint_path: a restart "
+                    "re-reads the records after the last commit, and only a restored checkpoint puts them back at "
+                    "the stream positions that bound each record's steps")
             if cfg.runtime.checkpoint_path is not None:
                 from stream_vips.checkpoint import CheckpointError, attach
 
@@ -197,6 +202,7 @@ class Application:
                     attach(app, cfg.runtime.checkpoint_path, cfg.runtime.checkpoint_interval_s)
                 except CheckpointError as exc:
                     raise ConfigError(f"runtime.checkpoint_path: {exc}") from exc
+            learner.check_window_position()  # after the checkpoint's restore, before anything is read
             app.check_published()
             return app
         except BaseException:
@@ -281,8 +287,18 @@ class Application:
         self._commit(final=True)  # the last checkpoint and commit, whatever their intervals
 
     def _positions(self) -> dict | None:
-        """The source's positions after everything it returned so far (None: it has none)."""
-        return self.source.positions() if isinstance(self.source, SeekableSource) else None
+        """The source's positions after everything it returned so far (None: it has none).
+
+        Window accounting refuses a source of several partitions here, before the batch is
+        applied: their records interleave differently when a restart re-reads them, so a record
+        could come back at a later position and be in more steps than the window counts."""
+        positions = self.source.positions() if isinstance(self.source, SeekableSource) else None
+        if self.learner.window_steps and positions is not None and len(positions) > 1:
+            raise ConfigError(
+                f"privacy.accounting: window accounting needs a source of one partition, this one reads "
+                f"{len(positions)}: a restart re-reads records in another order, at positions the window does "
+                "not bound (use one partition per service, or stream accounting)")
+        return positions
 
     def _apply_next(self) -> None:
         """Apply the oldest batch in flight (once halted it is dropped: updates have ended)."""

@@ -120,7 +120,7 @@ def read_ledger_topic(bootstrap: str, topic: str, name: str, timeout_s: float) -
     where = f"ledger topic {topic!r} name {name!r}"
     security = {**security_options(), **deadline_options(timeout_s)}
     try:
-        genesis, events, _ = within(timeout_s * 2, lambda: read_committed(
+        genesis, events, *_ = within(timeout_s * 2, lambda: read_committed(
             bootstrap, topic, name, security=security, timeout_s=timeout_s), f"reading the {where}")
     except LedgerCorrupt as exc:
         raise ReportError(str(exc)) from None
@@ -145,7 +145,7 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
 
     try:
         with open(path, "rb") as fh:
-            genesis, events, _ = replay_lines(complete_lines(fh), f"ledger {path}")
+            genesis, events, *_ = replay_lines(complete_lines(fh), f"ledger {path}")
     except OSError as exc:
         raise ReportError(f"cannot read the ledger {path}: {exc.strerror or exc}") from None
     except LedgerCorrupt as exc:

@@ -131,7 +131,7 @@ def test_window_accounting_needs_a_sliding_window_and_a_record_schedule():
 
 def test_a_failed_append_changes_nothing_in_window_accounting():
     class FullDisk(MemoryLedger):
-        def append_many(self, entries):
+        def append_many(self, entries, window=None):
             raise OSError(28, "No space left on device")
 
     monitor = BudgetMonitor(5.0, DELTA, make_accountant("pld", "poisson"), FullDisk(), window=4, prepay=3, stride=10)

@@ -75,7 +75,7 @@ class KafkaLedger(LedgerSteps):
             acks="all", enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0))
         self._producer.init_transactions()  # fences an older writer and aborts its open transaction
         self._failed: Exception | None = None
-        genesis, self._events, self._positions = self._replay()
+        genesis, self._events, self._positions, self._windows = self._replay()
         if genesis is None:
             genesis = new_genesis(supersedes)
             self._commit([(f"{name}/genesis".encode(), encode_genesis(genesis).rstrip(b"\n"))], "ledger genesis")
@@ -84,11 +84,11 @@ class KafkaLedger(LedgerSteps):
             raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
         self._genesis = genesis
 
-    def _replay(self) -> tuple[dict | None, list, list]:
+    def _replay(self) -> tuple[dict | None, list, list, list]:
         return read_ledger_topic(self._connection.servers, self.topic, self.name,
                                  security=self._connection.security, timeout_s=self.send_timeout_s)
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
         ``read_committed`` replay sees all or none); transient failures are retried for
         ``append_timeout_s``. Returns the first step.
@@ -99,11 +99,11 @@ class KafkaLedger(LedgerSteps):
         used twice.
         """
         first = len(self._events)
-        records = [(f"{self.name}/{first + i:012d}".encode(), encode_line(first + i, e, p).rstrip(b"\n"))
+        records = [(f"{self.name}/{first + i:012d}".encode(), encode_line(first + i, e, p, window).rstrip(b"\n"))
                    for i, (e, p) in enumerate(entries)]
         what = f"ledger events for steps {first}..{first + len(records) - 1}"
         self._commit(records, what)
-        return self._record(entries)
+        return self._record(entries, window)
 
     def _commit(self, records: Sequence[tuple[bytes, bytes]], what: str) -> None:
         if self._failed is not None:
@@ -138,9 +138,9 @@ class KafkaLedger(LedgerSteps):
 
 
 def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
-                      timeout_s: float = 30.0) -> tuple[dict | None, list, list]:
+                      timeout_s: float = 30.0) -> tuple[dict | None, list, list, list]:
     """The committed steps of ledger ``name`` on ``topic``, read-only: ``(genesis, events,
-    positions)``, ``(None, [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap
+    positions, windows)``, ``(None, [], [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap
     or a bad checksum. What :class:`KafkaLedger` replays on open, and what ``stream-vips report``
     reads (without fencing the running writer)."""
     prefix = f"{name}/".encode()
@@ -152,11 +152,11 @@ def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, securi
         elif rec.key is not None and rec.key.startswith(prefix):
             lines.append(rec.value)
     if genesis_line is None and not lines:
-        return None, [], []
+        return None, [], [], []
     where = f"ledger topic {topic!r} name {name!r}"
     if genesis_line is not None:
         lines.insert(0, genesis_line)
-    genesis, events, positions = replay_lines(lines, where)
+    replayed = replay_lines(lines, where)
     if genesis_line is None:
-        log.warning("%s has no genesis (written by an older version): its id is %s", where, genesis["ledger_id"])
-    return genesis, events, positions
+        log.warning("%s has no genesis (written by an older version): its id is %s", where, replayed[0]["ledger_id"])
+    return replayed

@@ -69,6 +69,8 @@ class BudgetMonitor:
         self.accountant = accountant
         self.ledger = ledger
         events = ledger.events()
+        if window:
+            _check_windows(ledger, window)
         self._counts: OrderedDict = accountant.group(events)
         self._recent = _Sliding(window - 1 if window else 0)
         self._window_eps: dict[tuple, float] = {}
@@ -219,7 +221,7 @@ class BudgetMonitor:
                        f"{self._window_epsilon(self._recent.with_unit(unit)):.6g} > budget "
                        f"{self.epsilon_budget:g} at delta {self.delta:g}")
             return None
-        first = self.ledger.append_many(entries)  # durable first: a failed append changes nothing
+        first = self.ledger.append_many(entries, window=self.window)  # durable first: a failed append changes nothing
         self._recent, self._window_max = recent, worst
         self._counts[unit] = self._counts.get(unit, 0) + len(entries) * event.count
         self._steps += len(entries)
@@ -230,6 +232,30 @@ class BudgetMonitor:
     def _halt(self, reason: str) -> None:
         self.halted = True
         self.halt_reason = reason
+
+
+def _check_windows(ledger, window: int) -> None:
+    """Refuse to account ``ledger`` with windows of ``window`` steps when an earlier life paid a
+    step under a longer window, or under stream accounting (its records could be in every step):
+    fewer steps per window would lower the epsilon it reports. A longer window than before only
+    over-counts and is accepted."""
+    from .ledger import LedgerMismatch
+
+    recorded = ledger.windows()
+    stream = sum(w is None for w in recorded)
+    if stream:
+        raise LedgerMismatch(
+            f"ledger {ledger.ledger_id} holds {stream} steps taken under stream accounting (a record could be "
+            f"in every one of them), but privacy.accounting is window ({window} steps): that would count only "
+            "the last steps and lower the spent epsilon; keep privacy.accounting: stream for this ledger, or "
+            "run `stream-vips reset` to start a new budget deliberately")
+    longest = max(recorded, default=window)
+    if longest > window:
+        raise LedgerMismatch(
+            f"ledger {ledger.ledger_id} holds steps paid under a window of {longest} steps, but this "
+            f"configuration's window is {window} (sampling.reservoir / schedule.every_records changed): a record "
+            f"may be in {longest} consecutive steps, so counting {window} would lower the spent epsilon; keep a "
+            "window of at least that many steps, or run `stream-vips reset` to start a new budget deliberately")
 
 
 class _Sliding:

@@ -21,6 +21,12 @@ reset``), so the old state is accepted and the decision is on record.
 step was taken. A restart from a checkpoint replays the stream from the checkpoint's position;
 it takes no step at a position an earlier life already paid for (:attr:`Ledger.last_position`),
 so a crash loop never spends budget twice on the same reservoir.
+
+**Windows.** A step taken under window accounting (``privacy.accounting: window``) carries
+``"window": L``, the most consecutive steps any record of it can be in. The budget monitor
+reads them back (:meth:`Ledger.windows`) and refuses to account a ledger with a shorter window
+than one it was paid under, or steps taken without a window (any record could be in all of them),
+which would lower the spent epsilon a restart reports.
 """
 
 from __future__ import annotations
@@ -76,12 +82,16 @@ class Ledger(Protocol):
     def append(self, event: Any, position: int | None = None) -> int:
         """Record ``event`` (taken at stream ``position``) durably; returns its step (0, 1, ...)."""
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """Record ``(event, position)`` entries durably in one write (all or none, as far as a
-        restart can tell); returns the step of the first."""
+        restart can tell), each under accounting ``window`` (``None``: stream accounting);
+        returns the step of the first."""
 
     def events(self) -> list:
         """All recorded events, in order."""
+
+    def windows(self) -> list:
+        """Each recorded step's accounting window (``None``: taken under stream accounting)."""
 
     def close(self) -> None: ...
 
@@ -97,6 +107,7 @@ class LedgerSteps:
 
     _events: list
     _positions: list
+    _windows: list
     _genesis: dict[str, Any]
 
     @property
@@ -114,14 +125,18 @@ class LedgerSteps:
     def events(self) -> list:
         return list(self._events)
 
+    def windows(self) -> list:
+        return list(self._windows)
+
     def append(self, event: Any, position: int | None = None) -> int:
         return self.append_many([(event, position)])
 
-    def _record(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+    def _record(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         first = len(self._events)
         for event, position in entries:
             self._events.append(event)
             self._positions.append(position)
+            self._windows.append(window)
         return first
 
 
@@ -131,12 +146,13 @@ class MemoryLedger(LedgerSteps):
     def __init__(self, events: list | None = None) -> None:
         self._events = list(events or [])
         self._positions = [None] * len(self._events)
+        self._windows = [None] * len(self._events)
         self._genesis = new_genesis()
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         for event, _ in entries:
             event.to_dict()  # same contract as durable ledgers: the event must serialize
-        return self._record(entries)
+        return self._record(entries, window)
 
     def close(self) -> None:
         pass
@@ -150,11 +166,13 @@ def _line(body: dict) -> bytes:
     return (json.dumps({**body, "sha256": _digest(body)}, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def encode_line(step: int, event: Any, position: int | None = None) -> bytes:
+def encode_line(step: int, event: Any, position: int | None = None, window: int | None = None) -> bytes:
     """The ledger line for ``event`` at ``step`` (newline-terminated)."""
     body: dict[str, Any] = {"step": step, "event": event.to_dict()}
     if position is not None:
         body["at"] = int(position)
+    if window is not None:
+        body["window"] = int(window)
     return _line(body)
 
 
@@ -252,17 +270,19 @@ def decode_genesis(raw: bytes) -> dict[str, Any] | None:
     return genesis
 
 
-def decode_line(raw: bytes, expected_step: int) -> tuple[Any, int | None]:
-    """``(event, position)`` on one event line; raises ValueError saying what is wrong."""
+def decode_line(raw: bytes, expected_step: int) -> tuple[Any, int | None, int | None]:
+    """``(event, position, window)`` on one event line; raises ValueError saying what is wrong."""
     body = _load(raw)
-    if not {"step", "event"} <= set(body) <= {"step", "event", "at"}:
-        raise ValueError("not a ledger line (expected keys step, event, [at], sha256)")
+    if not {"step", "event"} <= set(body) <= {"step", "event", "at", "window"}:
+        raise ValueError("not a ledger line (expected keys step, event, [at], [window], sha256)")
     if body["step"] != expected_step:
         raise ValueError(f"step {body['step']!r} where {expected_step} was expected")
-    at = body.get("at")
+    at, window = body.get("at"), body.get("window")
     if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
         raise ValueError(f"position {at!r} is not a non-negative integer")
-    return _event(body["event"]), at
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window {window!r} is not a positive integer")
+    return _event(body["event"]), at, window
 
 
 _EVENTS: dict = {}  # one object per distinct event: a ledger of 10^6 identical steps holds one
@@ -287,12 +307,13 @@ def legacy_genesis(first_line: bytes) -> dict[str, Any]:
     return {"ledger_id": "legacy-" + hashlib.sha256(first_line).hexdigest()[:24], "supersedes": []}
 
 
-def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | None, list, list]:
-    """``(genesis, events, positions)`` from complete ledger lines; :class:`LedgerCorrupt` names
-    the first bad line (``where`` says which ledger)."""
+def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | None, list, list, list]:
+    """``(genesis, events, positions, windows)`` from complete ledger lines; :class:`LedgerCorrupt`
+    names the first bad line (``where`` says which ledger)."""
     genesis = None
     events: list = []
     positions: list = []
+    windows: list = []
     for i, raw in enumerate(lines):
         try:
             if i == 0:
@@ -300,12 +321,13 @@ def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | N
                 if genesis is not None:
                     continue
                 genesis = legacy_genesis(raw)
-            event, at = decode_line(raw, len(events))
+            event, at, window = decode_line(raw, len(events))
         except ValueError as exc:
             raise LedgerCorrupt(f"{where} line {i + 1} is corrupt: {exc}") from exc
         events.append(event)
         positions.append(at)
-    return genesis, events, positions
+        windows.append(window)
+    return genesis, events, positions, windows
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -357,7 +379,7 @@ class FileLedger(LedgerSteps):
                 raise LedgerLocked(f"ledger {self.path} is in use by another process") from exc
             self._held = key
             _HELD[key] = os.getpid()
-            genesis, self._events, self._positions = self._replay()
+            genesis, self._events, self._positions, self._windows = self._replay()
             if genesis is None:  # a new or empty file: the genesis is its first line
                 genesis = new_genesis(supersedes)
                 self._write(encode_genesis(genesis))
@@ -371,7 +393,7 @@ class FileLedger(LedgerSteps):
             self.close()
             raise
 
-    def _replay(self) -> tuple[dict[str, Any] | None, list, list]:
+    def _replay(self) -> tuple[dict[str, Any] | None, list, list, list]:
         """Replay the complete lines, streaming the file (memory holds the events, not the file);
         cut a torn last line."""
         self._size = 0
@@ -419,14 +441,14 @@ class FileLedger(LedgerSteps):
             raise
         self._size += len(line)
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]]) -> int:
+    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """All entries in one write and one fsync; a crash mid-write leaves a prefix of whole
         lines plus a torn one, which only over-counts (entries are appended before release)."""
         if self._fd < 0:
             raise RuntimeError(f"ledger {self.path} is closed")
         first = len(self._events)
-        self._write(b"".join(encode_line(first + i, e, p) for i, (e, p) in enumerate(entries)))
-        return self._record(entries)
+        self._write(b"".join(encode_line(first + i, e, p, window) for i, (e, p) in enumerate(entries)))
+        return self._record(entries, window)
 
     def close(self) -> None:
         if self._fd >= 0:
