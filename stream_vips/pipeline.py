@@ -169,6 +169,11 @@ class Application:
             port_free(cfg.metrics.host, cfg.metrics.port)  # before anything is created: nothing left behind
         learner = PrivateLearner.from_config(cfg, ledger=parts.pop("ledger", None))
         try:
+            if learner.window_steps and cfg.runtime.checkpoint_path is None:  # before any connector exists
+                raise ConfigError(
+                    "privacy.accounting: window accounting in a service needs runtime.checkpoint_path: a restart "
+                    "re-reads the records after the last commit, and only a restored checkpoint puts them back at "
+                    "the stream positions that bound each record's steps")
             connectors = {}
             for kind in ("source", "sink", "dead_letter"):
                 if kind in parts:
@@ -190,11 +195,6 @@ class Application:
                 model_params=cfg.model.params, dead_letter_max_bytes=cfg.runtime.dead_letter_max_bytes,
                 **connectors, **parts,
             )
-            if learner.window_steps and cfg.runtime.checkpoint_path is None:
-                raise ConfigError(
-                    "privacy.accounting: window accounting in a service needs runtime.checkpoint_path: a restart "
-                    "re-reads the records after the last commit, and only a restored checkpoint puts them back at "
-                    "the stream positions that bound each record's steps")
             if cfg.runtime.checkpoint_path is not None:
                 from stream_vips.checkpoint import CheckpointError, attach
 

@@ -107,6 +107,8 @@ def config(tmp_path: Path, checkpoint: bool = True, every_records: int = EVERY, 
         "schedule": {"every_records": every_records},
         "metrics": {"enabled": False},
         "runtime": runtime,
+        "sink": {"type": "jsonl", "path": str(tmp_path / "models.jsonl")},
+        "dead_letter": {"type": "jsonl", "path": str(tmp_path / "dead.jsonl")},
     }, env={})
 
 
@@ -145,6 +147,7 @@ def test_window_accounting_in_a_service_needs_a_checkpoint(tmp_path):
         Application.from_config(config(tmp_path, checkpoint=False), source=AtLeastOnceSource(Broker()))
     with FileLedger(tmp_path / "ledger.jsonl") as ledger:  # the refused start released its lock
         assert ledger.events() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.jsonl"]  # no sink or dead-letter file made
 
 
 def test_a_source_of_two_partitions_is_refused_before_any_step(tmp_path):
