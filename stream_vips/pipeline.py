@@ -421,11 +421,13 @@ class Application:
             batch = self.learner.offer_raw(values, stop=self._stop.is_set, on_step=self._released, keys=keys)
             self.stats.not_decoded += batch.skipped
             self.metrics.records_not_decoded.inc(batch.skipped)
+            if batch.rejected:  # known only once the reservoir admitted (and decoded) them
+                self._dead_letter(raws, batch.rejected)
         else:
+            if batch.rejected:  # handed to the sink before any step: a refused send spends nothing
+                self._dead_letter(raws, batch.rejected)
             batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
-        if batch.rejected:
-            self._dead_letter(raws, batch.rejected)
         self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)
 

@@ -464,3 +464,22 @@ def test_a_model_update_that_fails_after_its_step_was_paid_is_never_published_no
         v = msg["version"]
         assert msg["privacy"]["steps"] == v + 1
         assert msg["privacy"]["epsilon_spent"] == pytest.approx(acct.epsilon(events[: v + 1], DELTA), rel=1e-9)
+
+
+def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(tmp_path):
+    """The rejects of a decoded batch go to the dead-letter sink before the batch is offered to
+    the learner: a sink that refuses them (synchronously, like a producer's size or metadata
+    error) stops the run with nothing paid for that batch and nothing committed past it."""
+
+    class RefusingSink(MemoryDeadLetterSink):
+        def send(self, letters):
+            raise OSError("dead-letter topic unavailable")
+
+    lines = synthetic_lines(400)
+    lines[350] = b'{"x": [0.1, 0.2'  # one malformed record after two steps' worth of arrivals
+    source = MemorySource(lines)
+    app = Application.from_config(config_from_dict(cfg_dict(tmp_path), env={}), source=source,
+                                  dead_letter=RefusingSink(), sink=MemorySink())
+    with pytest.raises(OSError, match="dead-letter topic unavailable"):
+        app.run()
+    assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
