@@ -117,7 +117,9 @@ def values_of(raws: Sequence[RawRecord]) -> list[bytes]:
 class DeadLetter:
     """A rejected record: its bytes (at most the first ``max_bytes``, see :meth:`bounded`), a
     reason code and a human-readable detail; ``length`` and ``sha256`` describe the original
-    value, so a truncated letter still identifies the record."""
+    value, so a truncated letter still identifies the record. An origin field cut by
+    :meth:`bounded` (e.g. a huge Kafka key) is described the same way, by the origin fields
+    ``<name>.length`` and ``<name>.sha256``."""
 
     record: RawRecord
     reason: str
@@ -131,16 +133,44 @@ class DeadLetter:
 
     @classmethod
     def bounded(cls, record: RawRecord, reason: str, detail: str, max_bytes: int,
-                max_detail: int = 500) -> "DeadLetter":
-        """A letter whose value is cut to ``max_bytes`` and detail to ``max_detail`` characters,
-        so delivering it can never fail for size (a sink's request limit): one oversized bad
-        record must not stop the pipeline."""
-        value = record.value
-        kept = value if len(value) <= max_bytes else value[:max_bytes]
+                max_detail: int = 500, max_field: int = 1024) -> "DeadLetter":
+        """A letter whose value is cut to ``max_bytes``, detail to ``max_detail`` characters and
+        every bytes or text origin field to ``max_field`` bytes (text: UTF-8, cut at a character
+        boundary; ``<name>.length`` counts its UTF-8 bytes), so delivering it can never fail for
+        size (a sink's request limit, where the origin travels as headers): one oversized bad
+        record, or one with an oversized key, must not stop the pipeline.
+
+        >>> raw = RawRecord(b"x" * 10, {"offset": 7, "key": b"k" * 2000})
+        >>> letter = DeadLetter.bounded(raw, "invalid_json", "bad", max_bytes=4)
+        >>> letter.record.value, letter.length, letter.truncated, len(letter.record.origin["key"])
+        (b'xxxx', 10, True, 1024)
+        >>> letter.record.origin["key.length"], letter.record.origin["key.sha256"][:12]
+        (2000, '1c8123314be7')
+        """
         if len(detail) > max_detail:
             detail = detail[:max_detail] + "..."
-        return cls(replace(record, value=kept) if kept is not value else record, reason, detail,
-                   len(value), hashlib.sha256(value).hexdigest())
+        origin: dict[str, Any] | None = None
+        for name, field_value in record.origin.items():
+            data = field_value.encode("utf-8", "surrogatepass") if isinstance(field_value, str) else field_value
+            if isinstance(data, (bytes, bytearray)) and len(data) > max_field:
+                origin = origin if origin is not None else dict(record.origin)
+                kept = data[:max_field]
+                origin[name] = kept.decode("utf-8", "ignore") if isinstance(field_value, str) else kept
+                origin[f"{name}.length"], origin[f"{name}.sha256"] = len(data), hashlib.sha256(data).hexdigest()
+        if origin is not None:
+            record = replace(record, origin=origin)
+        value = record.value
+        return cls(record, reason, detail, len(value), hashlib.sha256(value).hexdigest()).shortened(max_bytes)
+
+    def shortened(self, max_bytes: int) -> "DeadLetter":
+        """This letter with its value cut to ``max_bytes``; ``length`` and ``sha256`` keep
+        describing the original value (computed here if the letter had none)."""
+        value = self.record.value
+        if len(value) <= max_bytes:
+            return self
+        length, digest = ((self.length, self.sha256) if self.length is not None
+                          else (len(value), hashlib.sha256(value).hexdigest()))
+        return replace(self, record=replace(self.record, value=value[:max_bytes]), length=length, sha256=digest)
 
 
 class Source(Protocol):

@@ -99,6 +99,35 @@ def test_jsonl_sinks_write_complete_flushed_lines(tmp_path):
     dead.close()
 
 
+def test_a_bounded_letter_cuts_a_huge_key_and_value_and_still_identifies_them(tmp_path):
+    """A rejected record with a 2 MB message key and a 2 MB value: the letter keeps at most
+    max_bytes of the value and 1 KiB of every bytes or text origin field, each with its
+    original length and sha256, so its JSON line stays small (it used to carry the whole key)."""
+    import hashlib
+
+    key, value = bytes(range(256)) * 8192, b"{" + b"v" * 2_097_151
+    text = "\u00e9" * 600  # 1200 UTF-8 bytes of two-byte characters: cut at a character boundary
+    raw = RawRecord(value, {"topic": "t", "partition": 0, "offset": 5, "key": key, "note": text})
+    letter = DeadLetter.bounded(raw, "invalid_json", "x" * 10_000, max_bytes=65_536)
+    origin = letter.record.origin
+    assert letter.record.value == value[:65_536] and letter.truncated
+    assert (letter.length, letter.sha256) == (len(value), hashlib.sha256(value).hexdigest())
+    assert origin["key"] == key[:1024] and origin["key.length"] == len(key) == 2 * 1024 * 1024
+    assert origin["key.sha256"] == hashlib.sha256(key).hexdigest()
+    assert origin["note"] == "\u00e9" * 512 and origin["note.length"] == 1200
+    assert origin["note.sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert (origin["topic"], origin["offset"], len(letter.detail)) == ("t", 5, 503)
+    assert raw.origin["key"] is key  # the source's record is not changed
+    dead = JsonlDeadLetterSink(str(tmp_path / "dead.jsonl"))
+    dead.send([letter])
+    dead.close()
+    line = (tmp_path / "dead.jsonl").read_bytes()
+    assert len(line) < 65_536 + 10_000 and json.loads(line)["origin"]["key.length"] == len(key)
+    # small fields and a value under the cap are kept whole, with nothing added
+    small = DeadLetter.bounded(RawRecord(b"{", {"key": b"k" * 1024, "note": "n"}), "invalid_json", "d", 65_536)
+    assert small.record.origin == {"key": b"k" * 1024, "note": "n"} and not small.truncated
+
+
 def test_stdin_source_honours_timeouts_and_reaches_eof():
     r, w = os.pipe()
     reader = os.fdopen(r, "rb")

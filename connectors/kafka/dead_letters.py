@@ -6,20 +6,86 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, takes_connection
 from stream_vips.io import DeadLetter
 
 
+#: The dead-letter producer's request limit, set on both client libraries so that they refuse at
+#: the same size: kafka-python's default ``max_request_size`` (librdkafka's ``message.max.bytes``
+#: would otherwise be 1,000,000).
+MAX_REQUEST_BYTES = 1 << 20
+#: Room kept under MAX_REQUEST_BYTES beyond kafka-python's own size estimate. That estimate
+#: (``DefaultRecordBatchBuilder.estimate_size_in_bytes``, what ``send()`` checks) already counts
+#: the 61-byte batch header, at most 21 bytes of record framing (length, attributes, timestamp
+#: and offset deltas as varints) and every key, value and header with its varint length;
+#: librdkafka's check counts the same record without the batch header. What it leaves out is
+#: zstd's growth of incompressible bytes, 3 bytes per 128 KiB block plus an 18-byte frame
+#: header (under 50 bytes at 1 MiB), while the broker's default ``max.message.bytes`` is only 12
+#: bytes above 1 MiB: 1 KiB covers that with room to spare.
+SIZE_MARGIN = 1024
+_BUDGET = MAX_REQUEST_BYTES - SIZE_MARGIN
+#: Origin fields kept when a letter's headers alone would pass the budget (they are in the key too).
+_POSITION = ("topic", "partition", "offset")
+
+
+def fitted(letter: DeadLetter, budget: int = _BUDGET) -> tuple[bytes, bytes | None, list[tuple[str, bytes]]]:
+    """``(value, key, headers)`` of ``letter``'s Kafka record, at most ``budget`` bytes by
+    kafka-python's estimate of a one-record batch (see ``SIZE_MARGIN``), so a send never fails
+    for size. :meth:`DeadLetter.bounded` keeps letters well inside; past the budget (a source
+    with many large origin fields) the value is cut further, and if the headers alone pass it
+    only the record's position stays of its origin.
+
+    >>> from stream_vips.io import RawRecord
+    >>> value, key, headers = fitted(DeadLetter.bounded(RawRecord(b"v" * 5000, {"topic": "t", "partition": 0,
+    ...     "offset": 9, "note": "n" * 1000}), "invalid_json", "bad", 5000), budget=4000)
+    >>> key, len(value) < 5000, dict(headers)["truncated"], dict(headers)["length"]
+    (b't/0/9', True, b'true', b'5000')
+    """
+    origin = letter.record.origin
+    key = None
+    if {"topic", "partition", "offset"} <= set(origin):
+        key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
+    source = [(f"source.{k}", v if isinstance(v, bytes) else str(v).encode())
+              for k, v in origin.items() if v is not None]
+    headers = _headers(letter) + source
+    excess = _size(key, letter.record.value, headers) - budget
+    if excess > 0:  # the cut may add length, sha256 and truncated headers: ~100 bytes, 128 kept free
+        cut = letter.shortened(max(0, len(letter.record.value) - excess - 128))
+        headers = _headers(cut) + source
+        if _size(key, cut.record.value, headers) > budget:
+            headers = _headers(cut) + [h for h in source if h[0][len("source."):] in _POSITION]
+        letter = cut
+    return letter.record.value, key, headers
+
+
+def _headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
+    """A letter's own headers: reason, detail and (when known) the original value's description."""
+    headers = [("reason", letter.reason.encode()), ("detail", letter.detail.encode("utf-8", "replace"))]
+    if letter.length is not None:
+        headers += [("length", str(letter.length).encode()), ("sha256", str(letter.sha256).encode()),
+                    ("truncated", b"true" if letter.truncated else b"false")]
+    return headers
+
+
+def _size(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+
+
 class KafkaDeadLetterSink:
     """Rejected records on a dead-letter topic.
 
-    Value: the original bytes, or their first ``runtime.dead_letter_max_bytes`` (the pipeline
-    bounds every letter, so a send never fails for size). Key: ``<topic>/<partition>/<offset>``
-    of the source record when known. Headers: ``reason``, ``detail``, ``length`` and ``sha256``
-    of the original value, ``truncated``, ``source.topic``, ``source.partition``,
-    ``source.offset`` (and any other origin field as ``source.<name>``). Sends are asynchronous;
+    Value: the original bytes, or their first ``runtime.dead_letter_max_bytes``. Key:
+    ``<topic>/<partition>/<offset>`` of the source record when known. Headers: ``reason``,
+    ``detail``, ``length`` and ``sha256`` of the original value, ``truncated``, ``source.topic``,
+    ``source.partition``, ``source.offset`` (and any other origin field as ``source.<name>``,
+    e.g. the message key as ``source.key``: cut to 1 KiB by the pipeline, with
+    ``source.key.length`` and ``source.key.sha256`` then). The pipeline bounds every letter and
+    :func:`fitted` keeps each record under the producer's request limit, so a send never fails
+    for size. Sends are asynchronous;
     :meth:`flush` confirms them all, and the pipeline calls it before committing any offset.
     Connection settings come flat or as one ``connection``; the client id defaults to
     ``<prefix>-dead-letters``.
@@ -42,22 +108,13 @@ class KafkaDeadLetterSink:
         ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
                      create=create_topic, security=connection.security)
         self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
-            acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5))
+            acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5,
+            max_request_size=MAX_REQUEST_BYTES))
         self._pending: list[Any] = []
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
-            origin = dict(letter.record.origin)
-            headers = [("reason", letter.reason.encode()), ("detail", letter.detail.encode("utf-8", "replace"))]
-            if letter.length is not None:
-                headers += [("length", str(letter.length).encode()), ("sha256", str(letter.sha256).encode()),
-                            ("truncated", b"true" if letter.truncated else b"false")]
-            headers += [(f"source.{k}", v if isinstance(v, bytes) else str(v).encode())
-                        for k, v in origin.items() if v is not None]
-            key = None
-            if {"topic", "partition", "offset"} <= set(origin):
-                key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
-            self._pending.append(self._producer.send(self.topic, letter.record.value, key, headers))
+            self._pending.append(self._producer.send(self.topic, *fitted(letter)))
         if len(self._pending) > 10_000:
             self.flush()
 
