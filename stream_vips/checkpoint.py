@@ -129,6 +129,8 @@ class Checkpoint:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a directory, no permission: a configuration error, not a crash
+            raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc.strerror or exc}") from exc
         try:
             return _unpack(data)
         except (ValueError, KeyError, OSError) as exc:

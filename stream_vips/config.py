@@ -42,6 +42,16 @@ from stream_vips.models import MODEL_FAMILIES, model_class
 
 
 ENV_PREFIX = "STREAM_VIPS__"
+#: Largest privacy.epsilon. Beyond 709.78 e^epsilon, the likelihood-ratio bound an (epsilon,
+#: delta) guarantee states, is not even a finite float64, so such a budget bounds nothing; it is
+#: still allowed up to 1e4 as "never halt" for experiments and benchmarks, where calibration
+#: stays above MIN_NOISE_MULTIPLIER (z = 0.015 for one full-batch step), while targets like 1e300
+#: drove calibration into the accountant's overflow.
+MAX_EPSILON = 1e4
+#: Smallest fixed privacy.noise_multiplier: the PLD accountant widens its grid step to at most
+#: 4 (20/z + 2/z^2) / 2^14 (the loss range over ~2^14 points, rounded up to a power of two) and
+#: dp_accounting takes expm1 of that step, finite only below 709.78: z >= 8.4e-4, rounded up.
+MIN_NOISE_MULTIPLIER = 1e-3
 
 #: Model parameters that make the default configuration run (merged under the configured ones).
 DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
@@ -424,7 +434,10 @@ def _connector(kind: str, data: Any) -> ConnectorConfig:
 def _validate(cfg: Config) -> None:
     p, s, sch, rt = cfg.privacy, cfg.sampling, cfg.schedule, cfg.runtime
     checks = [
-        ("privacy.epsilon", p.epsilon > 0, "must be > 0"),
+        ("privacy.epsilon", 0 < p.epsilon <= MAX_EPSILON,
+         f"must be in (0, {MAX_EPSILON:g}]: a larger budget bounds nothing (e^epsilon overflows above 709.78) "
+         "and calibrating z toward it overflows the accountant"),
+        ("privacy.seed", p.seed is None or p.seed >= 0, "must be a non-negative integer or null"),
         ("privacy.delta", 0 < p.delta < 1, "must be in (0, 1)"),
         ("privacy.planned_steps", p.planned_steps >= 1, "must be >= 1"),
         ("privacy.calibration_rtol", 0 < p.calibration_rtol < 0.5, "must be in (0, 0.5)"),
@@ -458,8 +471,11 @@ def _validate(cfg: Config) -> None:
          "must be in [1, 900000] (below Kafka's default 1 MiB request limit)"),
     ]
     if p.mode == "private":
-        checks.append(("privacy.noise_multiplier", p.noise_multiplier is None or p.noise_multiplier > 0,
-                       "must be > 0 or null (calibrated); z = 0 needs privacy.mode: non_private"))
+        z_ok = p.noise_multiplier is None or p.noise_multiplier >= MIN_NOISE_MULTIPLIER
+        checks.append(("privacy.noise_multiplier", z_ok,
+                       f"must be >= {MIN_NOISE_MULTIPLIER:g} or null (calibrated): below it the PLD accountant's loss "
+                       "grid step, about 4 (20/z + 2/z^2) / 2^14, passes 709 and exp() overflows (one step at z = "
+                       f"{MIN_NOISE_MULTIPLIER:g} already costs epsilon ~ 2e6); z = 0 needs privacy.mode: non_private"))
     else:
         checks.append(("privacy.noise_multiplier", p.noise_multiplier in (None, 0.0),
                        "must be null or 0 when privacy.mode is non_private"))
@@ -482,6 +498,9 @@ def _validate(cfg: Config) -> None:
 
 
 def _check_ledger(ledger: LedgerConfig) -> None:
+    if ledger.type == "file" and Path(ledger.path).is_dir():
+        raise ConfigError(f"privacy.ledger.path: {ledger.path} is a directory; name the ledger file in it "
+                          "(e.g. ledger.jsonl)")
     if ledger.prepay_steps is not None and (isinstance(ledger.prepay_steps, bool) or ledger.prepay_steps < 1):
         raise ConfigError(f"privacy.ledger.prepay_steps: must be >= 1 or null, got {ledger.prepay_steps!r}")
     if ledger.type != "kafka":

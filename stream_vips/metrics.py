@@ -26,6 +26,8 @@ True
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +37,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                PlatformCollector, ProcessCollector, generate_latest)
 
 from stream_vips import __version__
+from stream_vips.errors import ConfigError
 
 PREFIX = "stream_vips"
 #: Help-text note of the metrics that expose update timing (public, not covered by the guarantee).
@@ -139,22 +142,34 @@ def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+#: Bind errors that mean the host, not the port, is wrong: no such address on this machine, or
+#: an address family (IPv6) the machine lacks.
+_HOST_ERRNOS = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
+def bind_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """The ``ConfigError`` for a failed bind of the metrics server, naming ``metrics.host`` when
+    the host is the problem (not resolvable, or no interface of this machine) and
+    ``metrics.port`` otherwise (in use, privileged).
+
+    >>> import socket
+    >>> str(bind_error("nohost.invalid", 9108, socket.gaierror(-2, "Name or service not known")))
+    'metrics.host: cannot serve metrics on nohost.invalid:9108: Name or service not known'
+    """
+    key = "metrics.host" if isinstance(exc, socket.gaierror) or exc.errno in _HOST_ERRNOS else "metrics.port"
+    return ConfigError(f"{key}: cannot serve metrics on {host}:{port}: {exc.strerror or exc}")
+
+
 def port_free(host: str, port: int) -> None:
-    """Raise ``ConfigError`` naming ``metrics.port`` when ``host:port`` cannot be bound now (a
-    start fails before it creates a ledger or anything else; port 0 always binds)."""
-    import socket
-
-    from stream_vips.errors import ConfigError
-
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
-        try:
+    """Raise ``ConfigError`` (see :func:`bind_error`) when ``host:port`` cannot be bound now (a
+    start fails before it creates a ledger or anything else; port 0 binds whenever the host is
+    valid)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
             sock.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"metrics.port: cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
 
 
 class MetricsServer:

@@ -117,6 +117,12 @@ def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
         ({"privacy": {"mode": "non_private", "noise_multiplier": 1.0}, "sink": {"type": "memory"}},
          "privacy.noise_multiplier"),
         ({"privacy": {"planned_steps": 2.5}}, "privacy.planned_steps"),
+        ({"privacy": {"seed": -1}}, "privacy.seed"),
+        ({"privacy": {"epsilon": 1e300}}, "privacy.epsilon"),
+        ({"privacy": {"epsilon": 1.01e4}}, "privacy.epsilon"),
+        ({"privacy": {"epsilon": float("inf"), "noise_multiplier": 1.0}}, "privacy.epsilon"),
+        ({"privacy": {"noise_multiplier": 1e-300}}, "privacy.noise_multiplier"),
+        ({"privacy": {"noise_multiplier": 9e-4}}, "privacy.noise_multiplier"),
         ({"privacy": {"block_weights": {"xx": -1.0}}}, "privacy.block_weights"),
         ({"sampling": {"method": "shuffle"}}, "sampling.method"),
         ({"sampling": {"batch_size": 20_000}}, "sampling.batch_size"),
@@ -205,3 +211,74 @@ def test_default_yaml_names_every_model_family():
     line = next(x for x in text.splitlines() if x.strip().startswith("family:"))
     listed = {name.strip() for name in line.split("#", 1)[1].split("|")}
     assert listed == set(MODEL_FAMILIES)
+
+
+def test_privacy_bounds_are_where_the_accountant_arithmetic_stays_finite():
+    """The largest epsilon and the smallest z that validation accepts keep the accountant finite:
+    calibrating one full-batch step to MAX_EPSILON stays well above the z floor, and that step at
+    MIN_NOISE_MULTIPLIER has a finite epsilon (below about 8.4e-4 the PLD grid step overflows
+    expm1)."""
+    import math
+
+    from stream_vips.config import MAX_EPSILON, MIN_NOISE_MULTIPLIER
+    from stream_vips.privacy.accountant import SubsampledGaussianEvent, calibrate_noise_multiplier, make_accountant
+
+    cfg = config_from_dict({"privacy": {"epsilon": MAX_EPSILON, "seed": 0}}, env={})
+    assert cfg.privacy.epsilon == MAX_EPSILON
+    z = calibrate_noise_multiplier(MAX_EPSILON, 1e-5, 1.0, 1, "poisson")
+    assert 10 * MIN_NOISE_MULTIPLIER < z < 1.0
+    config_from_dict({"privacy": {"noise_multiplier": MIN_NOISE_MULTIPLIER}}, env={})
+    step = SubsampledGaussianEvent(MIN_NOISE_MULTIPLIER, 1.0, "poisson")
+    eps = make_accountant("pld", "poisson").epsilon([step], 1e-5)
+    assert math.isfinite(eps) and eps > 1e5  # no privacy left to speak of, but arithmetic that holds
+    with pytest.raises(OverflowError):  # why the floor is needed: a few times lower, the accountant overflows
+        make_accountant("pld", "poisson").epsilon([SubsampledGaussianEvent(3e-4, 1.0, "poisson")], 1e-5)
+
+
+def test_a_directory_as_ledger_path_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^privacy\.ledger\.path: .* is a directory"):
+        config_from_dict({"privacy": {"ledger": {"path": str(tmp_path)}}}, env={})
+
+
+class _Seekable:
+    """An empty seekable source: enough for a checkpoint to be restored at start."""
+
+    exhausted = True
+
+    def poll(self, n: int, t: float) -> list:
+        return []
+
+    def positions(self) -> dict:
+        return {}
+
+    def seek(self, offsets: Any) -> None: ...
+
+    def commit(self, positions: Any = None) -> None: ...
+
+    def commit_now(self, positions: Any = None) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_directory_as_checkpoint_path_is_a_config_error_naming_it(tmp_path):
+    from connectors.memory import MemoryDeadLetterSink, MemorySink
+
+    cfg = config_from_dict({"model": {"family": "linreg"}, "metrics": {"enabled": False},
+                            "privacy": {"ledger": {"type": "memory"}},
+                            "runtime": {"checkpoint_path": str(tmp_path)}}, env={})
+    with pytest.raises(ConfigError, match=r"^runtime\.checkpoint_path: checkpoint .* cannot be read: Is a directory"):
+        Application.from_config(cfg, source=_Seekable(), sink=MemorySink(), dead_letter=MemoryDeadLetterSink())
+
+
+@pytest.mark.parametrize("host", ["no such host!", "192.0.2.1"])  # not resolvable; TEST-NET-1, not ours
+def test_a_bad_metrics_host_names_metrics_host(host, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default sinks' files, were the start not refused first
+    cfg = config_from_dict({"metrics": {"host": host, "port": 0},
+                            "privacy": {"ledger": {"path": str(tmp_path / "l.jsonl")}}}, env={})
+    with pytest.raises(ConfigError, match=r"^metrics\.host: cannot serve metrics on "):
+        Application.from_config(cfg)
+    assert sorted(tmp_path.iterdir()) == []  # refused before the ledger or any connector was created

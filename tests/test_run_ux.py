@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +88,24 @@ def test_a_wrong_dim_halts_before_spending_and_says_why(tmp_path):
     assert summary["updates"] == 0 and summary["halted"] and summary["epsilon_spent"] == 0.0
     assert "top rejection reasons: wrong_shape" in summary["halt_reason"]
     assert "halted         100% of the reservoir's slots hold rejected arrivals" in out.stderr
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("privacy: {seed: -1}", "privacy.seed"),
+    ("privacy: {epsilon: 1.0e+300}", "privacy.epsilon"),
+    ("privacy: {noise_multiplier: 1.0e-300}", "privacy.noise_multiplier"),
+    ("privacy: {ledger: {path: adir}}", "privacy.ledger.path"),
+    ("metrics: {host: no such host!, port: 0}", "metrics.host"),
+])
+def test_a_bad_setting_is_exit_2_and_one_line_naming_the_key(tmp_path, setting, key):
+    """Values that used to reach a bare traceback (exit 1) deep in the start-up (a directory as
+    runtime.checkpoint_path needs a seekable source: tests/test_config.py)."""
+    write_data(tmp_path / "data.jsonl", 10)
+    (tmp_path / "adir").mkdir()
+    section = setting.split(":", 1)[0]
+    config = "\n".join(line for line in (CONFIG % {"planned": 10, "port": 0}).splitlines()
+                       if not line.startswith(section + ":"))
+    out = run_cli(tmp_path, config + "\n" + setting + "\n", "--no-progress")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"stream-vips: configuration error: {key}: "), out.stderr
