@@ -38,6 +38,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from stream_vips.errors import ConfigError
+from stream_vips.privacy.accountant import MIN_NOISE_MULTIPLIER
 from stream_vips.models import MODEL_FAMILIES, model_class
 
 
@@ -48,10 +49,6 @@ ENV_PREFIX = "STREAM_VIPS__"
 #: stays above MIN_NOISE_MULTIPLIER (z = 0.015 for one full-batch step), while targets like 1e300
 #: drove calibration into the accountant's overflow.
 MAX_EPSILON = 1e4
-#: Smallest fixed privacy.noise_multiplier: the PLD accountant widens its grid step to at most
-#: 4 (20/z + 2/z^2) / 2^14 (the loss range over ~2^14 points, rounded up to a power of two) and
-#: dp_accounting takes expm1 of that step, finite only below 709.78: z >= 8.4e-4, rounded up.
-MIN_NOISE_MULTIPLIER = 1e-3
 
 #: Model parameters that make the default configuration run (merged under the configured ones).
 DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}

@@ -152,11 +152,15 @@ class PrivateLearner:
                     z = calibrate_noise_multiplier(
                         cfg.privacy.epsilon, cfg.privacy.delta, q, window or cfg.privacy.planned_steps, sampler.name,
                         accountant=accountant, diameter=diameter, rtol=cfg.privacy.calibration_rtol)
-                except ValueError as exc:
+                except (ValueError, ArithmeticError) as exc:
                     raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
             if ledger is None:
-                ledger = build_ledger(cfg.privacy.ledger.type, cfg.privacy.ledger.path,
-                                      cfg.privacy.ledger.options, name=cfg.model.id)
+                try:
+                    ledger = build_ledger(cfg.privacy.ledger.type, cfg.privacy.ledger.path,
+                                          cfg.privacy.ledger.options, name=cfg.model.id)
+                except OSError as exc:
+                    raise ConfigError(f"privacy.ledger.path: cannot open {cfg.privacy.ledger.path}: "
+                                      f"{exc.strerror or exc}") from exc
                 self._owns_ledger = True
             self.ledger = ledger
             try:

@@ -45,7 +45,7 @@ from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
                             SeekableSource, Sink, Source, values_of)
 from stream_vips.learner import PrivateLearner
-from stream_vips.metrics import Metrics, MetricsServer, port_free
+from stream_vips.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
 
 log = logging.getLogger("stream_vips.pipeline")
@@ -234,9 +234,7 @@ class Application:
                 try:
                     self._server = MetricsServer(self.metrics, *self.metrics_address)
                 except OSError as exc:
-                    host, port = self.metrics_address
-                    raise ConfigError(f"metrics.port: cannot serve metrics on {host}:{port}: "
-                                      f"{exc.strerror or exc}") from exc
+                    raise bind_error(*self.metrics_address, exc) from exc
                 self._metrics_port = self._server.port
             if not self.engine.non_private and not self.halted:
                 self.engine.monitor.prepare(self.engine.event())  # the accountant's search, before consuming

@@ -211,3 +211,17 @@ def test_learn_many_reads_array_data_once(monkeypatch):
     X, y = linreg_data(600)
     assert learner().learn_many((X, y)).steps_taken == 1 and calls == ["tuple"]
 
+
+
+def test_a_budget_too_loose_to_calibrate_at_a_tiny_rate_is_a_config_error():
+    """At q = 1e-6 even z near the accountants' floor meets epsilon 1e4: the calibration stops at
+    that floor with a clear error instead of driving the PLD accountant into an overflow."""
+    with pytest.raises(ConfigError, match=r"^privacy\.noise_multiplier: cannot calibrate: .*too loose"):
+        PrivateLearner("linreg", dim=2, epsilon=1e4, reservoir=1_000_000, batch_size=1, sampling="poisson",
+                       planned_steps=1)
+
+
+def test_a_ledger_path_that_cannot_be_created_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"^privacy\.ledger\.path: cannot open .*file/ledger\.jsonl"):
+        PrivateLearner("linreg", dim=2, ledger_path=tmp_path / "file" / "ledger.jsonl")

@@ -284,6 +284,11 @@ def analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
 
 
 #: Counts up to this many compositions of one event are accounted exactly (every count is a grid point).
+#: Smallest noise multiplier the accountants take (a fixed ``privacy.noise_multiplier`` and the
+#: calibration's search alike): the PLD accountant widens its grid step to at most
+#: 4 (20/z + 2/z^2) / 2^14 (the loss range over ~2^14 points, rounded up to a power of two) and
+#: dp_accounting takes expm1 of that step, finite only below 709.78: z >= 8.4e-4, rounded up.
+MIN_NOISE_MULTIPLIER = 1e-3
 GRID_EXACT_COUNTS = 256
 #: Beyond ``GRID_EXACT_COUNTS`` the grid of counts grows geometrically by this ratio.
 GRID_RATIO = 1.0 + 1.0 / 256
@@ -751,9 +756,9 @@ def calibrate_noise_multiplier(
         hi, e_hi = z, e
         while True:
             z /= 2
-            if z < 1e-4:
+            if z < MIN_NOISE_MULTIPLIER:
                 raise ValueError(f"epsilon {epsilon} at delta {delta} is met even with noise multiplier "
-                                 "1e-4; the target is too loose to calibrate")
+                                 f"{MIN_NOISE_MULTIPLIER:g}; the target is too loose to calibrate")
             e = eps(z)
             if e > epsilon:
                 lo, e_lo = z, e
