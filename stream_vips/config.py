@@ -511,6 +511,10 @@ def _check_ledger(ledger: LedgerConfig) -> None:
     ledger.options = check_kwargs(KafkaLedger, ledger.options, "privacy.ledger.options")
     if not ledger.options.get("bootstrap_servers"):
         raise ConfigError("privacy.ledger.options.bootstrap_servers: required for a kafka ledger")
+    if not (ledger.options.get("name") or ledger.options.get("ledger_id")):
+        raise ConfigError("privacy.ledger.options.name: required for a kafka ledger: the spent budget is bound to "
+                          "this name on the ledger topic, and a name taken from model.id would start a new budget "
+                          "on the same data whenever the model is renamed")
 
 
 def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Config:

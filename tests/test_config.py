@@ -196,9 +196,12 @@ def test_kafka_ledger_options_are_checked_and_name_the_key():
             "bootstrap_servers": "127.0.0.1:1", "topick": "x"}}}}, env={})
     with pytest.raises(ConfigError, match="privacy.ledger.options: only a kafka ledger"):
         config_from_dict({"privacy": {"ledger": {"type": "file", "options": {"topic": "x"}}}}, env={})
+    with pytest.raises(ConfigError, match=r"^privacy\.ledger\.options\.name: required for a kafka ledger"):
+        config_from_dict({"privacy": {"ledger": {"type": "kafka", "options": {
+            "bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}}}}, env={})  # renaming model.id must not reset
     cfg = config_from_dict({"privacy": {"ledger": {"type": "kafka", "options": {
-        "bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}}}}, env={})
-    assert cfg.privacy.ledger.options == {"bootstrap_servers": "127.0.0.1:1", "topic": "ledger"}
+        "bootstrap_servers": "127.0.0.1:1", "topic": "ledger", "name": "churn"}}}}, env={})
+    assert cfg.privacy.ledger.options == {"bootstrap_servers": "127.0.0.1:1", "topic": "ledger", "name": "churn"}
 
 
 def test_default_yaml_names_every_model_family():

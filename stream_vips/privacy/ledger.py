@@ -501,7 +501,7 @@ LEDGERS: dict[str, str] = {
 
 def build_ledger(kind: str, path: str | os.PathLike, options: Mapping[str, Any], name: str) -> Ledger:
     """Open the configured ledger: ``memory``; ``file`` at ``path`` (its directory is created);
-    ``kafka`` with ``options`` (a ledger ``name`` defaults to the model id)."""
+    ``kafka`` with ``options`` (configuration requires its ``name``: the budget is bound to it)."""
     import importlib
 
     if kind not in LEDGERS:
