@@ -45,6 +45,8 @@ the previous one.
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -67,29 +69,54 @@ def _mix64(v: np.ndarray) -> np.ndarray:
     return z
 
 
+#: Version of the key -> id mapping; reservoir states record it, and a state written under
+#: another mapping is refused (its owners' ids would not match the same keys' ids now).
+KEY_ID_SCHEME = 2
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
 def key_ids(keys: Iterable[Any] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """64-bit ids of privacy keys and a mask of arrivals that have one.
 
-    Integers (a numpy integer array, or ints in a sequence) are mixed with splitmix64; ``str`` is
-    hashed as its UTF-8 bytes and ``bytes`` as is (BLAKE2b, 8 bytes), so the Kafka key ``b"ann"``
-    and the JSON field ``"ann"`` are the same key, while ``42`` and ``"42"`` are two keys. ``None``,
-    booleans, floats and containers have no key. Ids are deterministic (a restart maps keys the
-    same way). Two keys with one id would be treated as one unit: privacy holds for both (the
-    unit's clipped sum still moves by at most the bound), only the cap is shared.
+    One key, one id, whatever its spelling reached us in: ``bytes`` that are UTF-8 are read as
+    text, text is put in Unicode normal form NFC, and text that is a canonical decimal integer
+    (``"42"``, ``"-7"``; not ``"042"`` or ``"+42"``) is that integer. So the Kafka key ``b"42"``,
+    the JSON field ``"42"`` and ``42`` are one key, and so are ``"José"`` in its composed and
+    decomposed forms; a person whose key changed type or normal form would otherwise count as
+    two units and move a release by twice the bound. Integers (Python or numpy) are mixed with
+    splitmix64, other text hashed as its UTF-8 bytes and other bytes as they are (BLAKE2b, 8
+    bytes). ``None``, booleans, floats and containers have no key. Ids are deterministic (a
+    restart maps keys the same way). Two keys with one id are treated as one unit: privacy
+    holds for both (the unit's clipped sum still moves by at most the bound), only the cap is
+    shared; case, spaces and other spellings of one person are the producer's to make canonical.
+
+    >>> ids, has = key_ids([42, "42", b"42", "042", None])
+    >>> bool(ids[0] == ids[1] == ids[2] != ids[3]), has.tolist()
+    (True, [True, True, True, True, False])
     """
     if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
         return _mix64(keys.astype(np.int64).view(np.uint64)), np.ones(keys.shape[0], dtype=bool)
     items = list(keys)
     ids = np.zeros(len(items), dtype=np.uint64)
     has = np.zeros(len(items), dtype=bool)
-    ints = [(i, k) for i, k in enumerate(items) if type(k) is int]
+    ints: list[tuple[int, int]] = []
     for i, k in enumerate(items):
+        if isinstance(k, (bytes, bytearray, memoryview)):
+            try:
+                k = bytes(k).decode("utf-8")
+            except UnicodeDecodeError:
+                ids[i] = int.from_bytes(hashlib.blake2b(bytes(k), digest_size=8).digest(), "little")
+                has[i] = True
+                continue
         if isinstance(k, str):
-            k = k.encode("utf-8")
-        elif not isinstance(k, (bytes, bytearray, memoryview)):
-            continue
-        ids[i] = int.from_bytes(hashlib.blake2b(bytes(k), digest_size=8).digest(), "little")
-        has[i] = True
+            k = unicodedata.normalize("NFC", k)
+            if _DECIMAL.fullmatch(k) is None:
+                ids[i] = int.from_bytes(hashlib.blake2b(k.encode("utf-8"), digest_size=8).digest(), "little")
+                has[i] = True
+                continue
+            k = int(k)
+        if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+            ints.append((i, int(k)))
     if ints:
         idx = np.array([i for i, _ in ints], dtype=np.intp)
         ids[idx] = _mix64(np.array([k & _MASK64 for _, k in ints], dtype=np.uint64))
@@ -395,6 +422,7 @@ class KeyReservoir:
         f = self._filled
         return {
             "unit": "key",
+            "key_ids": KEY_ID_SCHEME,
             "capacity": self._capacity,
             "max_records_per_key": self._per_key,
             "seen": self._seen,
@@ -412,6 +440,12 @@ class KeyReservoir:
         """Restore a state from :meth:`get_state` (same layout, K and L)."""
         if state.get("unit") != "key":
             raise ValueError("reservoir state is for privacy.unit record, this reservoir is for unit key")
+        if state.get("key_ids") != KEY_ID_SCHEME:
+            raise ValueError(
+                f"reservoir state maps keys to ids under scheme {state.get('key_ids', 1)}, this version under "
+                f"{KEY_ID_SCHEME} (keys spelled as decimal text or in decomposed Unicode now share the id of their "
+                "canonical form): a restored slot could share its person with a new one; remove the checkpoint "
+                "(the ledger keeps the spent budget)")
         if int(state["capacity"]) != self._capacity or int(state["max_records_per_key"]) != self._per_key:
             raise ValueError(f"reservoir state has {state['capacity']} key slots of {state['max_records_per_key']}, "
                              f"this reservoir {self._capacity} of {self._per_key}")

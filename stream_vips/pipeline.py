@@ -422,9 +422,13 @@ class Application:
             if batch.rejected:  # known only once the reservoir admitted (and decoded) them
                 self._dead_letter(raws, batch.rejected)
         else:
-            if batch.rejected:  # handed to the sink before any step: a refused send spends nothing
+            sent = {i for i, _, _ in batch.rejected}
+            if sent:  # handed to the sink before any step: a refused send spends nothing
                 self._dead_letter(raws, batch.rejected)
             batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
+            late = [r for r in batch.rejected if r[0] not in sent]  # found by the learner (missing_key)
+            if late:
+                self._dead_letter(raws, late)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
         self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)

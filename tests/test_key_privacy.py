@@ -305,10 +305,43 @@ def test_config_unit():
 
 
 def test_key_ids():
-    ids, has = key_ids([b"ann", "ann", 42, "42", None, 1.5, True])
-    assert has.tolist() == [True, True, True, True, False, False, False]
-    assert ids[0] == ids[1] and ids[2] != ids[3]
+    ids, has = key_ids([b"ann", "ann", 42, "42", None, 1.5, True, "042", b"\xff\xfe", np.int64(42), np.bool_(True)])
+    assert has.tolist() == [True, True, True, True, False, False, False, True, True, True, False]
+    assert ids[0] == ids[1] and ids[2] == ids[3] == ids[9] != ids[7]  # "042" is not canonical: another key
     assert key_ids(np.array([42]))[0][0] == ids[2]
+
+
+def test_one_person_is_one_unit_whatever_the_spelling_of_the_key():
+    """A key whose type or Unicode normal form changes (42 / "42" / b"42"; composed and decomposed
+    "José") is one unit: one slot, so the person's summed contribution stays within the bound C
+    the noise assumes (it was two slots and 2 C)."""
+    import unicodedata
+
+    nfc, nfd = unicodedata.normalize("NFC", "José"), unicodedata.normalize("NFD", "José")
+    assert nfc != nfd
+    for spellings in ([42, "42", b"42"], [nfc, nfd, nfd.encode()]):
+        learner = PrivateLearner("linreg", dim=2, reservoir=8, batch_size=4, every_records=10**9, seed=1,
+                                 unit="key", max_records_per_key=3, key_field="user")
+        person = [{"user": k, "x": [1.0, 0.0], "y": 1.0} for k in spellings] * 2
+        learner.feed(person + [{"user": f"other{i}", "x": [1.0, 0.0], "y": 1.0} for i in range(7)])
+        ids, _ = key_ids(spellings)
+        slots = np.flatnonzero(np.isin(learner.reservoir.owners(), ids))
+        assert slots.size == 1, spellings
+        rows, groups, n = learner.reservoir.take_groups(slots)
+        sums = learner.model.group_clipped_sum(rows, groups, n)
+        norm = np.sqrt(sum(float(np.sum(np.asarray(v) ** 2)) for v in sums.values()))
+        assert norm <= learner.model.joint_bound() * (1 + 1e-9)
+
+
+def test_a_reservoir_state_of_another_key_id_scheme_is_refused():
+    """Owners are stored as ids: under another key -> id mapping a restored slot and a new one
+    could belong to one person, so such a state is refused rather than restored."""
+    res = KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(0))
+    _offer(res, ["a", "b", "c"], [1.0, 2.0, 3.0])
+    state = res.get_state()
+    KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(1)).set_state(state)
+    with pytest.raises(ValueError, match="maps keys to ids under scheme 1"):
+        KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(1)).set_state({k: v for k, v in state.items() if k != "key_ids"})
 
 
 def test_plan_unit_key_and_the_group_privacy_trade_off(capsys):
