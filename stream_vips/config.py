@@ -47,7 +47,8 @@ ENV_PREFIX = "STREAM_VIPS__"
 #: delta) guarantee states, is not even a finite float64, so such a budget bounds nothing; it is
 #: still allowed up to 1e4 as "never halt" for experiments and benchmarks, where calibration
 #: stays above MIN_NOISE_MULTIPLIER (z = 0.015 for one full-batch step), while targets like 1e300
-#: drove calibration into the accountant's overflow.
+#: drove calibration into the accountant's overflow. With a fixed noise multiplier nothing is
+#: calibrated and any finite budget is allowed (the audits use 1e300: never halt).
 MAX_EPSILON = 1e4
 
 #: Model parameters that make the default configuration run (merged under the configured ones).
@@ -431,9 +432,10 @@ def _connector(kind: str, data: Any) -> ConnectorConfig:
 def _validate(cfg: Config) -> None:
     p, s, sch, rt = cfg.privacy, cfg.sampling, cfg.schedule, cfg.runtime
     checks = [
-        ("privacy.epsilon", 0 < p.epsilon <= MAX_EPSILON,
-         f"must be in (0, {MAX_EPSILON:g}]: a larger budget bounds nothing (e^epsilon overflows above 709.78) "
-         "and calibrating z toward it overflows the accountant"),
+        ("privacy.epsilon", 0 < p.epsilon < math.inf and (p.noise_multiplier is not None or p.epsilon <= MAX_EPSILON),
+         f"must be in (0, {MAX_EPSILON:g}] when the noise multiplier is calibrated from it: a larger budget bounds "
+         "nothing (e^epsilon overflows above 709.78) and calibrating z toward it overflows the accountant (with a "
+         "fixed privacy.noise_multiplier any finite budget only says when to halt)"),
         ("privacy.seed", p.seed is None or p.seed >= 0, "must be a non-negative integer or null"),
         ("privacy.delta", 0 < p.delta < 1, "must be in (0, 1)"),
         ("privacy.planned_steps", p.planned_steps >= 1, "must be >= 1"),

@@ -228,6 +228,10 @@ def test_privacy_bounds_are_where_the_accountant_arithmetic_stays_finite():
 
     cfg = config_from_dict({"privacy": {"epsilon": MAX_EPSILON, "seed": 0}}, env={})
     assert cfg.privacy.epsilon == MAX_EPSILON
+    # a fixed noise multiplier calibrates nothing: any finite budget only says when to halt
+    assert config_from_dict({"privacy": {"epsilon": 1e300, "noise_multiplier": 2.0}}, env={}).privacy.epsilon == 1e300
+    with pytest.raises(ConfigError, match="privacy.epsilon"):
+        config_from_dict({"privacy": {"epsilon": float("inf"), "noise_multiplier": 2.0}}, env={})
     z = calibrate_noise_multiplier(MAX_EPSILON, 1e-5, 1.0, 1, "poisson")
     assert 10 * MIN_NOISE_MULTIPLIER < z < 1.0
     config_from_dict({"privacy": {"noise_multiplier": MIN_NOISE_MULTIPLIER}}, env={})
