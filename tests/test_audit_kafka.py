@@ -31,12 +31,14 @@ prove the claim false.
 A third test keeps the pipeline's guard with the rewinding source: the guard alone must keep
 the record in one slot (defence in depth; a few releases, no audit).
 
-Sizes, as in the engine audit (power from ``ideal_lower_bound``; the pair's sensitivity is
-0.992 x 2/3 noise units at z = 3, claim 1.91 at delta 1e-3): with 3,000 training and 12,000 test
-releases per side a perfect test reaches 1.32 on the correct pipeline and 3.02 with the record
-counted twice (sensitivity x2), so the bug is caught with a wide margin even after the
-threshold is estimated; the correct run must also reach half the ideal bound, or the audit
-would pass by seeing nothing. Each side is 15,000 steps; the file takes about 40 s on 2 cores,
+Sizes, as in the engine audit (power from ``ideal_lower_bound``; with linreg's default weights
+a_xx = a_xy the pair's sensitivity is 0.75 x 2/3 = 0.5 noise units at z = 3, the true diameter
+1.5 against the engine's claimed 2, claim 1.91 at delta 1e-3): with 3,000 training and 12,000
+test releases per side a perfect test reaches 0.91 on the correct pipeline and 2.20 with the
+record counted twice (sensitivity x2), so the bug is caught, with a margin of about 0.3 over the
+claim that the estimated threshold must not eat (an engine audit at the same doubled
+sensitivity, noise halved, seed 19, reached 2.23); the correct run must also reach half the
+ideal bound, or the audit would pass by seeing nothing. Each side is 15,000 steps; the file takes about 40 s on 2 cores,
 most of it steps (each is one empty Kafka poll and one engine step), plus about 2 s of
 rebalances per side.
 """
