@@ -21,13 +21,16 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from stream_vips.audit.families import (
-    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, NOT_AUDITED, audit_family, broken_audit, pair_sensitivity,
+    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, audit_family, broken_audit,
+    pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
 from stream_vips.audit.stats import (
     audit_samples, clopper_pearson_upper, epsilon_lower_bound, ideal_lower_bound,
 )
 from stream_vips.config import MODEL_FAMILIES
+from stream_vips.models.linreg import LinearRegression
+from stream_vips.models.logistic import BayesianLogisticRegression
 
 N_TRAIN, N_TEST, SEED = 3_000, 12_000, 19
 ALL_AUDITS = {**FAMILY_AUDITS, **EXTRA_AUDITS}
@@ -134,4 +137,31 @@ def test_a_family_with_half_its_true_bounds_is_caught(name):
     spec = broken_audit(FAMILY_AUDITS[name])
     assert pair_sensitivity(spec).ratio == pytest.approx(2 * pair_sensitivity(FAMILY_AUDITS[name]).ratio, rel=1e-6)
     r = audit_family(spec, n_train=N_TRAIN, n_test=N_TEST, seed=SEED).result
+    assert r.violated, r.to_dict()
+
+
+# --------------------------------------------------------------------------- privacy.unit: key
+
+def test_key_audits_release_one_key_of_several_records_through_the_key_engine():
+    """The key-unit audits run the key path: a KeyReservoir whose slot 0 holds the audited key's
+    KEY_RECORDS records (the other slots hold null records), an engine with unit "key" and the
+    claim for the key-level event."""
+    spec = EXTRA_AUDITS["linreg_key"]
+    pair = pair_sensitivity(spec)
+    trials = spec.trials(pair.record_a, seed=3)
+    assert trials.engine.unit == "key" and trials.event == spec.trials(pair.record_b, seed=4).event
+    _, groups, n_groups = trials.reservoir.take_groups(np.arange(4))  # the engine's view at q = 1
+    assert np.bincount(groups, minlength=n_groups).tolist() == [KEY_RECORDS, 0, 0, 0]
+    assert trials.engine.privacy_report(0, False)["unit"] == "key"
+
+
+@pytest.mark.parametrize("name, model_class", [("linreg_key", LinearRegression),
+                                               ("logistic_key", BayesianLogisticRegression)])
+def test_a_key_audit_without_the_per_key_clip_is_caught(name, model_class, monkeypatch):
+    """The control of the key-unit audits: with the per-key clip removed (each record clipped,
+    a key's records summed unscaled) one key moves the release by up to KEY_RECORDS times the
+    bound the accountant is told, and the same audit must prove the claim false."""
+    monkeypatch.setattr(model_class, "group_clipped_sum",
+                        lambda self, batch, groups, n_groups: self.clipped_sum(batch))
+    r = audit_family(EXTRA_AUDITS[name], n_train=N_TRAIN, n_test=N_TEST, seed=SEED).result
     assert r.violated, r.to_dict()

@@ -10,8 +10,9 @@ accountant assumes: at q = 1 the privacy curve of a Gaussian release depends on 
 so a pair with ratio 1 is exactly the worst case and the claim is the pair's true epsilon.
 
 Settings are chosen for power with ~10^4 trials per side: q = 1 (fixed-size batches of the
-whole reservoir; a Poisson case is audited for linreg) and z = 3, i.e. claims of 1-2 at
-delta = 1e-3 (see docs/audit.md for why the audit's delta is 1e-3 rather than the deployed 1e-5).
+whole reservoir; a Poisson case is audited for linreg, and ``privacy.unit: key`` for linreg and
+logistic) and z = 3, i.e. claims of 1-2 at delta = 1e-3 (see docs/audit.md for why the audit's
+delta is 1e-3 rather than the deployed 1e-5).
 
 >>> sorted(FAMILY_AUDITS)[:3], sorted(NOT_AUDITED)
 (['dpvi', 'lda', 'linreg'], ['ops'])
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
-from stream_vips.audit.release import EngineTrials, claimed_epsilon, parse_record
+from stream_vips.audit.release import EngineTrials, claimed_epsilon, parse_record, parse_records
 from stream_vips.audit.stats import CONFIDENCE, AuditResult, audit_samples, ideal_lower_bound
 from stream_vips.models.base import Block, Model
 from stream_vips.models.baselines.dpvi import DPVI
@@ -47,7 +48,11 @@ WORST_CASE_RATIO = 0.99
 
 @dataclass(frozen=True)
 class FamilyAudit:
-    """How to audit one family: model factory (capacity -> model), candidate records, sampler, z."""
+    """How to audit one family: model factory (capacity -> model), candidate records, sampler, z.
+
+    With ``unit="key"`` a candidate is one key's tuple of at most ``records_per_key`` records,
+    ``capacity`` counts key slots, and the pair replaces all records of one key.
+    """
 
     family: str
     make_model: Callable[[int], Model]
@@ -58,6 +63,21 @@ class FamilyAudit:
     batch_size: int = 4
     note: str = ""
     pair: tuple[int, int] | None = field(default=None)  # fixed candidate indices (skip the search)
+    unit: str = "record"
+    records_per_key: int = 1
+
+    def trials(self, record: Any | None, seed: int, delta: float = 1e-5) -> EngineTrials:
+        """Releases of one side holding ``record`` (a candidate; None: nothing), via the engine."""
+        return EngineTrials(self.make_model, record, capacity=self.capacity, sampling=self.sampling,
+                            batch_size=self.batch_size, noise_multiplier=self.noise_multiplier, seed=seed,
+                            delta=delta, unit=self.unit, records_per_key=self.records_per_key)
+
+    def contribution(self, model: Model, candidate: Any) -> dict[str, np.ndarray]:
+        """The candidate's noiseless clipped contribution: one record's ``clipped_sum``, or one
+        key's ``group_clipped_sum`` (its records in one group)."""
+        if self.unit == "key":
+            return model.group_clipped_sum(parse_records(model, candidate), np.zeros(len(candidate), np.intp), 1)
+        return model.clipped_sum(parse_record(model, candidate))
 
 
 def _lda(capacity: int) -> LDA:
@@ -83,12 +103,15 @@ FAMILY_AUDITS: dict[str, FamilyAudit] = {
         "linreg", _linreg,
         ({"x": [0.25, 0.0], "y": 2.0}, {"x": [0.25, 0.0], "y": -2.0}, {"x": [0.0, 0.25], "y": 2.0},
          {"x": [0.125, 0.2165], "y": -2.0}, {"x": [0.0, 0.0], "y": 0.0}),
-        note="x' = x, y' = -y: the xy block moves by 2RB, xx not at all; with B = 8R this is "
-             "B / sqrt(R^2 + B^2) = 0.992 of the claimed diameter 2 (the joint bound includes xx)"),
+        note="y' = -y with x' at 60 degrees to x (x.x' = R^2/2): with the default weights "
+             "a_xx = a_xy = a the squared difference (noise units times z^2) is "
+             "a^2 (4 + 2t - 2t^2) at t = x.x'/R^2, largest at t = 1/2: diameter 1.5, 0.75 of the "
+             "claimed 2 (the engine keeps the allocation-free 2), so no pair reaches the claim"),
     "logistic": FamilyAudit(
         "logistic", lambda m: BayesianLogisticRegression(dim=2, dataset_size=m), _XY,
-        note="label flip at the same x moves s1 by ||x|| = 2 C1; the engine accounts diameter 2 "
-             "without the allocation-aware sqrt(3.4), so no pair reaches the claim"),
+        note="label flip at the same x moves s1 by ||x|| = 2 C1, s2 not at all; the engine "
+             "accounts the allocation-aware diameter sqrt(3.4) = 1.84 of its default weights, "
+             "which the pair reaches to 0.97"),
     "lda": FamilyAudit(
         "lda", _lda, ({"tokens": ["w0"] * 8}, {"tokens": ["w1"] * 8}, {"tokens": ["w0", "w1"] * 4}),
         noise_multiplier=2.0,
@@ -125,12 +148,26 @@ FAMILY_AUDITS: dict[str, FamilyAudit] = {
              "claimed diameter (z = 4 is the paper's minimum for this configuration)"),
 }
 
-#: Extra audits of a registered family under other settings (Poisson sampling).
+#: Records per key of the key-unit audits: the audited key holds this many copies of a record,
+#: so a missing per-key clip moves the key's sum by this factor.
+KEY_RECORDS = 4
+
+#: Extra audits of a registered family under other settings (Poisson sampling, privacy.unit: key).
 EXTRA_AUDITS: dict[str, FamilyAudit] = {
     "linreg_poisson": FamilyAudit(
         "linreg", _linreg, FAMILY_AUDITS["linreg"].candidates, noise_multiplier=1.0, sampling="poisson",
         capacity=4, batch_size=2, pair=(0, 1),
         note="Poisson q = 1/2: the record is in the batch or not; claim by PLD (replace-one)"),
+    "linreg_key": FamilyAudit(
+        "linreg", _linreg, tuple((r,) * KEY_RECORDS for r in FAMILY_AUDITS["linreg"].candidates),
+        unit="key", records_per_key=KEY_RECORDS,
+        note="privacy.unit: key, K = 4 key slots of L = 4 records: one key's L copies of a record "
+             "against L copies of its neighbour; the key sum is L times the record's, and the "
+             "per-key clip (group_clipped_sum) brings it back to the record's contribution"),
+    "logistic_key": FamilyAudit(
+        "logistic", FAMILY_AUDITS["logistic"].make_model, tuple((r,) * KEY_RECORDS for r in _XY),
+        unit="key", records_per_key=KEY_RECORDS,
+        note="privacy.unit: key as linreg_key; label flips of one key's L copies"),
 }
 
 NOT_AUDITED: dict[str, str] = {
@@ -169,8 +206,8 @@ def broken_audit(spec: FamilyAudit) -> FamilyAudit:
         model.__class__ = broken
         return model
 
-    return FamilyAudit(spec.family + "_halved_bounds", make, spec.candidates, spec.noise_multiplier,
-                       spec.sampling, spec.capacity, spec.batch_size, "every block bound declared at half", spec.pair)
+    return replace(spec, family=spec.family + "_halved_bounds", make_model=make,
+                   note="every block bound declared at half")
 
 
 # ------------------------------------------------------------------------------ the pair
@@ -182,7 +219,7 @@ class Pair:
     record_a: Any
     record_b: Any
     sensitivity: float  # ||clipped sum difference|| in units of the engine's noise std per block
-    claimed_sensitivity: float  # the model's diameter / z, what the accountant assumes
+    claimed_sensitivity: float  # the engine's diameter / z, what the accountant assumes
     ratio: float
 
     @property
@@ -193,24 +230,23 @@ class Pair:
 def pair_sensitivity(spec: FamilyAudit) -> Pair:
     """Choose the pair among ``spec.candidates`` that the engine's noise hides least.
 
-    Uses the model's own ``clipped_sum`` on one-record batches (noiseless, a diagnostic on a
-    separate model instance) and the engine's per-block noise stds: the sensitivity of a pair is
-    sqrt(sum_k ||S_k(a) - S_k(b)||_F^2 / std_k^2).
+    Uses the model's own clipping (:meth:`FamilyAudit.contribution`, noiseless, a diagnostic on
+    a separate model instance) and the engine's per-block noise stds: the sensitivity of a pair
+    is sqrt(sum_k ||S_k(a) - S_k(b)||_F^2 / std_k^2). The claimed sensitivity is the diameter the
+    engine tells the accountant (its allocation- and unit-aware ``engine.diameter``) over z.
     """
-    probe = EngineTrials(spec.make_model, None, capacity=spec.capacity, sampling=spec.sampling,
-                         batch_size=spec.batch_size, noise_multiplier=spec.noise_multiplier, seed=0)
+    probe = spec.trials(None, seed=0)
     stds = probe.engine.block_stds
     sums = []
     for record in spec.candidates:  # a fresh model each: the state (and any public draws) of step 0
-        model = spec.make_model(spec.capacity)
-        sums.append(model.clipped_sum(parse_record(model, record)))
+        sums.append(spec.contribution(spec.make_model(spec.capacity), record))
 
     def distance(i: int, j: int) -> float:
         return math.sqrt(sum(float(np.sum((sums[i][k] - sums[j][k]) ** 2)) / stds[k] ** 2 for k in stds))
 
     pairs = [spec.pair] if spec.pair is not None else itertools.combinations(range(len(spec.candidates)), 2)
     i, j = max(pairs, key=lambda p: distance(*p))
-    claimed = float(probe.model.diameter()) / spec.noise_multiplier
+    claimed = float(probe.engine.diameter) / spec.noise_multiplier
     sens = distance(i, j)
     return Pair(spec.candidates[i], spec.candidates[j], sens, claimed, sens / claimed)
 
@@ -234,7 +270,8 @@ class FamilyResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "ideal_lower_bound": self.ideal_lower_bound, "family": self.spec.family, "sampling": self.spec.sampling,
+            "name": self.name, "ideal_lower_bound": self.ideal_lower_bound, "family": self.spec.family,
+            "unit": self.spec.unit, "records_per_key": self.spec.records_per_key, "sampling": self.spec.sampling,
             "q": self.spec.batch_size / self.spec.capacity, "noise_multiplier": self.spec.noise_multiplier,
             "capacity": self.spec.capacity, "pair": [self.pair.record_a, self.pair.record_b],
             "pair_sensitivity": self.pair.sensitivity, "claimed_sensitivity": self.pair.claimed_sensitivity,
@@ -247,10 +284,7 @@ def sample_sides(spec: FamilyAudit, pair: Pair, n_train: int, n_test: int, seed:
                  delta: float = AUDIT_DELTA) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """Training and test releases of both sides (independent engines) and the claimed epsilon."""
     s = np.random.SeedSequence(seed).generate_state(2)
-    sides = [EngineTrials(spec.make_model, rec, capacity=spec.capacity, sampling=spec.sampling,
-                          batch_size=spec.batch_size, noise_multiplier=spec.noise_multiplier,
-                          seed=int(x), delta=delta)
-             for rec, x in zip((pair.record_a, pair.record_b), s)]
+    sides = [spec.trials(rec, seed=int(x), delta=delta) for rec, x in zip((pair.record_a, pair.record_b), s)]
     if sides[0].event != sides[1].event:
         raise AssertionError("the two sides of a neighbouring pair must release under the same event")
     train_a, train_b = sides[0](n_train), sides[1](n_train)

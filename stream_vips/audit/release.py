@@ -19,11 +19,12 @@ every step releases from the same model state: the trials audit one release, rep
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from stream_vips.engine import PrivateEngine
+from stream_vips.key_reservoir import KeyReservoir
 from stream_vips.models.base import Block, Model
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
@@ -52,14 +53,19 @@ def flatten(noisy_mean: Mapping[str, np.ndarray], blocks: tuple[Block, ...]) -> 
     return np.concatenate(parts)
 
 
+def parse_records(model: Model, records: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The records' reservoir rows through the model's own parsing; every one must be accepted."""
+    if not records:
+        return {name: np.zeros((0, *shape), dtype=dt) for name, (dt, shape) in model.row_layout().items()}
+    parsed = model.parse_batch(list(records))
+    if len(parsed.accepted) != len(records):
+        raise ValueError(f"audit records {records!r} were rejected by {type(model).__name__}: {parsed.rejected}")
+    return parsed.rows
+
+
 def parse_record(model: Model, record: Any | None) -> dict[str, np.ndarray] | None:
     """The record's reservoir row through the model's own parsing (None: a null record)."""
-    if record is None:
-        return None
-    parsed = model.parse_batch([record])
-    if len(parsed.accepted) != 1:
-        raise ValueError(f"audit record {record!r} was rejected by {type(model).__name__}: {parsed.rejected}")
-    return parsed.rows
+    return None if record is None else parse_records(model, [record])
 
 
 class EngineTrials:
@@ -68,6 +74,13 @@ class EngineTrials:
     ``make_model(capacity)`` builds a fresh model (its ``dataset_size`` is the capacity);
     ``sampling`` and ``batch_size`` configure the sampler exactly as the pipeline does
     (``make_sampler``); ``seed`` seeds both the reservoir and the engine's generator.
+
+    With ``unit="key"`` (privacy rule 12) the reservoir is a :class:`KeyReservoir` of
+    ``capacity`` key slots holding at most ``records_per_key`` records each, and ``record`` is
+    the audited key's sequence of records: they arrive first under key 0 and fill key slot 0;
+    keys 1 .. capacity - 1 arrive once each with a rejected (null) record, so their slots
+    contribute zero. The neighbouring side replaces all of key 0's records, as key-level
+    adjacency does; the engine clips per key (``group_clipped_sum``).
     """
 
     def __init__(
@@ -81,18 +94,24 @@ class EngineTrials:
         noise_multiplier: float,
         seed: int,
         delta: float = 1e-5,
+        unit: str = "record",
+        records_per_key: int = 1,
     ) -> None:
         self.model = make_model(capacity)
         self.blocks = tuple(self.model.blocks())
         seeds = np.random.SeedSequence(seed).spawn(2)
-        self.reservoir = Reservoir(self.model.row_layout(), capacity, np.random.default_rng(seeds[0]))
-        row = parse_record(self.model, record)
-        accepted = np.zeros(capacity, dtype=bool)
-        if row is None:
-            row = {name: np.zeros((0, *shape), dtype=dt) for name, (dt, shape) in self.model.row_layout().items()}
+        records = [] if record is None else (list(record) if unit == "key" else [record])
+        rows = parse_records(self.model, records)
+        n_null = capacity - (1 if records else 0)
+        accepted = np.concatenate([np.ones(len(records), dtype=bool), np.zeros(n_null, dtype=bool)])
+        if unit == "key":
+            self.reservoir = KeyReservoir(self.model.row_layout(), capacity, records_per_key,
+                                          np.random.default_rng(seeds[0]))
+            keys = np.concatenate([np.zeros(len(records), dtype=np.int64), np.arange(1, n_null + 1)])
+            self.reservoir.add_batch(rows, keys, accepted=accepted)
         else:
-            accepted[0] = True
-        self.reservoir.add_batch(row, accepted=accepted)
+            self.reservoir = Reservoir(self.model.row_layout(), capacity, np.random.default_rng(seeds[0]))
+            self.reservoir.add_batch(rows, accepted=accepted)
         self.sampler = make_sampler(sampling, batch_size, capacity)
         # The strong-composition accountant answers a huge budget in a few cheap evaluations
         # (PLD would compose the event up to the monitor's search window); it only gates.
@@ -100,6 +119,7 @@ class EngineTrials:
         self.engine = PrivateEngine(
             self.model, self.reservoir, self.sampler, self.monitor, noise_multiplier,
             np.random.default_rng(seeds[1]), tau0=1.0, kappa=1.0, accountant_name="strong", seeded=True,
+            unit=unit,
         )
         self._captured: list[np.ndarray] = []
 
