@@ -17,6 +17,7 @@ reading costs no privacy budget.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -26,8 +27,11 @@ import numpy as np
 from river import base as river_base
 
 from stream_vips import messages
+from stream_vips.errors import StreamVipsError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
+
+log = logging.getLogger("stream_vips.client")
 
 
 class SchemaVersionError(messages.MessageError):
@@ -47,7 +51,8 @@ class PublishedModel:
 
     @property
     def private(self) -> bool:
-        """Whether the message claims a privacy guarantee (false for a non-private baseline)."""
+        """Whether the message carries a backed privacy guarantee (false for a non-private baseline;
+        :func:`posterior_from_message` refuses a claim without noise, accountant or budget)."""
         return messages.is_private(self.message)
 
     @property
@@ -71,8 +76,12 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
     """Rebuild the family's model from a validated message (hyperparameters + natural parameters).
 
     Hyperparameters that are not constructor arguments (derived quantities a family reports,
-    e.g. a noise scale) are skipped; the natural parameters restore the fitted state.
+    e.g. a noise scale) are skipped; the natural parameters restore the fitted state. A privacy
+    claim the report does not back (no noise, no accountant, epsilon not finite or over budget)
+    is refused with :class:`~stream_vips.messages.MessageError`, so no such model is presented
+    as private.
     """
+    messages.check_privacy(msg["privacy"])
     cls = model_class(msg["family"])
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in msg["hyperparameters"].items() if k in params and k != "self"}
@@ -85,8 +94,11 @@ class ModelReader:
     """Follows a model topic and keeps the latest valid message per model id.
 
     ``poll()`` reads what has arrived (``until_end=True``: everything up to the current end);
-    ``latest()`` / ``posterior(model_id)`` answer from what was read. Invalid messages are
-    counted in :attr:`invalid` with their error and skipped; a schema version this code does not
+    ``latest()`` / ``posterior(model_id)`` answer from what was read. A message is valid when it
+    follows the schema, backs any privacy claim and rebuilds into its family's model (arrays that
+    decode to the family's shapes, finite values, a known family, valid hyperparameters). Invalid
+    messages are counted in :attr:`invalid` with a one-line reason, logged without their content
+    and skipped, so the last valid version stays the latest; a schema version this code does not
     know raises :class:`SchemaVersionError` (upgrade the reader rather than misread a model).
     """
 
@@ -134,10 +146,13 @@ class ModelReader:
         key, payload = whole
         try:
             msg = check_message(messages.loads(payload, validate=False))
+            posterior_from_message(msg)  # a message that does not rebuild is no model to serve
         except SchemaVersionError:
             raise
-        except messages.MessageError as exc:
-            self.invalid.append((key, str(exc)))
+        except (ValueError, TypeError, StreamVipsError) as exc:  # MessageError, ConfigError included
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            self.invalid.append((key, reason))
+            log.warning("skipped invalid model message (key %r): %s", key, reason)
             return 0
         current = self._latest.get(msg["model_id"])
         if current is None or msg["version"] >= current["version"]:

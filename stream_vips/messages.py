@@ -97,7 +97,7 @@ def decode_array(obj: Mapping[str, Any]) -> np.ndarray:
     except (binascii.Error, TypeError, ValueError) as exc:
         raise MessageError(f"array data is not valid base64: {exc}") from None
     le = np.dtype(dtype).newbyteorder("<")
-    expected = int(np.prod(shape, dtype=np.int64)) * le.itemsize
+    expected = math.prod(shape) * le.itemsize  # Python ints: np.prod wraps around for huge shapes
     if len(raw) != expected:
         raise MessageError(f"array data has {len(raw)} bytes, shape {shape} of {dtype} needs {expected}")
     return np.frombuffer(raw, dtype=le).reshape(shape).astype(np.dtype(dtype))
@@ -167,16 +167,68 @@ def privacy_report(
     }
 
 
-def is_private(msg: Mapping[str, Any]) -> bool:
-    """Whether a message claims a differential-privacy guarantee: ``privacy.private`` when present;
-    messages from before the flag existed are private unless their epsilon is not a finite number
-    (the old non-private report carried infinity, which strict JSON cannot hold)."""
-    privacy = msg["privacy"]
+SPEND_RTOL = 1e-6
+"""Relative slack allowed for ``epsilon_spent`` over ``epsilon_budget``: the budget monitor admits a
+step only when the composed epsilon stays within the budget (a calibrated fit spends
+[budget / (1 + 1e-3)^2, budget], docs/fit.md; a halted run at most the budget), so only float
+round-off between the admission check and the report may exceed it."""
+
+
+def _claims_private(privacy: Mapping[str, Any]) -> bool:
+    """``privacy.private``, or for messages from before the flag existed: a finite epsilon (the old
+    non-private report carried infinity, which strict JSON cannot hold)."""
     flag = privacy.get("private")
     if flag is not None:
         return bool(flag)
     eps = privacy.get("epsilon_spent")
     return isinstance(eps, (int, float)) and math.isfinite(eps)
+
+
+def _privacy_problem(privacy: Mapping[str, Any]) -> str | None:
+    """Why a report claiming privacy does not back the claim (``None`` when it does or claims none).
+
+    A claim is backed only by noise (z > 0, finite), an accountant other than ``"none"``, a finite
+    ``epsilon_spent`` and a finite budget it does not exceed (up to :data:`SPEND_RTOL`).
+    """
+    if not _claims_private(privacy):
+        return None
+    z, acct = privacy.get("noise_multiplier"), privacy.get("accountant")
+    eps, budget = privacy.get("epsilon_spent"), privacy.get("epsilon_budget")
+    number = (int, float)
+    if not (isinstance(z, number) and math.isfinite(z) and z > 0):
+        return f"noise_multiplier {z!r} adds no noise"
+    if not isinstance(acct, str) or acct == "none":
+        return f"accountant {acct!r} accounts nothing"
+    if not (isinstance(eps, number) and math.isfinite(eps) and eps >= 0):
+        return f"epsilon_spent {eps!r} is not a finite number >= 0"
+    if not (isinstance(budget, number) and math.isfinite(budget) and budget > 0):
+        return f"epsilon_budget {budget!r} is not a finite number > 0"
+    if eps > budget * (1.0 + SPEND_RTOL):
+        return f"epsilon_spent {eps:g} exceeds epsilon_budget {budget:g}"
+    return None
+
+
+def is_private(msg: Mapping[str, Any]) -> bool:
+    """Whether a message carries a differential-privacy guarantee: it claims one (``privacy.private``
+    true, or absent with a finite epsilon in messages from before the flag existed) and backs it
+    with noise (z > 0), a real accountant and a finite epsilon within the budget. A claim without
+    that backing is not private (:func:`validate_message` refuses such a message).
+
+    >>> r = {"private": True, "noise_multiplier": 0.0, "accountant": "none",
+    ...      "epsilon_spent": 1.0, "epsilon_budget": 2.0}
+    >>> is_private({"privacy": r}), is_private({"privacy": {**r, "noise_multiplier": 2.0, "accountant": "pld"}})
+    (False, True)
+    """
+    privacy = msg["privacy"]
+    return _claims_private(privacy) and _privacy_problem(privacy) is None
+
+
+def check_privacy(privacy: Mapping[str, Any]) -> None:
+    """Raise :class:`MessageError` with a one-line reason when a privacy report claims a guarantee
+    it does not back (see :func:`is_private`); a report claiming none passes."""
+    problem = _privacy_problem(privacy)
+    if problem is not None:
+        raise MessageError(f"model message claims privacy it does not have: {problem}")
 
 
 def build_message(
@@ -204,18 +256,31 @@ def build_message(
 
 
 def validate_message(msg: Any) -> Any:
-    """Return ``msg`` if it follows the schema, else raise :class:`MessageError` naming the field."""
+    """Return ``msg`` if it follows the schema and backs any privacy claim it makes (see
+    :func:`is_private`; a ratio like epsilon_spent <= epsilon_budget or finiteness is beyond JSON
+    Schema), else raise :class:`MessageError` with a one-line reason."""
     errors = sorted(_validator().iter_errors(msg), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         where = "/".join(str(p) for p in err.absolute_path) or "(message)"
-        raise MessageError(f"model message invalid at {where}: {err.message}")
+        # jsonschema quotes the offending value; a long one is named by the rule it breaks instead
+        text = err.message if len(err.message) <= 160 else f"breaks the schema's {err.validator!r} rule"
+        raise MessageError(f"model message invalid at {where}: {text}")
+    check_privacy(msg["privacy"])
     return msg
 
 
 def decode_state(msg: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The natural parameters of a message as numpy arrays."""
-    return {name: decode_array(obj) for name, obj in msg["natural_parameters"].items()}
+    """The natural parameters of a message as numpy arrays.
+
+    Every family's natural parameters are finite, so a NaN or infinity is refused here: such a
+    state is no posterior, and a reader must not serve it as a model.
+    """
+    state = {name: decode_array(obj) for name, obj in msg["natural_parameters"].items()}
+    bad = sorted(name for name, arr in state.items() if not np.all(np.isfinite(arr)))
+    if bad:
+        raise MessageError(f"natural parameters {bad} contain NaN or infinity")
+    return state
 
 
 def dumps(msg: Mapping[str, Any]) -> bytes:

@@ -86,3 +86,80 @@ def test_client_reads_non_private_messages_with_null_epsilon():
     assert private.private is True and private.epsilon_spent == 0.5
     legacy = dict(private.message, privacy={k: v for k, v in private.privacy.items() if k != "private"})
     assert posterior_from_message(check_message(legacy)).private is True
+
+
+class _Whole:
+    """Stands in for the Kafka reassembler: every record is a whole message."""
+
+    def add(self, key, value, headers):
+        return key, value
+
+
+class _Record:
+    def __init__(self, msg: dict) -> None:
+        self.key, self.value, self.headers = "default", messages.dumps(msg), []
+
+
+def _reader():
+    """A ModelReader without a broker (its consumer is never used by ``_handle``/``posterior``)."""
+    from stream_vips.client import ModelReader
+
+    reader = ModelReader.__new__(ModelReader)
+    reader.topic, reader._reassembler, reader._latest, reader.invalid = "t", _Whole(), {}, []
+    return reader
+
+
+def _linreg_message(version: int) -> dict:
+    model = LinearRegression(dim=2, dataset_size=10)
+    model.load_state({"precision": np.array([[4.0, 1.0], [1.0, 3.0]]), "shift": np.array([1.0, -2.0])})
+    return messages.build_message("default", "linreg", model.hyperparameters(), version, model.state(), _report())
+
+
+def _array(values, shape=None) -> dict:
+    enc = messages.encode_array(np.asarray(values, dtype=float))
+    return enc if shape is None else {**enc, "shape": shape}
+
+
+_MALFORMED = {
+    "bytes do not match the shape": lambda m: m["natural_parameters"].update(shift=_array([1, 2], shape=[3])),
+    "wrong shape for dim 2": lambda m: m["natural_parameters"].update(shift=_array([1, 2, 3])),
+    "NaN in a natural parameter": lambda m: m["natural_parameters"].update(shift=_array([np.nan, 1])),
+    "shape [2**32, 2**32] with no data": lambda m: m["natural_parameters"].update(
+        shift=_array([], shape=[2**32, 2**32])),
+    "an extra natural parameter": lambda m: m["natural_parameters"].update(junk=_array([1])),
+    "dim = -1": lambda m: m["hyperparameters"].update(dim=-1),
+    "unknown family": lambda m: m.update(family="nope"),
+    "private without noise or accountant": lambda m: m["privacy"].update(
+        noise_multiplier=0.0, paper_sigma=0.0, accountant="none"),
+    "legacy form (no flag, finite epsilon) without noise": lambda m: (
+        m["privacy"].pop("private"), m["privacy"].update(noise_multiplier=0.0, paper_sigma=0.0)),
+    "epsilon_spent over the budget": lambda m: m["privacy"].update(epsilon_spent=50.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MALFORMED))
+def test_reader_counts_and_skips_a_malformed_newer_message_keeping_the_last_good_model(case, caplog):
+    reader = _reader()
+    assert reader._handle(_Record(_linreg_message(2))) == 1
+    bad = _linreg_message(3)
+    _MALFORMED[case](bad)
+    assert reader._handle(_Record(bad)) == 0
+    assert reader.latest()["default"]["version"] == 2 and len(reader.invalid) == 1
+    key, reason = reader.invalid[0]
+    assert key == "default" and "\n" not in reason and len(reason) <= 300
+    data = bad["natural_parameters"]["shift"]["data"]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert not data or data not in caplog.text  # logged without raw content
+    published = reader.posterior("default")  # still answers, from version 2
+    assert published.version == 2 and published.private and published.epsilon_spent == 0.5
+    mean, _ = published.model.predictive(np.array([[0.3, -0.4]]))
+    assert np.isfinite(mean).all()
+
+
+@pytest.mark.parametrize("change", [dict(noise_multiplier=0.0, paper_sigma=0.0, accountant="none"),
+                                    dict(epsilon_spent=50.0)])
+def test_posterior_from_message_refuses_an_unbacked_privacy_claim(change):
+    msg = _linreg_message(0)
+    msg["privacy"].update(change)
+    with pytest.raises(messages.MessageError, match="claims privacy it does not have"):
+        posterior_from_message(msg)

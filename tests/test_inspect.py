@@ -160,3 +160,15 @@ def test_error_text_names_the_error_once():
 
     assert sv_inspect.error_text(KafkaTimeoutError("KafkaTimeoutError: Unable to bootstrap")) == \
         "KafkaTimeoutError: Unable to bootstrap"
+
+
+@pytest.mark.parametrize("change", [dict(noise_multiplier=0.0, paper_sigma=0.0, accountant="none"),
+                                    dict(epsilon_spent=50.0)])
+def test_a_newer_line_claiming_privacy_it_does_not_have_is_skipped_not_shown_with_an_epsilon(tmp_path, change):
+    bad = message("a", 3)
+    bad["privacy"].update(change)  # dumped as is: a writer that skipped validation
+    path = tmp_path / "models.jsonl"
+    path.write_text(messages.dumps(message("a", 2)).decode() + "\n" + messages.dumps(bad).decode() + "\n")
+    latest, skipped = sv_inspect.latest_in_file(path)
+    assert latest["a"]["version"] == 2 and len(skipped) == 1
+    assert "privacy/accountant" in skipped[0] or "claims privacy it does not have" in skipped[0]

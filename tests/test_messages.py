@@ -163,3 +163,62 @@ def test_schema_ties_null_epsilon_to_the_non_private_flag():
     broken["privacy"]["ledger_id"] = "x"
     with pytest.raises(MessageError):
         validate_message(broken)
+
+
+def test_huge_shape_is_refused_by_its_byte_count_not_a_wrapped_product():
+    enc = {**encode_array(np.zeros(0)), "shape": [2**32, 2**32]}  # np.prod wraps 2**64 to 0 bytes
+    with pytest.raises(MessageError, match="0 bytes, shape \\[4294967296, 4294967296\\]"):
+        decode_array(enc)
+
+
+def test_non_finite_natural_parameters_are_no_state():
+    msg, _ = message()
+    msg["natural_parameters"]["shift"] = encode_array(np.array([np.nan, 1.0, 2.0, 3.0]))
+    with pytest.raises(MessageError, match="shift.*NaN or infinity"):
+        decode_state(msg)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(noise_multiplier=0.0, paper_sigma=0.0, accountant="none"), "privacy/accountant"),  # the schema's if/then
+    (dict(noise_multiplier=0.0, paper_sigma=0.0), "privacy/noise_multiplier"),
+    (dict(accountant="none"), "privacy/accountant"),
+    (dict(epsilon_spent=50.0), "epsilon_spent 50 exceeds epsilon_budget 1"),
+    (dict(epsilon_spent=float("inf")), "epsilon_spent inf is not a finite"),  # non-strict JSON carries Infinity
+    (dict(epsilon_spent=float("nan")), "epsilon_spent nan is not a finite"),
+])
+def test_a_privacy_claim_without_noise_accountant_or_budget_is_refused(change, reason):
+    from stream_vips.messages import is_private
+
+    msg, _ = message()
+    bad = copy.deepcopy(msg)
+    bad["privacy"].update(change)
+    with pytest.raises(MessageError, match=reason):
+        validate_message(bad)
+    assert not is_private(bad)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(noise_multiplier=0.0, paper_sigma=0.0), "noise_multiplier 0.0 adds no noise"),
+    (dict(accountant="none"), "accountant 'none' accounts nothing"),
+    (dict(epsilon_spent=50.0), "epsilon_spent 50 exceeds epsilon_budget 1"),
+])
+def test_a_legacy_message_with_finite_epsilon_claims_privacy_and_must_back_it(change, reason):
+    from stream_vips.messages import is_private
+
+    msg, _ = message()
+    bad = copy.deepcopy(msg)
+    del bad["privacy"]["private"]
+    bad["privacy"].update(change)
+    with pytest.raises(MessageError, match=f"claims privacy it does not have: {reason}"):
+        validate_message(bad)
+    assert not is_private(bad)
+
+
+def test_spent_budget_within_round_off_is_private_and_a_halted_message_may_spend_it_all():
+    from stream_vips.messages import SPEND_RTOL, is_private
+
+    msg, _ = message()
+    for eps in (1.0, 1.0 * (1 + SPEND_RTOL / 2), 1.0 / (1 + 1e-3) ** 2):
+        ok = copy.deepcopy(msg)
+        ok["privacy"].update(epsilon_spent=eps, halted=True)
+        assert is_private(validate_message(ok))
