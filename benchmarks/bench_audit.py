@@ -47,7 +47,7 @@ def audit(name: str, spec: FamilyAudit, broken: bool = False) -> dict:
     event = SubsampledGaussianEvent(spec.noise_multiplier, q if spec.sampling == "poisson" else 1.0, spec.sampling,
                                     diameter=pair.claimed_sensitivity * spec.noise_multiplier)
     out = {
-        "name": name, "family": spec.family, "sampling": spec.sampling, "q": q,
+        "name": name, "family": spec.family, "unit": spec.unit, "sampling": spec.sampling, "q": q,
         "noise_multiplier": spec.noise_multiplier, "pair": [pair.record_a, pair.record_b],
         "pair_sensitivity": pair.sensitivity, "claimed_sensitivity": pair.claimed_sensitivity,
         "pair_ratio": pair.ratio, "worst_case": pair.worst_case, "note": spec.note,

@@ -4,7 +4,9 @@ Each family's neighbouring pair is released many times per side by ``PrivateEngi
 threshold test chosen on training releases gives an epsilon lower bound, with exact binomial
 confidence bounds, on separate test releases. The test fails when the lower bound exceeds the
 accountant's claim for that release: a 95%-confidence proof that the release is less private
-than the ledger says. A family whose declared bounds are half the true ones must be caught.
+than the ledger says. A family whose declared bounds are half the true ones must be caught, and
+so must the key-unit audits without their per-key clip and linreg's out-of-bound candidates
+with its clipping switched off (each control puts the bug back by monkeypatching).
 
 Sizes: 3,000 training and 12,000 test releases per side (about a minute and a half on 2 cores,
 most of it LDA's E-step). At q = 1 and the claimed sensitivity 2/3 in noise units (z = 3) a
@@ -29,6 +31,7 @@ from stream_vips.audit.stats import (
     audit_samples, clopper_pearson_upper, epsilon_lower_bound, ideal_lower_bound,
 )
 from stream_vips.config import MODEL_FAMILIES
+from stream_vips.models import linreg as linreg_module
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
 
@@ -128,6 +131,8 @@ def test_family_audit_stays_below_the_claim(name):
         f"{r.claimed_epsilon:.3f} (fp {r.false_positives}, fn {r.false_negatives} of {r.n_test})")
     # not vacuous: the test sees the pair at least half as well as a perfect test would
     assert r.epsilon_lower_bound >= 0.5 * result.ideal_lower_bound, result.to_dict()
+    # noiseless: the clipped contributions stay within the diameter the accountant is told
+    assert result.pair.ratio <= 1 + 1e-9, result.to_dict()
 
 
 @pytest.mark.parametrize("name", ["linreg", "dpvi"])
@@ -165,3 +170,14 @@ def test_a_key_audit_without_the_per_key_clip_is_caught(name, model_class, monke
                         lambda self, batch, groups, n_groups: self.clipped_sum(batch))
     r = audit_family(EXTRA_AUDITS[name], n_train=N_TRAIN, n_test=N_TEST, seed=SEED).result
     assert r.violated, r.to_dict()
+
+
+def test_linreg_with_clipping_switched_off_is_caught(monkeypatch):
+    """The control of the out-of-bound candidates: with linreg's feature clipping switched off
+    (clip_rows the identity, at parse time and behind the wall) a record x = [100, 0] contributes
+    ||x y|| = 200 against the declared R B = 0.5. The pair ratio, measured against the declared
+    bounds, leaves [0, 1] and the audit proves the claim false."""
+    monkeypatch.setattr(linreg_module, "clip_rows", lambda X, bound: np.asarray(X, dtype=float))
+    result = audit_family(EXTRA_AUDITS["linreg_out_of_bounds"], n_train=N_TRAIN, n_test=N_TEST, seed=SEED)
+    assert result.pair.ratio > 100, result.to_dict()
+    assert result.result.violated, result.to_dict()

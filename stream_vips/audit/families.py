@@ -158,6 +158,12 @@ EXTRA_AUDITS: dict[str, FamilyAudit] = {
         "linreg", _linreg, FAMILY_AUDITS["linreg"].candidates, noise_multiplier=1.0, sampling="poisson",
         capacity=4, batch_size=2, pair=(0, 1),
         note="Poisson q = 1/2: the record is in the batch or not; claim by PLD (replace-one)"),
+    "linreg_out_of_bounds": FamilyAudit(
+        "linreg", _linreg,
+        ({"x": [100.0, 0.0], "y": 1000.0}, {"x": [50.0, 86.6], "y": -1000.0}, {"x": [100.0, 0.0], "y": -1000.0}),
+        note="records far outside the bounds R = 0.25, B = 2 (accepted: below max_abs): clipped they "
+             "are linreg's worst pair (ratio 0.75); with clipping switched off they move the "
+             "release by ~10^5 times the declared bound, which the audit must see"),
     "linreg_key": FamilyAudit(
         "linreg", _linreg, tuple((r,) * KEY_RECORDS for r in FAMILY_AUDITS["linreg"].candidates),
         unit="key", records_per_key=KEY_RECORDS,
