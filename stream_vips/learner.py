@@ -47,7 +47,7 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -388,9 +388,17 @@ class PrivateLearner:
             raise ConfigError(f"model.params.dim: not given, so the {self.model.family} default dim={default} "
                               f"applies, but the data has {columns} columns: pass dim={columns} (nothing was fed)")
 
+    def arrival_keys(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> "ArrivalKeys | None":
+        """The key ids of a batch's arrivals (:meth:`keys_of`, canonicalised once), for
+        :meth:`offer` / :meth:`offer_raw` and for rejecting keyless arrivals before any step;
+        ``None`` for ``unit: record``."""
+        if self.unit != "key":
+            return None
+        return ArrivalKeys(*_arrival_keys(self.keys_of(values, keys), len(values)))
+
     def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
               on_step: Callable[[StepResult], None] | None = None,
-              keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
+              keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None) -> DecodedBatch:
         """Offer every arrival of ``batch`` to the reservoir, stepping when the trigger fires.
 
         Every arrival, valid or not, takes a reservoir position and counts towards
@@ -423,7 +431,7 @@ class PrivateLearner:
 
     def offer_raw(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
                   stop: Callable[[], bool] = lambda: False, on_step: Callable[[StepResult], None] | None = None,
-                  keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
+                  keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None) -> DecodedBatch:
         """Admission before decoding (``sampling.validation: admitted``): offer every arrival of
         ``values`` (bytes or dicts), decoding and validating only those the reservoir admits.
 
@@ -462,7 +470,7 @@ class PrivateLearner:
         ids = has = None
         if self.unit == "key":  # keyless arrivals take no slot: rejected as missing_key without decoding
             ids, has = _arrival_keys(keys, n)
-            rejected = [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(~has)]
+            rejected = ArrivalKeys(ids, has).missing()
             self.rejected.update(reason for _, reason, _ in rejected)
         candidates = self.reservoir.candidates(n)
         if candidates is not None:  # one decoding pass over a superset of every chunk's admissions
@@ -634,7 +642,23 @@ def _field_keys(values: Sequence[Any], field: str) -> list[Any]:
     return [obj.get(field) if isinstance(obj, Mapping) else None for obj in values]
 
 
-def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
+class ArrivalKeys(NamedTuple):
+    """Key ids of one batch's arrivals and the mask of those that have one (privacy rule 12)."""
+
+    ids: np.ndarray
+    has: np.ndarray
+
+    def missing(self) -> list[tuple[int, str, str]]:
+        """The keyless arrivals as rejections ``(arrival, "missing_key", detail)``."""
+        return [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(~self.has)]
+
+
+def reject_keyless(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | ArrivalKeys | None) -> DecodedBatch:
+    """``batch`` with its keyless accepted arrivals rejected as ``missing_key`` (their rows dropped)."""
+    return _with_keys(batch, keys)[0]
+
+
+def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | ArrivalKeys | None
                ) -> tuple[DecodedBatch, np.ndarray, np.ndarray]:
     """Key ids of the arrivals, and the batch with keyless arrivals rejected as ``missing_key``."""
     ids, has = _arrival_keys(keys, len(batch.ok))
@@ -642,12 +666,18 @@ def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | None
     if not lost.any():
         return batch, ids, has
     keep = has[batch.ok]  # rows of accepted arrivals that have a key
-    rejected = sorted(batch.rejected + [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(lost)])
+    missing = ArrivalKeys(ids, ~lost).missing()
+    rejected = sorted(batch.rejected + missing)
     return DecodedBatch(batch.ok & has, {k: v[keep] for k, v in batch.rows.items()}, rejected), ids, has
 
 
-def _arrival_keys(keys: Sequence[Any] | np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Key ids of ``n`` arrivals and the mask of those that have one (privacy rule 12)."""
+def _arrival_keys(keys: Sequence[Any] | np.ndarray | ArrivalKeys | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Key ids of ``n`` arrivals and the mask of those that have one (privacy rule 12);
+    ``keys`` already turned into :class:`ArrivalKeys` are only checked for their length."""
+    if isinstance(keys, ArrivalKeys):
+        if keys.ids.shape[0] != n:
+            raise ValueError(f"{keys.ids.shape[0]} keys for {n} arrivals")
+        return keys.ids, keys.has
     if keys is None:
         from stream_vips.config import ConfigError
 

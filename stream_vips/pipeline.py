@@ -44,7 +44,7 @@ from stream_vips.engine import StepResult
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
                             SeekableSource, Sink, Source, values_of)
-from stream_vips.learner import PrivateLearner
+from stream_vips.learner import PrivateLearner, reject_keyless
 from stream_vips.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
 
@@ -414,21 +414,26 @@ class Application:
         if self.learner.unit == "key":  # privacy rule 12: the key field wins over the message key
             message_keys = (raws.origin_field("key") if isinstance(raws, RecordBatch)
                             else [raw.origin.get("key") for raw in raws])
-            keys = self.learner.keys_of(values, message_keys)
+            keys = self.learner.arrival_keys(values, message_keys)
+        # Rejects known before the batch is offered go to the sink first: a refused send stops
+        # the run before any of the batch's steps is paid.
         if batch is None:
+            early = keys.missing() if keys is not None else []
+            if early:
+                self._dead_letter(raws, early)
             batch = self.learner.offer_raw(values, stop=self._stop.is_set, on_step=self._released, keys=keys)
             self.stats.not_decoded += batch.skipped
             self.metrics.records_not_decoded.inc(batch.skipped)
-            if batch.rejected:  # known only once the reservoir admitted (and decoded) them
-                self._dead_letter(raws, batch.rejected)
+            sent = {i for i, _, _ in early}
+            late = [r for r in batch.rejected if r[0] not in sent]
+            if late:  # known only once the reservoir admitted (and decoded) them
+                self._dead_letter(raws, late)
         else:
-            sent = {i for i, _, _ in batch.rejected}
-            if sent:  # handed to the sink before any step: a refused send spends nothing
+            if keys is not None:
+                batch = reject_keyless(batch, keys)
+            if batch.rejected:
                 self._dead_letter(raws, batch.rejected)
             batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
-            late = [r for r in batch.rejected if r[0] not in sent]  # found by the learner (missing_key)
-            if late:
-                self._dead_letter(raws, late)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
         self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)

@@ -4,6 +4,7 @@ counts, loud publish failures, staying up when halted, restarts, and SIGTERM mid
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
 from stream_vips.checkpoint import Checkpoint
 from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.io import RawRecord
 from stream_vips.pipeline import Application, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
@@ -480,6 +482,34 @@ def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(t
     source = MemorySource(lines)
     app = Application.from_config(config_from_dict(cfg_dict(tmp_path), env={}), source=source,
                                   dead_letter=RefusingSink(), sink=MemorySink())
+    with pytest.raises(OSError, match="dead-letter topic unavailable"):
+        app.run()
+    assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
+
+
+@pytest.mark.parametrize("validation", ["all", "admitted"])
+def test_a_keyless_record_whose_dead_letter_fails_stops_the_batch_before_any_step_is_paid(tmp_path, validation):
+    """With ``privacy.unit: key`` an arrival without a key is a ``missing_key`` dead letter known
+    before the batch is offered (for either validation mode), so it goes to the sink first: a
+    refused send pays nothing for its batch, which a restart without a checkpoint would pay again."""
+
+    class RefusingSink(MemoryDeadLetterSink):
+        def send(self, letters):
+            raise OSError("dead-letter topic unavailable")
+
+    users = [f"u{i}" for i in range(400)]
+    users[350] = None  # one keyless record after two steps' worth of arrivals, in the same poll
+    if validation == "all":  # the key field (decoded before admission)
+        docs = [{**json.loads(line), **({"user": u} if u else {})} for u, line in zip(users, synthetic_lines(400))]
+        source, key_field = MemorySource([json.dumps(doc) for doc in docs]), "user"
+    else:  # admission before decoding needs the message key
+        source, key_field = MemorySource(synthetic_lines(400)), None
+        source._queue = collections.deque(RawRecord(r.value, {**r.origin, "key": u and u.encode()})
+                                          for r, u in zip(source._queue, users))
+    cfg = cfg_dict(tmp_path, privacy={"unit": "key", "key_field": key_field, "max_records_per_key": 2},
+                   sampling={"validation": validation})
+    app = Application.from_config(config_from_dict(cfg, env={}), source=source, dead_letter=RefusingSink(),
+                                  sink=MemorySink())
     with pytest.raises(OSError, match="dead-letter topic unavailable"):
         app.run()
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
