@@ -170,7 +170,9 @@ def log_z_gradients(mean: np.ndarray, var: np.ndarray, X: np.ndarray, y: np.ndar
     dM0 = (g_ma[:, :, None] * Xt[:, None, :]) * math.sqrt(c0)
     dV0 = (g_va[:, :, None] * (Xt * Xt)[:, None, :]) * c0
     B = len(X)
-    return (np.hstack([dM0.reshape(B, -1), dm1]), np.hstack([dV0.reshape(B, -1), dv1]), log_z)
+    # explicit width: an empty batch (a Poisson draw of no record) has B = 0
+    return (np.hstack([dM0.reshape(B, hidden * (dim + 1)), dm1]), np.hstack([dV0.reshape(B, hidden * (dim + 1)), dv1]),
+            log_z)
 
 
 def weight_sites(mean: np.ndarray, var: np.ndarray, g_m: np.ndarray, g_v: np.ndarray) -> tuple[np.ndarray, ...]:
