@@ -136,6 +136,8 @@ class Application:
         self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")
         self._unpublished = False
+        self._publish_failures = 0  # consecutive failed publishes of a paid step (0: none owed)
+        self._publish_retry_at = 0.0
         self.stats = RunStats()
         self._stop = threading.Event()
         self._server: MetricsServer | None = None
@@ -261,6 +263,8 @@ class Application:
                 self._stop.wait(max(self.poll_timeout_s, 0.1))
                 continue
             raws = self._take_new(self.source.poll(self.poll_max_records, self.poll_timeout_s))
+            if not raws and self._publish_failures:  # paused until the owed model goes out
+                self._stop.wait(min(max(self._publish_retry_at - time.monotonic(), 0.0), 0.5))
             if raws:
                 values = values_of(raws)
                 self._decoder.submit(values)
@@ -271,10 +275,11 @@ class Application:
                 self._export_lag()
             else:
                 self._settle()
-                if self._time_due():
+                if self._time_due() and not self._publish_failures:
                     self._step()
-            if self._unpublished and time.monotonic() - self._last_publish >= self.publish_interval_s:
-                self._publish_latest()
+            if self._unpublished and time.monotonic() >= max(self._last_publish + self.publish_interval_s,
+                                                             self._publish_retry_at):
+                self._publish_latest(retry=True)
             if self.progress is not None:
                 self.progress(self)
             if not raws and self.source.exhausted:
@@ -421,7 +426,7 @@ class Application:
             early = keys.missing() if keys is not None else []
             if early:
                 self._dead_letter(raws, early)
-            batch = self.learner.offer_raw(values, stop=self._stop.is_set, on_step=self._released, keys=keys)
+            batch = self.learner.offer_raw(values, stop=self._no_step, on_step=self._released, keys=keys)
             self.stats.not_decoded += batch.skipped
             self.metrics.records_not_decoded.inc(batch.skipped)
             sent = {i for i, _, _ in early}
@@ -433,7 +438,7 @@ class Application:
                 batch = reject_keyless(batch, keys)
             if batch.rejected:
                 self._dead_letter(raws, batch.rejected)
-            batch = self.learner.offer(batch, stop=self._stop.is_set, on_step=self._released, keys=keys)
+            batch = self.learner.offer(batch, stop=self._no_step, on_step=self._released, keys=keys)
         self.stats.accepted += int(np.count_nonzero(batch.ok))
         self._after_steps()
         self.metrics.reservoir_records.set(self.reservoir.size)
@@ -462,19 +467,44 @@ class Application:
         self.stats.updates += 1
         self._unpublished = True
         if time.monotonic() - self._last_publish >= self.publish_interval_s:
-            self._publish_latest()
+            self._publish_latest(retry=True)
 
     def _after_steps(self) -> None:
         self.stats.skipped_steps = self.learner.skipped_steps
         if self.halted and not self.stats.halted:
             self._halt()
 
-    def _publish_latest(self, halted: bool = False) -> None:
-        """Publish the learner's newest model (version = its ledger step) with the ledger's epsilon."""
+    def _no_step(self) -> bool:
+        """No new step starts: a stop was asked for, or a paid step's model has not gone out."""
+        return self._stop.is_set() or self._publish_failures > 0
+
+    def _publish_latest(self, halted: bool = False, retry: bool = False) -> None:
+        """Publish the learner's newest model (version = its ledger step) with the ledger's epsilon.
+
+        ``retry``: a failure does not end the run. A run that died on it would be restarted, pay
+        a new step and fail again, draining the budget with nothing released; instead the source
+        is paused, no step starts, and the publish is retried (backoff 1 s doubling to 60 s) until
+        it goes out (then the source resumes) or the service is stopped (the last publish then
+        raises :class:`PublishError`). Only the step already paid is at stake."""
         message = self.learner.message(halted=halted)
         if message is None:
             return
-        self._publish(message)
+        try:
+            self._publish(message)
+        except PublishError:
+            if not retry:
+                raise
+            if not self._publish_failures:
+                self.source.pause()
+                log.error("no step until model version %s is published; retrying", message.get("version"))
+            self._publish_failures += 1
+            self._publish_retry_at = time.monotonic() + min(2.0 ** (self._publish_failures - 1), 60.0)
+            return
+        if self._publish_failures:
+            log.warning("model version %s published after %d failed attempts; resuming",
+                        message.get("version"), self._publish_failures)
+            self._publish_failures = 0
+            self.source.resume()
         self._unpublished = False
         self._last_publish = time.monotonic()
         self.metrics.epsilon_spent.set(self.engine.epsilon_spent())

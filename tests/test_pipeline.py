@@ -225,16 +225,58 @@ class FailingSink(MemorySink):
         super().publish(key, message)
 
 
-def test_publish_failure_is_counted_and_raised_and_everything_is_closed(tmp_path):
+def test_a_failing_publish_pauses_steps_until_stopped_then_raises_and_closes_everything(tmp_path):
+    """A model that cannot be published costs only the step already paid: the source is paused,
+    no further step starts while the publish is retried, and a stop ends the run with
+    ``PublishError`` (a run that died at once was restarted and paid a new step every life)."""
     cfg = config_from_dict(cfg_dict(tmp_path, privacy={"epsilon": 50.0}), env={})
-    sink, source = FailingSink(fail_at=2), MemorySource(synthetic_lines(2_000))
+    sink = FailingSink(fail_at=2)
+    source = MemorySource(synthetic_lines(2_000))
     app = Application.from_config(cfg, source=source, sink=sink)
-    with pytest.raises(PublishError, match="version 2"):
-        app.run()
-    assert app.metrics.registry.get_sample_value("stream_vips_publish_failures_total") == 1
-    assert len(ledger_events(tmp_path / "ledger.jsonl")) == 3  # the ledger may only over-count
+    failures = lambda: app.metrics.registry.get_sample_value("stream_vips_publish_failures_total")  # noqa: E731
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            app.run()
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while failures() < 3 and time.monotonic() < deadline:  # retried after 1 s and 2 s
+        time.sleep(0.05)
+    app.stop()
+    thread.join(30)
+    assert not thread.is_alive() and len(errors) == 1 and isinstance(errors[0], PublishError), errors
+    assert "version 2" in str(errors[0]) and failures() >= 4  # the last try at the stop raised
+    assert len(ledger_events(tmp_path / "ledger.jsonl")) == 3  # paid steps 0-2, none while the publish failed
     assert [m["version"] for _, m in sink.messages] == [0, 1]
     assert sink.closed and source.closed
+
+
+def test_a_publish_that_recovers_resumes_the_run_with_no_step_lost_or_repeated(tmp_path):
+    cfg = config_from_dict(cfg_dict(tmp_path, privacy={"epsilon": 50.0}), env={})
+
+    class FlakySink(MemorySink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refusals = 2
+
+        def publish(self, key, message):
+            if message["version"] == 2 and self.refusals:
+                self.refusals -= 1
+                raise ConnectionError("broker unreachable")
+            super().publish(key, message)
+
+    sink = FlakySink()
+    app = Application.from_config(cfg, source=MemorySource(synthetic_lines(2_000)), sink=sink)
+    stats = app.run()
+    versions = [m["version"] for _, m in sink.messages]
+    assert sink.refusals == 0 and versions == list(range(stats.updates)) and stats.updates > 5
+    assert len(ledger_events(tmp_path / "ledger.jsonl")) == stats.updates
+    assert app.reservoir.seen == 2_000  # the paused records were read after the publish went out
 
 
 def _get(url: str) -> tuple[int, str]:
