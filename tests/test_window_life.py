@@ -19,7 +19,7 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink
 from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.pipeline import Application, PublishError
+from stream_vips.pipeline import Application
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
@@ -82,6 +82,10 @@ class AtLeastOnceSource:
     def close(self) -> None: ...
 
 
+class Killed(BaseException):
+    """The process dies here: no handler of the service runs (like SIGKILL)."""
+
+
 class CrashingSink(MemorySink):
     """Dies (like SIGKILL) when asked to publish its ``after``-th message."""
 
@@ -91,7 +95,7 @@ class CrashingSink(MemorySink):
 
     def publish(self, key, message) -> None:
         if len(self.messages) >= self.after:
-            raise RuntimeError("killed")
+            raise Killed()
         super().publish(key, message)
 
 
@@ -124,7 +128,7 @@ def test_a_crash_and_a_checkpoint_restart_keep_every_record_within_l_steps(tmp_p
     broker = Broker()
     first = Application.from_config(config(tmp_path), source=AtLeastOnceSource(broker, every=3),
                                     sink=CrashingSink(8), dead_letter=MemoryDeadLetterSink())
-    with pytest.raises(PublishError):
+    with pytest.raises(Killed):
         first.run()
     paid = ledger_lines(tmp_path)
     second = Application.from_config(config(tmp_path), source=AtLeastOnceSource(broker),
@@ -171,7 +175,7 @@ def test_a_lost_checkpoint_with_a_paid_ledger_is_refused_before_spending(tmp_pat
     broker = Broker()
     app = Application.from_config(config(tmp_path), source=AtLeastOnceSource(broker, every=3),
                                   sink=CrashingSink(5), dead_letter=MemoryDeadLetterSink())
-    with pytest.raises(PublishError):
+    with pytest.raises(Killed):
         app.run()
     paid, committed = ledger_lines(tmp_path), dict(broker.committed)
     (tmp_path / "ckpt.npz").unlink()
