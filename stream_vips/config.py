@@ -29,6 +29,7 @@ from collections import abc
 import inspect
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -54,8 +55,37 @@ MAX_EPSILON = 1e4
 #: Model parameters that make the default configuration run (merged under the configured ones).
 DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
 
+#: Key names whose values are secrets (matched case-insensitively against one key name): names
+#: containing password, secret, token or credential, and ``key`` or ``*_key`` (``api_key``); a
+#: count "per key" (``max_records_per_key``) is not a key. Their values are never printed: not
+#: by ``stream-vips config`` and not in a :class:`ConfigError`.
+SECRET_KEY = re.compile(r"password|secret|token|credential|(^|(?<!_per)_)key$", re.IGNORECASE)
+
+REDACTED = "<redacted>"
 
 
+def is_secret(key: str) -> bool:
+    """Whether a value under the key name ``key`` is a secret (:data:`SECRET_KEY`).
+
+    >>> is_secret("sasl_password"), is_secret("api_key"), is_secret("max_records_per_key")
+    (True, True, False)
+    """
+    return bool(SECRET_KEY.search(key))
+
+
+def _secret_path(key: str) -> bool:
+    """Whether any part of the dotted ``key`` (``source.sasl_password``, ``a.tokens[0]``) names a
+    secret: a wrongly typed or malformed password is still a password."""
+    return any(is_secret(part) for part in re.split(r"[.\[]", key))
+
+
+def _shown(value: Any, key: str) -> str:
+    """``repr(value)`` for an error about the dotted ``key``, ``<redacted>`` for a secret.
+
+    >>> _shown(90210773, "source.sasl_password"), _shown(3, "sampling.reservoir")
+    ('<redacted>', '3')
+    """
+    return REDACTED if _secret_path(key) else repr(value)
 
 
 @dataclass
@@ -280,55 +310,55 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {_shown(value, key)}")
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}: must be one of {list(args)}, got {value!r}")
+            raise ConfigError(f"{key}: must be one of {list(args)}, got {_shown(value, key)}")
         return value
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+            raise ConfigError(f"{key}: expected true/false, got {_shown(value, key)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {_shown(value, key)}")
         return value
     if annotation is float:
         if isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+                raise ConfigError(f"{key}: expected a number, got {_shown(value, key)}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {_shown(value, key)}")
         if not math.isfinite(value):
-            raise ConfigError(f"{key}: must be finite, got {value!r}")
+            raise ConfigError(f"{key}: must be finite, got {_shown(value, key)}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {_shown(value, key)}")
         return value
     if origin in (dict, abc.Mapping) or annotation is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {_shown(value, key)}")
         if len(args) == 2:
             return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
         return dict(value)
     if origin in (list, tuple, abc.Sequence, abc.Iterable) or annotation in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {_shown(value, key)}")
         item = args[0] if args else Any
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(annotation, type) and isinstance(value, annotation):
         return value
-    raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {_shown(value, key)}")
 
 
 def _build_dataclass(cls: type, data: Any, key: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{key}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{key}: expected a mapping, got {_shown(data, key)}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for name in data:
@@ -396,7 +426,9 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
         try:
             node[path[-1]] = yaml.safe_load(env[name])
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{'.'.join(path)}: override {name} is not valid YAML: {exc}") from None
+            dotted = ".".join(path)
+            why = REDACTED if _secret_path(dotted) else str(exc)  # the parser quotes the value
+            raise ConfigError(f"{dotted}: override {name} is not valid YAML: {why}") from None
     return out
 
 

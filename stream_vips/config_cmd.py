@@ -7,8 +7,9 @@ naming the overrides that came from the environment and the ``STREAM_VIPS_KAFKA_
 variables that are set (the Kafka connectors fall back to them).
 
 Secrets are never printed. A value is replaced by ``<redacted>`` when its key, at any depth,
-contains ``password``, ``secret``, ``token`` or ``credential``, or is ``key`` or ends in ``_key``
-(``api_key``, ``private_key``). Paths to files that hold secrets (``ssl_keyfile``,
+matches :data:`stream_vips.config.SECRET_KEY` (the one rule; configuration errors follow it too):
+it contains ``password``, ``secret``, ``token`` or ``credential``, or is ``key`` or ends in
+``_key`` (``api_key``, ``private_key``). Paths to files that hold secrets (``ssl_keyfile``,
 ``ssl_certfile``, ``ssl_cafile``) and user names are shown: they name where a secret is, not the
 secret. The same rule applies to the environment variables listed in the comments.
 """
@@ -18,18 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import textwrap
 from typing import Any, Mapping
 
+from stream_vips.config import REDACTED, is_secret
+
 PROG = "stream-vips config"
-
-REDACTED = "<redacted>"
-
-#: Key names whose values are secrets (matched case-insensitively against the whole key name); a
-#: count "per key" (``max_records_per_key``) is not a key.
-SECRET_KEY = re.compile(r"password|secret|token|credential|(^|(?<!_per)_)key$", re.IGNORECASE)
 
 EXIT_CODES = "exit codes: 0 printed; 2 bad configuration (the message names the key)"
 
@@ -46,11 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--config", metavar="FILE", help="YAML configuration (default: built-in defaults)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of YAML")
     return p
-
-
-def is_secret(key: str) -> bool:
-    """Whether a value under ``key`` is a secret (see the module docstring)."""
-    return bool(SECRET_KEY.search(key))
 
 
 def redact(data: Any) -> Any:
