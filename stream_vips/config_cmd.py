@@ -23,8 +23,6 @@ import sys
 import textwrap
 from typing import Any, Mapping
 
-from stream_vips.config import REDACTED, is_secret
-
 PROG = "stream-vips config"
 
 EXIT_CODES = "exit codes: 0 printed; 2 bad configuration (the message names the key)"
@@ -47,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def redact(data: Any) -> Any:
     """``data`` with the value of every secret key replaced by ``<redacted>`` (a copy), at any
     depth; ``None`` (not set) stays ``None`` so that an unset secret is visible as unset."""
+    from stream_vips.config import REDACTED, is_secret  # on use: --help stays free of numpy
+
     if isinstance(data, Mapping):
         return {k: (REDACTED if is_secret(str(k)) and v is not None else redact(v)) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
@@ -57,7 +57,7 @@ def redact(data: Any) -> Any:
 def environment_notes(env: Mapping[str, str]) -> list[str]:
     """Comment lines: which overrides and Kafka security variables the environment sets."""
     from connectors.kafka.connection import ENV_PREFIX as KAFKA_PREFIX
-    from stream_vips.config import ENV_PREFIX
+    from stream_vips.config import ENV_PREFIX, REDACTED, is_secret
 
     notes = []
     for name in sorted(env):
