@@ -6,16 +6,23 @@ would silently reset the spent budget. When an operator decides that a new budge
 example the old data will never be processed again), this command writes a new ledger whose
 genesis lists every ledger id that the existing state names (``supersedes``), so later starts
 accept that state and the decision stays visible in the ledger itself. A file ledger that exists
-is kept next to the new one as ``<path>.superseded-<time>``; a Kafka ledger needs a new
+is kept next to the new one as ``<path>.superseded-<time>`` (``-2``, ``-3``, ... appended when
+that name is taken: a kept ledger is never overwritten); a Kafka ledger needs a new
 ``privacy.ledger.options.name`` (its old records stay on the topic).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+EXIT_CODES = """exit codes: 0 a new ledger was written; 2 bad configuration, a memory ledger, or no --yes
+(nothing done); 3 another process holds the ledger (a running pipeline: stop it first; nothing
+done)"""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -24,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Write a new ledger whose genesis supersedes the ledgers named by the existing "
                     "checkpoint, published model and ledger, so that a start accepts that state. "
                     "Spending the budget again on the same records weakens their protection: "
-                    "reset only when that is intended.")
+                    "reset only when that is intended.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="YAML configuration of the pipeline")
     p.add_argument("--yes", action="store_true", help="confirm that a new budget starts")
     return p
@@ -54,10 +62,27 @@ def superseded_ids(config) -> set[str]:
     return ids
 
 
+def keep_aside(path: Path, stamp: str) -> Path:
+    """Move the ledger at ``path`` to ``<path>.superseded-<stamp>`` (``-2``, ``-3``, ... when that
+    name exists, e.g. two resets in one second) and return the new name. A hard link never
+    replaces an existing name, unlike a rename, so no kept ledger is ever overwritten."""
+    from stream_vips.privacy.ledger import fsync_dir
+
+    for n in itertools.count(1):
+        kept = path.with_name(f"{path.name}.superseded-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            os.link(path, kept)
+        except FileExistsError:
+            continue
+        os.unlink(path)
+        fsync_dir(path.parent)
+        return kept
+
+
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 after writing the new ledger, 2 on bad configuration or without ``--yes``."""
+    """See :data:`EXIT_CODES`."""
     from stream_vips.config import ConfigError, load_config
-    from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt
+    from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerLocked
 
     if not args.yes:
         print("stream-vips reset: nothing done; pass --yes to start a new privacy budget", file=sys.stderr)
@@ -71,25 +96,34 @@ def run(args: argparse.Namespace) -> int:
     if ledger_cfg.type == "memory":
         print("stream-vips reset: a memory ledger starts new on every run; nothing to reset", file=sys.stderr)
         return 2
-    ids = superseded_ids(config)
     if ledger_cfg.type == "file":
         path = Path(ledger_cfg.path)
+        old = None
         if path.exists():
             try:
-                with FileLedger(path) as old:
-                    ids.add(old.ledger_id)
-                    ids.update(old.supersedes)
+                old = FileLedger(path)  # held while it is moved, so no run can start spending from it
             except LedgerCorrupt:
                 pass  # kept aside all the same; its id may be unreadable
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            kept = path.with_name(f"{path.name}.superseded-{stamp}")
-            path.rename(kept)
-            print(f"stream-vips reset: kept the old ledger as {kept}", file=sys.stderr)
+            except LedgerLocked as exc:
+                print(f"stream-vips reset: refusing: {exc} (stop it first); nothing was changed", file=sys.stderr)
+                return 3
+        try:
+            ids = superseded_ids(config)
+            if old is not None:
+                ids.add(old.ledger_id)
+                ids.update(old.supersedes)
+            if path.exists():
+                kept = keep_aside(path, datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+                print(f"stream-vips reset: kept the old ledger as {kept}", file=sys.stderr)
+        finally:
+            if old is not None:
+                old.close()
         with FileLedger(path, supersedes=ids) as new:
             new_id = new.ledger_id
     else:
         from connectors.kafka import KafkaLedger
 
+        ids = superseded_ids(config)
         try:
             new = KafkaLedger(**{"ledger_id": config.model.id, **ledger_cfg.options, "supersedes": sorted(ids)})
         except LedgerCorrupt as exc:
