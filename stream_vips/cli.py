@@ -53,7 +53,8 @@ busy); 3 the privacy state refuses the start (a ledger that is corrupt, locked b
 process, or does not hold the steps that the checkpoint or the published model reflect: restore
 it, or start a new budget with `stream-vips reset`); 4 a dead letter was not delivered (nothing
 was committed past it); 5 a connector failed past its retry deadline (e.g. the Kafka broker
-unreachable)"""
+unreachable); 6 the privacy ledger could not be written (e.g. a full disk at privacy.ledger.path):
+no step was released without its ledger line; free space and restart"""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from stream_vips.errors import StreamVipsError
     from stream_vips.logsafety import guard_client_logging
     from stream_vips.pipeline import Application, DeadLetterError, PublishError
-    from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch
+    from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch, LedgerWriteError
 
     def say(line: str) -> None:
         print(f"stream-vips: {line}", file=sys.stderr)
@@ -84,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerCorrupt, LedgerLocked, LedgerMismatch) as exc:
         say(f"refusing to start: {exc}")
         return 3
+    except LedgerWriteError as exc:
+        say(f"cannot start: {exc}")
+        return 6
     except Exception as exc:
         if _connector_failure(exc):
             say(f"cannot start: {type(exc).__name__}: {exc}")
@@ -108,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     except DeadLetterError as exc:
         say(str(exc))
         return 4
+    except LedgerWriteError as exc:
+        say(f"stopped: {exc}")
+        return 6
     except (StreamVipsError, Exception) as exc:
         if _connector_failure(exc):
             say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")

@@ -3,12 +3,16 @@ loses no ledger and spends no budget."""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 import stream_vips.cli as cli
+from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import reset
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger
@@ -80,3 +84,59 @@ def test_reset_while_another_holder_has_the_ledger_is_one_line_exit_3_and_change
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.jsonl", "reset.yaml"]
     assert (tmp_path / "ledger.jsonl").read_bytes() == before
+
+
+def run_config(tmp_path: Path, records: int = 1_500) -> Path:
+    """A small file-to-file run: 3-dim linreg, a step every 250 records once 500 are held."""
+    data = tmp_path / "records.jsonl"
+    lines = SyntheticRegressionSource(count=records, dimension=3, seed=4).generate(records)
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""
+model: {{family: linreg, id: ops, params: {{dim: 3}}}}
+privacy: {{epsilon: 100.0, noise_multiplier: 2.0, seed: 1, ledger: {{type: file, path: {tmp_path / 'ledger.jsonl'}}}}}
+sampling: {{method: fixed, reservoir: 500, batch_size: 100}}
+schedule: {{every_records: 250}}
+source: {{type: jsonl, path: {data}}}
+sink: {{type: jsonl, path: {tmp_path / 'models.jsonl'}}}
+dead_letter: {{type: jsonl, path: {tmp_path / 'dead.jsonl'}}}
+metrics: {{enabled: false}}
+runtime: {{on_halt: exit, publish_interval_s: 0}}
+""")
+    return config
+
+
+def fail_writes_to(monkeypatch, name: str, after: int) -> None:
+    """``os.write`` to the file called ``name`` succeeds ``after`` times, then writes half of
+    the next buffer and raises ENOSPC: a disk that fills up mid-line."""
+    real_write = os.write
+    calls = {"n": 0}
+
+    def write(fd: int, data) -> int:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) != name:
+            return real_write(fd, data)
+        calls["n"] += 1
+        if calls["n"] <= after:
+            return real_write(fd, data)
+        if calls["n"] == after + 1 and len(data) > 1:
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_full_disk_at_the_ledger_is_one_line_exit_6_whole_lines_and_no_unpaid_model(tmp_path, monkeypatch, capsys):
+    config = run_config(tmp_path)
+    fail_writes_to(monkeypatch, "ledger.jsonl", after=3)  # the genesis and steps 0, 1; step 2 tears
+    assert cli.main(["run", "--config", str(config), "--no-progress"]) == 6
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = [l for l in err.splitlines() if "privacy.ledger.path" in l]
+    assert line.startswith("stream-vips: stopped:") and "no step was released" in line
+    raw = (tmp_path / "ledger.jsonl").read_bytes()
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 3  # cut back to whole lines: genesis + 2 steps
+    with FileLedger(tmp_path / "ledger.jsonl") as ledger:
+        assert len(ledger.events()) == 2
+    versions = [json.loads(l)["version"] for l in (tmp_path / "models.jsonl").read_text().splitlines()]
+    assert versions and max(versions) == 1  # no model for the step whose line is missing

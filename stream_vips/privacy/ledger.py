@@ -63,6 +63,12 @@ class LedgerMismatch(StreamVipsError, RuntimeError):
     deleted, replaced or rolled back. Refusing to start rather than reset the spent budget."""
 
 
+class LedgerWriteError(StreamVipsError, OSError):
+    """The ledger file could not be written (a full disk, an I/O error; still an ``OSError``, as
+    before). The ledger still holds whole lines only, and no step whose line is missing was
+    released: a step is appended before its noise is drawn (check, ledger, noise, release)."""
+
+
 @runtime_checkable
 class Ledger(Protocol):
     """Durable privacy events (see the module docstring)."""
@@ -426,18 +432,25 @@ class FileLedger(LedgerSteps):
         return replayed
 
     def _write(self, line: bytes) -> None:
+        """Append ``line`` (whole lines) and fsync; an OSError (ENOSPC, EIO) becomes
+        :class:`LedgerWriteError` after the file is cut back to its whole lines."""
         try:
             view = memoryview(line)
             while view:
                 view = view[os.write(self._fd, view):]
             os.fsync(self._fd)
-        except BaseException:
+        except BaseException as exc:
             # Never leave a partial line for the next append to extend; if even that fails,
             # stop writing (the torn tail is dropped on the next open).
             try:
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 self.close()
+            if isinstance(exc, OSError):
+                raise LedgerWriteError(
+                    f"cannot write the privacy ledger {self.path} (privacy.ledger.path): {exc.strerror or exc}; "
+                    "no step was released without its ledger line and the ledger holds whole lines only: "
+                    "free space (or fix the disk) and restart") from exc
             raise
         self._size += len(line)
 
