@@ -15,7 +15,7 @@ import stream_vips.cli as cli
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import reset
 from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import FileLedger
+from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt
 
 PASSWORD = "90210773"  # numeric: YAML reads it as an int, which fails the str check
 KAFKA_SOURCE = ("source: {type: kafka, bootstrap_servers: 'k:9092', topics: t, group_id: g, sasl_username: u, "
@@ -140,3 +140,20 @@ def test_a_full_disk_at_the_ledger_is_one_line_exit_6_whole_lines_and_no_unpaid_
         assert len(ledger.events()) == 2
     versions = [json.loads(l)["version"] for l in (tmp_path / "models.jsonl").read_text().splitlines()]
     assert versions and max(versions) == 1  # no model for the step whose line is missing
+
+
+@pytest.mark.parametrize("where", ["genesis", "event"])
+def test_a_deeply_nested_ledger_line_is_corrupt_and_run_refuses_with_exit_3(tmp_path, capsys, where):
+    config = run_config(tmp_path, records=10)
+    path = tmp_path / "ledger.jsonl"
+    deep = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's stack: json.loads raises RecursionError
+    if where == "genesis":
+        path.write_bytes(b'{"genesis":' + deep + b"}\n")
+    else:
+        FileLedger(path).close()  # a genesis, then the deep event line
+        path.write_bytes(path.read_bytes() + b'{"event":' + deep + b',"step":0}\n')
+    with pytest.raises(LedgerCorrupt, match="nested too deeply"):
+        FileLedger(path)
+    assert cli.main(["run", "--config", str(config), "--no-progress"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing to start" in err and "corrupt" in err, err

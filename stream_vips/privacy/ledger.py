@@ -330,6 +330,8 @@ def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | N
             event, at, window = decode_line(raw, len(events))
         except ValueError as exc:
             raise LedgerCorrupt(f"{where} line {i + 1} is corrupt: {exc}") from exc
+        except RecursionError:  # JSON nested deeper than Python's stack: no line of ours
+            raise LedgerCorrupt(f"{where} line {i + 1} is corrupt: nested too deeply to be a ledger line") from None
         events.append(event)
         positions.append(at)
         windows.append(window)
