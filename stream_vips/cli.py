@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from stream_vips import __version__
@@ -48,13 +50,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted or signalled); 1 a model could not be
-published; 2 bad configuration (the message names the key, e.g. metrics.port when the port is
-busy); 3 the privacy state refuses the start (a ledger that is corrupt, locked by another
-process, or does not hold the steps that the checkpoint or the published model reflect: restore
-it, or start a new budget with `stream-vips reset`); 4 a dead letter was not delivered (nothing
-was committed past it); 5 a connector failed past its retry deadline (e.g. the Kafka broker
-unreachable); 6 the privacy ledger could not be written (e.g. a full disk at privacy.ledger.path):
-no step was released without its ledger line; free space and restart"""
+published; 2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
+the port is busy; checked before anything is spent, except a --json-summary file that cannot be
+written at the end, e.g. a full disk: the summary is then on stderr only); 3 the privacy state
+refuses the start (a ledger that is corrupt, locked by another process, or does not hold the steps
+that the checkpoint or the published model reflect: restore it, or start a new budget with
+`stream-vips reset`); 4 a dead letter was not delivered (nothing was committed past it); 5 a connector
+failed past its retry deadline (e.g. the Kafka broker unreachable); 6 the privacy ledger could not
+be written (e.g. a full disk at privacy.ledger.path): no step was released without its ledger line;
+free space and restart"""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"stream-vips: {line}", file=sys.stderr)
 
     started = time.monotonic()
+    if args.json_summary and (problem := output_file_problem(args.json_summary, "--json-summary")):
+        say(problem)
+        return 2
     try:
         config = load_config(args.config)
         logging.basicConfig(level=args.log_level or config.runtime.log_level, stream=sys.stderr,
@@ -130,9 +137,36 @@ def run(args: argparse.Namespace) -> int:
         if args.json_summary == "-":
             print(text)
         else:
-            with open(args.json_summary, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+            try:
+                with open(args.json_summary, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            except OSError as exc:
+                say(f"--json-summary {args.json_summary}: cannot write it: {exc.strerror or exc} (the summary is above)")
+                return 2
     return 0
+
+
+def output_file_problem(path: str, flag: str) -> str | None:
+    """Why the file ``path`` given to ``flag`` cannot be written at the end of a run (it is not
+    a file, or its directory is missing or not writable), or ``None``: checked before the run
+    starts, so a mistyped path costs no privacy budget. ``-`` (stdout) is always fine.
+
+    >>> output_file_problem("/", "--json-summary")
+    '--json-summary /: is a directory; name a file'
+    >>> output_file_problem("/no/such/dir/s.json", "--json-summary")
+    '--json-summary /no/such/dir/s.json: directory /no/such/dir does not exist'
+    """
+    if path == "-":
+        return None
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        return f"{flag} {path}: is a directory; name a file"
+    if not parent.is_dir():
+        return f"{flag} {path}: directory {parent} does not exist"
+    if not os.access(target if target.exists() else parent, os.W_OK):
+        return f"{flag} {path}: not writable"
+    return None
 
 
 def _connector_failure(exc: BaseException) -> bool:

@@ -157,3 +157,19 @@ def test_a_deeply_nested_ledger_line_is_corrupt_and_run_refuses_with_exit_3(tmp_
     assert cli.main(["run", "--config", str(config), "--no-progress"]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "refusing to start" in err and "corrupt" in err, err
+
+
+@pytest.mark.parametrize("summary", ["missing-dir/s.json", "."])
+def test_an_unwritable_json_summary_is_refused_before_the_run_spends_anything(tmp_path, capsys, summary):
+    config = run_config(tmp_path)
+    assert cli.main(["run", "--config", str(config), "--no-progress", "--json-summary", str(tmp_path / summary)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("stream-vips: --json-summary ") and "Traceback" not in err
+    assert not (tmp_path / "ledger.jsonl").exists() and not (tmp_path / "models.jsonl").exists()  # nothing spent
+
+
+def test_a_json_summary_that_fails_at_the_end_is_one_line_exit_2(tmp_path, capsys):
+    config = run_config(tmp_path)
+    assert cli.main(["run", "--config", str(config), "--no-progress", "--json-summary", "/dev/full"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("stream-vips: --json-summary /dev/full: cannot")
