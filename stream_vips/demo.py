@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -334,11 +335,18 @@ def format_summary(s: dict[str, Any]) -> str:
     ])
 
 
+EXIT_CODES = """exit codes: 0 the demo ran; 2 a bad option or configuration (one line naming it, checked
+before anything is spent, except a --json-summary file that cannot be written at the end, e.g. a
+full disk: the summary is then on stdout only); 6 the privacy ledger in --out could not be written
+(e.g. a full disk): no step was released without its ledger line"""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from stream_vips.cli import plain  # the module docstring without its RST markup
 
     p = subparsers.add_parser("demo", help="run the pipeline on a synthetic stream (no Kafka needed)",
-                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), epilog=EXIT_CODES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES), default="linreg",
                    help="model family (default linreg); see above")
     p.add_argument("--records", type=int, help="synthetic records to stream (default: 70000 for lda, 40000 for "
@@ -354,21 +362,64 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def option_problem(args: argparse.Namespace) -> str | None:
+    """Why the demo's options cannot run, or ``None``; checked before anything is spent. A
+    missing ``--out`` directory is created here (the run would create it)."""
+    from stream_vips.cli import output_file_problem
+
     fam = FAMILIES[args.family]
     if args.records is not None and args.records < fam.reservoir + fam.every_records:
-        print(f"--records must be at least {fam.reservoir + fam.every_records} to fill the reservoir and update "
-              f"({args.family})", file=sys.stderr)
-        return 2
+        return (f"--records must be at least {fam.reservoir + fam.every_records} to fill the reservoir and update "
+                f"({args.family})")
     if not args.epsilon > 0:
-        print("--epsilon must be > 0", file=sys.stderr)
+        return "--epsilon must be > 0"
+    if args.seed < 0:
+        return f"--seed must be a non-negative integer, got {args.seed}"
+    if not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be in [0, 65535] (0: any free port), got {args.metrics_port}"
+    if args.json_summary and (problem := output_file_problem(args.json_summary, "--json-summary")):
+        return problem
+    if args.out is not None:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            return f"--out {args.out}: exists and is not a directory"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--out {args.out}: cannot create it: {exc.strerror or exc}"
+        if not os.access(out, os.W_OK):
+            return f"--out {args.out}: not writable"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """See :data:`EXIT_CODES`."""
+    from stream_vips.config import ConfigError
+    from stream_vips.privacy.ledger import LedgerWriteError
+
+    def say(line: str) -> None:
+        print(f"stream-vips demo: {line}", file=sys.stderr)
+
+    if problem := option_problem(args):
+        say(problem)
         return 2
     apps: list[Application] = []
-    summary = run_demo(args.records, args.epsilon, args.out, args.metrics_port, args.seed,
-                       progress=not args.no_progress, family=args.family, on_app=apps.append)
+    try:
+        summary = run_demo(args.records, args.epsilon, args.out, args.metrics_port, args.seed,
+                           progress=not args.no_progress, family=args.family, on_app=apps.append)
+    except ConfigError as exc:  # e.g. the metrics port is busy: refused before consuming
+        say(f"configuration error: {exc}")
+        return 2
+    except LedgerWriteError as exc:
+        say(f"stopped: {exc}")
+        return 6
     print(format_summary(summary))
     if args.json_summary:
-        Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        try:
+            Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            say(f"--json-summary {args.json_summary}: cannot write it: {exc.strerror or exc} (the summary is above)")
+            return 2
     if args.serve_s > 0:
         serve_metrics(apps[0], summary["metrics_port"], args.serve_s)
     return 0

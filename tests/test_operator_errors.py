@@ -173,3 +173,16 @@ def test_a_json_summary_that_fails_at_the_end_is_one_line_exit_2(tmp_path, capsy
     assert cli.main(["run", "--config", str(config), "--no-progress", "--json-summary", "/dev/full"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.splitlines()[-1].startswith("stream-vips: --json-summary /dev/full: cannot")
+
+
+@pytest.mark.parametrize("option", [["--out", "/dev/full"], ["--out", "FILE"], ["--metrics-port", "99999"],
+                                    ["--seed", "-1"], ["--json-summary", "missing-dir/s.json"]])
+def test_a_bad_demo_option_is_one_line_exit_2_and_spends_nothing(tmp_path, capsys, option):
+    (tmp_path / "FILE").write_text("not a directory\n")
+    flag, value = option
+    value = value if value.startswith("/") or value[0] in "-9" else str(tmp_path / value)
+    args = ["demo", "--no-progress", *(["--out", str(tmp_path / "out")] if flag != "--out" else []), flag, value]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"stream-vips demo: {flag}"), err
+    assert not list(tmp_path.rglob("ledger.jsonl"))  # nothing spent
