@@ -1,7 +1,9 @@
 """JSON-lines files: a record source, a model sink and a dead-letter sink.
 
-Each sink line is one complete JSON document, written and flushed per call so that a reader
-(or a crash) never sees half a message. ``fsync=True`` also forces the bytes to disk.
+Each sink line is one complete JSON document, written unbuffered per call so that a reader sees
+every message at once. A write that fails part way (a full disk) is cut back to the last whole
+line before the error is raised, so the next message never continues a torn one (if even the
+cut fails, the sink closes: a torn last line is then what a crash leaves). ``fsync=True`` also forces the bytes to disk.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from connectors._lines import (PausableSource, dead_letter_line, last_message, line_value, message_line,
-                               write_lines)
+from connectors._lines import PausableSource, dead_letter_line, last_message, line_value, message_line
 from stream_vips.io import DeadLetter, RawRecord
 
 
@@ -68,25 +69,42 @@ class JsonlSource(PausableSource):
 
 
 class _LineWriter:
+    """Appends whole lines to ``path`` through an unbuffered ``O_APPEND`` descriptor."""
+
     def __init__(self, path: str, fsync: bool) -> None:
         self.path = str(path)
         self.fsync = bool(fsync)
         parent = Path(self.path).parent
         parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _write(self, lines: Sequence[str]) -> None:
-        write_lines(self._file, lines)
-        if lines and self.fsync:
-            os.fsync(self._file.fileno())
+        """Append ``lines`` in one write; on failure the file is cut back to its size before it."""
+        if not lines:
+            return
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: write to a closed sink")
+        size = os.fstat(self._fd).st_size
+        try:
+            view = memoryview("".join(line + "\n" for line in lines).encode("utf-8"))
+            while view:
+                view = view[os.write(self._fd, view):]
+            if self.fsync:
+                os.fsync(self._fd)
+        except BaseException:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                self.close()  # a torn last line, as after a crash: write nothing after it
+            raise
 
     def flush(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
+        """Nothing is buffered: every write went to the file when ``_write`` returned."""
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class JsonlSink(_LineWriter):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -186,3 +188,44 @@ def test_a_bad_demo_option_is_one_line_exit_2_and_spends_nothing(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"stream-vips demo: {flag}"), err
     assert not list(tmp_path.rglob("ledger.jsonl"))  # nothing spent
+
+
+SINK_FILLS_UP = """
+import json, resource, signal, sys
+from connectors.jsonl import JsonlDeadLetterSink, JsonlSink
+from stream_vips.io import DeadLetter, RawRecord
+
+kind, path = sys.argv[1], sys.argv[2]
+sink = JsonlSink(path) if kind == "models" else JsonlDeadLetterSink(path)
+
+def put(i):
+    if kind == "models":
+        sink.publish("m", {"model_id": "m", "version": i, "pad": "x" * 200})
+    else:
+        sink.send([DeadLetter(RawRecord(b"{bad %d" % i + b"x" * 200, {"line": i}), "invalid_json", "not JSON")])
+    sink.flush()
+
+put(0)
+size = len(open(path, "rb").read())
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit a write fails with EFBIG, like ENOSPC
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, hard))  # the next line fits half way
+try:
+    put(1)
+except OSError as exc:
+    print("failed:", exc.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space again
+put(2)
+sink.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["models", "dead"])
+def test_a_sink_write_that_fills_the_disk_leaves_whole_lines_and_the_next_line_is_not_glued(tmp_path, kind):
+    path = tmp_path / f"{kind}.jsonl"
+    out = subprocess.run([sys.executable, "-c", SINK_FILLS_UP, kind, str(path)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0 and out.stdout.strip() == f"failed: {errno.EFBIG}", out.stderr
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 3, lines  # two whole lines (0 and 2), no torn one
+    assert [json.loads(line)["version" if kind == "models" else "origin"] for line in lines[:-1]]
