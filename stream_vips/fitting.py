@@ -308,14 +308,29 @@ def calibration_rtol(epsilon: float, delta: float) -> float:
 _STEEPNESS_LIMIT_EPSILON = 1e6
 
 
-def check_public(family: str, epsilon: float | None, delta: float, non_private: bool) -> None:
-    """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1)."""
+def check_public(family: str, epsilon: float | None, delta: float, non_private: bool,
+                 names: Mapping[str, str] | None = None) -> None:
+    """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1),
+    and epsilon is not so small that its calibration tolerance (:func:`calibration_rtol`) is below
+    what the calibration can resolve (:data:`~stream_vips.privacy.accountant.MIN_CALIBRATION_RTOL`)."""
     if family not in RULES:
         raise FitError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
     if not non_private and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise FitError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise FitError(f"delta must be in (0, 1), got {delta!r}")
+    if not non_private:
+        from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL
+
+        rtol = calibration_rtol(epsilon, delta)
+        if rtol < MIN_CALIBRATION_RTOL:
+            # Where the tolerance is this small, epsilon is far below delta and calibration_rtol is
+            # proportional to epsilon (k ~ 2 delta / epsilon), so the floor is reached at
+            # epsilon * floor / rtol; 1% above that leaves room for the rounding in the message.
+            smallest = epsilon * MIN_CALIBRATION_RTOL / rtol * 1.01
+            raise FitError(f"{(names or PYTHON_NAMES)['epsilon']} {epsilon!r} is too small to calibrate the noise "
+                           f"to (its tolerance would be finer than double precision); the smallest budget "
+                           f"supported at delta {delta!r} is {smallest:.3g}")
 
 
 def check_settings(settings: Settings, family: str, n: int, d: int, epsilon: float | None, delta: float,
@@ -450,8 +465,8 @@ def check_json_objects(encoded: Sequence[bytes]) -> None:
 
 
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
-PYTHON_NAMES = {"dim": "dim=D", "ledger": "ledger_path", "param": "the caller", "steps": "the caller"}
-CLI_NAMES = {"dim": "--dim D", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
+PYTHON_NAMES = {"dim": "dim=D", "epsilon": "epsilon", "ledger": "ledger_path", "param": "the caller", "steps": "the caller"}
+CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
 
 
 def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shape_d: int | None,
@@ -720,7 +735,7 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
              names: Mapping[str, str]) -> _Plan:
     """The refusal phase: every check on the input, before anything is spent (FitError)."""
     started = time.perf_counter()
-    check_public(family, epsilon, delta, non_private)
+    check_public(family, epsilon, delta, non_private, names)
     encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=dimension(family)[0])
     n = len(encoded)
     if n == 0:

@@ -289,6 +289,11 @@ def analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
 #: 4 (20/z + 2/z^2) / 2^14 (the loss range over ~2^14 points, rounded up to a power of two) and
 #: dp_accounting takes expm1 of that step, finite only below 709.78: z >= 8.4e-4, rounded up.
 MIN_NOISE_MULTIPLIER = 1e-3
+#: Smallest relative tolerance :func:`calibrate_noise_multiplier` accepts. Doubles are spaced
+#: 2.2e-16 apart relative to their value, so below about that a bracket lo < hi cannot narrow to
+#: hi / lo <= 1 + rtol (sqrt(lo * hi) rounds to lo or hi) and the search would never end; the floor
+#: keeps four orders of magnitude of margin above that spacing.
+MIN_CALIBRATION_RTOL = 1e-12
 GRID_EXACT_COUNTS = 256
 #: Beyond ``GRID_EXACT_COUNTS`` the grid of counts grows geometrically by this ratio.
 GRID_RATIO = 1.0 + 1.0 / 256
@@ -722,8 +727,9 @@ def calibrate_noise_multiplier(
     _check_delta(delta)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    if not 0 < rtol < 0.5:
-        raise ValueError(f"rtol must be in (0, 0.5), got {rtol!r}")
+    if not MIN_CALIBRATION_RTOL <= rtol < 0.5:
+        raise ValueError(f"the calibration tolerance rtol must be in [{MIN_CALIBRATION_RTOL:g}, 0.5) (below that "
+                         f"it is finer than double precision), got {rtol!r}")
     acct = accountant if accountant is not None else make_accountant("auto", sampling)
     if adjacency == "add_remove":
         diameter = 1.0
@@ -767,7 +773,15 @@ def calibrate_noise_multiplier(
 
     step = 1 + rtol / 3  # two probes g/step, g*step bracket the root within (1 + rtol)
     interpolate = True
+    # Iteration cap: a bisection step halves ln(hi / lo), so ceil(log2(ln(hi / lo) / ln(1 + rtol)))
+    # of them end the loop; an interpolation step either ends it (its probes bracket the root within
+    # step^2 < 1 + rtol) or is followed by a bisection, so at most twice that many passes, plus slack.
+    # With rtol >= MIN_CALIBRATION_RTOL and hi / lo <= 2 this is at most 2 * 40 + 4 passes.
+    passes_left = 2 * math.ceil(math.log2(math.log(hi / lo) / math.log1p(rtol))) + 4
     while hi / lo > 1 + rtol:  # invariant: eps(lo) > target >= eps(hi)
+        passes_left -= 1
+        if passes_left < 0:
+            raise ValueError(f"the noise calibration did not narrow to the tolerance rtol {rtol!r}")
         g = math.sqrt(lo * hi)
         if interpolate and e_hi > 0:
             t = math.log(e_lo / epsilon) / math.log(e_lo / e_hi)

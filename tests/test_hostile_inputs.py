@@ -1,0 +1,84 @@
+"""Hostile inputs to ``fit``, ``inspect`` and ``report``: each ends in a clear one-line refusal (or a
+rejected record), quickly, with nothing spent and no traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream_vips.cli import main
+from stream_vips.errors import FitError
+from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, calibrate_noise_multiplier, make_accountant
+
+fitmod = importlib.import_module("stream_vips.fitting")
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block runs longer than ``seconds``."""
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"did not finish within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def linreg_file(path: Path, n: int = 20) -> Path:
+    rng = np.random.default_rng(0)
+    path.write_text("".join(json.dumps({"x": rng.uniform(-1, 1, 2).tolist(), "y": float(rng.uniform(-1, 1))}) + "\n"
+                            for _ in range(n)))
+    return path
+
+
+# --- 1. a calibration tolerance below double precision -------------------------------------------
+
+@pytest.mark.parametrize("rtol", [1e-300, 1e-17, MIN_CALIBRATION_RTOL / 2])
+def test_calibration_refuses_a_tolerance_finer_than_doubles(rtol):
+    with within(5), pytest.raises(ValueError, match="rtol"):
+        calibrate_noise_multiplier(1.0, 1e-5, 1.0, 1, "fixed", accountant=make_accountant("autodp", "fixed"), rtol=rtol)
+
+
+def test_calibration_at_the_smallest_tolerance_ends_and_brackets_the_root():
+    acct = make_accountant("autodp", "fixed")
+    with within(5):
+        z = calibrate_noise_multiplier(0.3, 1e-5, 1.0, 2, "fixed", accountant=acct, rtol=MIN_CALIBRATION_RTOL)
+
+    def eps(v: float) -> float:
+        from stream_vips.privacy.events import SubsampledGaussianEvent
+
+        return acct.epsilon([SubsampledGaussianEvent(v, 1.0, "fixed", "replace_one", 2.0, count=2)], 1e-5)
+    assert eps(z) <= 0.3 < eps(z / (1 + 2 * MIN_CALIBRATION_RTOL))
+
+
+@pytest.mark.parametrize("epsilon", ["1e-20", "1e-300"])
+def test_fit_refuses_an_epsilon_too_small_to_calibrate(tmp_path, capsys, epsilon):
+    data = linreg_file(tmp_path / "d.jsonl")
+    out, ledger = tmp_path / "m.json", tmp_path / "ledger.jsonl"
+    with within(5):
+        code = main(["fit", "--family", "linreg", "--dim", "2", "--seed", "0", "--epsilon", epsilon,
+                     "--ledger", str(ledger), "--out", str(out), str(data)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "--epsilon" in err and "smallest budget" in err
+    assert not out.exists() and not (ledger.exists() and ledger.read_text().strip())  # nothing spent
+    smallest = float(err.rsplit(" ", 1)[1])
+    assert fitmod.calibration_rtol(smallest, 1e-5) >= MIN_CALIBRATION_RTOL  # the stated budget is supported
+    assert fitmod.calibration_rtol(smallest / 1.1, 1e-5) < MIN_CALIBRATION_RTOL  # and close to the smallest
+
+
+def test_python_fit_names_epsilon_for_a_too_small_budget():
+    X = np.zeros((5, 2))
+    with within(5), pytest.raises(FitError, match=r"^epsilon 1e-20 is too small.*smallest budget"):
+        fitmod.fit((X, np.zeros(5)), "linreg", epsilon=1e-20, delta=1e-5)
