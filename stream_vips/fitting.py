@@ -458,14 +458,15 @@ def check_json_objects(encoded: Sequence[bytes]) -> None:
             try:
                 if isinstance(json.loads(raw), dict):
                     return
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
                 continue
     raise FitError("fit reads JSON Lines (one JSON object per line), and no record is a JSON object: a JSON "
                    "array, pretty-printed JSON or CSV must be converted first")
 
 
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
-PYTHON_NAMES = {"dim": "dim=D", "epsilon": "epsilon", "ledger": "ledger_path", "param": "the caller", "steps": "the caller"}
+PYTHON_NAMES = {"dim": "dim=D", "epsilon": "epsilon", "ledger": "ledger_path", "param": "the caller",
+                "steps": "the caller"}
 CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
 
 
@@ -887,7 +888,7 @@ def _param(text: str) -> tuple[str, Any]:
     key, value = text.split("=", 1)
     try:
         return key, json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON (or nested too deeply for it): the text itself
         return key, value
 
 

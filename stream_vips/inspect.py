@@ -163,6 +163,9 @@ def latest_in_file(path: str | os.PathLike[str], model_id: str | None = None
         except messages.MessageError as exc:
             skipped.append("a torn last line (no newline)" if torn else str(exc))
             continue
+        except RecursionError:  # json's parser ran out of stack: invalid like any other bad line
+            skipped.append("model message is not valid JSON: nested too deeply")
+            continue
         if msg["model_id"] in latest or (model_id is not None and msg["model_id"] != model_id):
             continue
         latest[msg["model_id"]] = msg

@@ -256,7 +256,7 @@ def dead_letter_counts(path: str | os.PathLike[str]) -> Counter:
                     continue
                 try:
                     reason = json.loads(line).get("reason")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):  # RecursionError: nested too deeply
                     reason = None
                 counts[str(reason) if reason is not None else "(unreadable)"] += 1
     except OSError as exc:

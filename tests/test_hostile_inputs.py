@@ -15,6 +15,7 @@ import pytest
 
 from stream_vips.cli import main
 from stream_vips.errors import FitError
+from stream_vips.report import dead_letter_counts
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, calibrate_noise_multiplier, make_accountant
 
 fitmod = importlib.import_module("stream_vips.fitting")
@@ -82,3 +83,76 @@ def test_python_fit_names_epsilon_for_a_too_small_budget():
     X = np.zeros((5, 2))
     with within(5), pytest.raises(FitError, match=r"^epsilon 1e-20 is too small.*smallest budget"):
         fitmod.fit((X, np.zeros(5)), "linreg", epsilon=1e-20, delta=1e-5)
+
+
+# --- 2. JSON nested deeper than the parser's stack -----------------------------------------------
+
+DEEP = '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+def test_fit_rejects_a_deeply_nested_record_like_a_malformed_one(tmp_path, capsys):
+    data = linreg_file(tmp_path / "d.jsonl", n=40)
+    data.write_text(DEEP + "\n" + data.read_text())
+    out = tmp_path / "m.json"
+    assert main(["fit", "--family", "linreg", "--dim", "2", "--seed", "0", "--out", str(out), str(data)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert json.loads(out.read_text())["privacy"]["epsilon_spent"] > 0
+
+
+def test_fit_refuses_data_of_deeply_nested_lines_only(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text((DEEP + "\n") * 2)
+    out = tmp_path / "m.json"
+    assert main(["fit", "--family", "linreg", "--dim", "2", "--seed", "0", "--out", str(out), str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no record is a JSON object" in err and not out.exists()
+
+
+def test_a_deeply_nested_param_is_taken_as_text(tmp_path, capsys):
+    data = linreg_file(tmp_path / "d.jsonl")
+    code = main(["fit", "--family", "linreg", "--dim", "2", "--param", "x_bound=" + "[" * 100_000,
+                 "--out", str(tmp_path / "m.json"), str(data)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict[str, Path]:
+    """A model message and its ledger from a small private fit."""
+    tmp = tmp_path_factory.mktemp("fitted")
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, (200, 2))
+    res = fitmod.fit((X, X @ np.array([1.0, -1.0])), "linreg", epsilon=1.0, delta=1e-5, seed=0,
+                     ledger_path=str(tmp / "ledger.jsonl"))
+    (tmp / "model.json").write_text(json.dumps(res.message))
+    return {"ledger": tmp / "ledger.jsonl", "model": tmp / "model.json"}
+
+
+@pytest.mark.parametrize("order", ["deep_last", "deep_first"])
+def test_inspect_skips_a_deeply_nested_line(fitted, tmp_path, capsys, order):
+    good = fitted["model"].read_text()
+    lines = [good, DEEP] if order == "deep_last" else [DEEP, good]
+    path = tmp_path / "models.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["inspect", "--file", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 invalid line" in err and "nested too deeply" in err and "Traceback" not in err
+
+
+def test_inspect_of_only_a_deeply_nested_line_finds_no_model(tmp_path, capsys):
+    path = tmp_path / "models.jsonl"
+    path.write_text(DEEP + "\n")
+    assert main(["inspect", "--file", str(path)]) == 1
+    assert "no model" in capsys.readouterr().err
+
+
+def test_report_skips_deeply_nested_model_and_dead_letter_lines(fitted, tmp_path, capsys):
+    models, dead = tmp_path / "models.jsonl", tmp_path / "dead.jsonl"
+    models.write_text(fitted["model"].read_text() + "\n" + DEEP + "\n")
+    dead.write_text(DEEP + "\n" + json.dumps({"reason": "invalid_json"}) + "\n")
+    code = main(["report", "--ledger", str(fitted["ledger"]), "--models", str(models), "--dead-letters", str(dead),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "Traceback" not in err and (tmp_path / "out" / "report.html").exists()
+    assert sorted(dead_letter_counts(dead)) == ["(unreadable)", "invalid_json"]
