@@ -275,6 +275,11 @@ def test_existing_topic_with_incompatible_settings_is_refused(kafka_bootstrap):
         KafkaModelSink(kafka_bootstrap, topic)
     with pytest.raises(KafkaConnectorError, match="does not exist"):
         KafkaModelSink(kafka_bootstrap, unique_topic("absent"), create_topic=False)
+    # one replica, two required in sync: every acks=all write would fail (a service would pay a
+    # step and fail to publish it at every restart)
+    topic = create_topic(kafka_bootstrap, unique_topic("insync"), configs={"min.insync.replicas": "2"})
+    with pytest.raises(KafkaConnectorError, match=r"1 replica\(s\) on some partition but min.insync.replicas=2"):
+        KafkaModelSink(kafka_bootstrap, topic)
 
 
 @each_client

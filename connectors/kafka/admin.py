@@ -17,7 +17,9 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
     """Create ``topic`` with ``configs`` if allowed and missing, else check its settings.
 
     An existing topic with fewer than ``min_replication`` replicas on some partition is refused
-    too (the ledger's durability rule).
+    too (the ledger's durability rule), and so is one whose ``min.insync.replicas`` exceeds its
+    replicas: every ``acks=all`` write would be refused, and a service that cannot publish the
+    model of a step it paid for would pay again at each restart.
 
     An existing topic whose value for one of ``configs`` differs raises
     :class:`KafkaConnectorError` naming the setting (a model topic that is not compacted would
@@ -51,7 +53,8 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
             if actual or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        replicas = min_replication if min_replication <= 1 else min(
+        insync = actual.get("min.insync.replicas") is not None  # the broker's default when not set
+        replicas = min_replication if min_replication <= 1 and not insync else min(
             (len(p.get("replica_nodes", ())) for t in admin.describe_topics([topic]) for p in t.get("partitions", ())),
             default=0)
     finally:
@@ -59,6 +62,10 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
     if replicas < min_replication:
         raise KafkaConnectorError(f"topic {topic!r} has {replicas} replica(s) on some partition; "
                                   f"at least {min_replication} are needed")
+    if insync and int(actual["min.insync.replicas"]) > replicas:  # "at least" would accept it otherwise
+        raise KafkaConnectorError(
+            f"topic {topic!r} has {replicas} replica(s) on some partition but min.insync.replicas="
+            f"{actual['min.insync.replicas']}: every acks=all write to it would be refused")
     wrong = {k: (v, actual.get(k)) for k, v in wanted.items() if k in _CHECKED and not _same(k, v, actual.get(k))}
     if wrong:
         detail = ", ".join(f"{k}={have!r} (needs {want!r})" for k, (want, have) in sorted(wrong.items()))
