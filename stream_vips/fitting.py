@@ -403,7 +403,32 @@ def _dumps(obj: Any) -> bytes:
 
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     except ImportError:  # pragma: no cover - orjson is a dependency, json is the fallback
-        return json.dumps(obj, default=lambda o: o.tolist()).encode()
+        return json.dumps(obj, default=_numpy_to_list).encode()
+
+
+def _numpy_to_list(obj: Any) -> Any:
+    """``json.dumps``'s ``default``: numpy arrays and scalars as lists and numbers."""
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+#: The line a record that is not JSON becomes: invalid JSON, so the run rejects that record alone
+#: (counted as invalid_json, like a malformed line of a file) and names none of its values.
+UNENCODABLE_RECORD = b"<a record that is not JSON>"
+
+
+def _encode_record(rec: Any) -> bytes:
+    """One record dict as its JSON line. What orjson refuses (an integer beyond 64 bits, a
+    non-string key, a lone surrogate) is written by ``json`` as the same record's text would be
+    in a file; what is not JSON at all (a set, a cycle) becomes :data:`UNENCODABLE_RECORD`."""
+    try:
+        return _dumps(rec)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        try:
+            return json.dumps(rec, default=_numpy_to_list).encode()
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            return UNENCODABLE_RECORD
 
 
 def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_column: str | None = None,
@@ -438,14 +463,19 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
         if y is None:
             return [_dumps({field: xi}) for xi in X], X.shape[1]
         return [_dumps({"x": xi, "y": yi}) for xi, yi in zip(X, y.tolist())], X.shape[1]
+    try:
+        records = iter(data)
+    except TypeError:
+        raise FitError(f"fit reads records (a list of dicts or JSON lines), (X, y) arrays, X or a DataFrame, not "
+                       f"{type(data).__name__}") from None
     out = []
-    for rec in data:
+    for rec in records:
         if isinstance(rec, (bytes, bytearray)):
             out.append(bytes(rec))
         elif isinstance(rec, str):
-            out.append(rec.encode("utf-8"))
+            out.append(rec.encode("utf-8", "surrogatepass"))  # a lone surrogate: read as json reads it
         else:
-            out.append(_dumps(rec))
+            out.append(_encode_record(rec))
     return out, None
 
 

@@ -28,6 +28,7 @@ that skips the documents it refuses; only those take the per-document ``json`` p
 from __future__ import annotations
 
 import json
+import math
 import operator
 from itertools import chain, repeat
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -466,8 +467,8 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
             if name not in data.columns:
                 raise DataError(f"the DataFrame has no column {name!r} (x_columns / y_column name its columns)")
         try:
-            X = data[cols].to_numpy(dtype=float)
-            data = X if y_name is None else (X, data[y_name].to_numpy(dtype=float))
+            X = as_floats(data[cols])
+            data = X if y_name is None else (X, as_floats(data[y_name]))
         except (TypeError, ValueError):
             bad = next((c for c in [*cols, y_name] if c is not None and not _numeric(data[c])), None)
             raise DataError(f"DataFrame column {bad!r} is not numeric (every x and y column must be)") from None
@@ -480,7 +481,7 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
         arrays = []
         for name, part in (("X", data[0]), ("y", data[1])):
             try:
-                arrays.append(np.asarray(part, dtype=float))
+                arrays.append(as_floats(part))
             except (TypeError, ValueError):
                 raise DataError(f"a 2-tuple is read as (X, y) arrays, and {name} is not a numeric array: pass "
                                 "records as a list, e.g. [{'x': [...], 'y': ...}], or numeric arrays shaped (n, d) "
@@ -493,7 +494,7 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
         if data.ndim != 2:
             raise DataError(f"X must be shaped (n, d), got {data.shape}")
         try:
-            return np.ascontiguousarray(data, dtype=float), None
+            return np.ascontiguousarray(as_floats(data)), None
         except (TypeError, ValueError):
             raise DataError(f"X must be numeric, got an array of kind {data.dtype.kind!r}") from None
     return None
@@ -502,10 +503,47 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
 def _numeric(column: Any) -> bool:
     """Whether a DataFrame column converts to floats (only asked once a conversion failed)."""
     try:
-        column.to_numpy(dtype=float)
+        as_floats(column)
     except (TypeError, ValueError):
         return False
     return True
+
+
+def as_floats(values: Any) -> np.ndarray:
+    """``values`` (array-like or DataFrame) as a float array, per value as a JSON reader would.
+
+    An integer too large for a double becomes +-inf, as its decimal text would in a JSON record,
+    so that record alone is rejected later (like any non-finite value) instead of the whole data
+    set failing with an OverflowError; complex values raise ``TypeError`` (numpy would silently
+    drop their imaginary part), and so does anything else that is not a number.
+
+    >>> as_floats(np.array([[1, -10**400], [10**400, 2]], dtype=object)).tolist()
+    [[1.0, -inf], [inf, 2.0]]
+    >>> as_floats(np.array([1 + 2j]))
+    Traceback (most recent call last):
+    ...
+    TypeError: complex values are not real numbers
+    """
+    import warnings
+
+    to_numpy = getattr(values, "to_numpy", None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", np.exceptions.ComplexWarning)
+            return to_numpy(dtype=float) if to_numpy is not None else np.asarray(values, dtype=float)
+    except np.exceptions.ComplexWarning:
+        raise TypeError("complex values are not real numbers") from None
+    except OverflowError:  # an int beyond the double range, in an object array (only then: the slow path)
+        objects = to_numpy(dtype=object) if to_numpy is not None else np.asarray(values, dtype=object)
+        return np.vectorize(_float_or_inf, otypes=[float])(objects)
+
+
+def _float_or_inf(v: Any) -> float:
+    """``float(v)``, or +-inf for an integer too large for a double."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 def top_reasons(counts: Mapping[str, int], k: int = 3) -> str:

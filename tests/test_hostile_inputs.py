@@ -156,3 +156,70 @@ def test_report_skips_deeply_nested_model_and_dead_letter_lines(fitted, tmp_path
     assert code == 0, err
     assert "Traceback" not in err and (tmp_path / "out" / "report.html").exists()
     assert sorted(dead_letter_counts(dead)) == ["(unreadable)", "invalid_json"]
+
+
+# --- 3. Python data that orjson or numpy refuse --------------------------------------------------
+
+def good_records(n: int = 60) -> list[dict]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.uniform(-0.5, 0.5, 2).tolist(), "y": float(rng.uniform(-1, 1))} for _ in range(n)]
+
+def good_records_array(n: int) -> list[list[float]]:
+    return [r["x"] for r in good_records(n)]
+
+
+def test_records_orjson_refuses_are_rejected_one_by_one_not_the_whole_fit():
+    """Under replace-one adjacency one hostile record must not decide whether the fit runs: each
+    is rejected and counted like a malformed line of a file."""
+    hostile = [{"x": {1.0, 2.0}, "y": 0.5},            # a set: not JSON at all
+               {"x": [10**30, 1.0], "y": 0.5},           # an int beyond 64 bits
+               {"x": [0.1, 0.2], "y": 0.5, 1: "key"},    # a non-string key (json writes it as "1")
+               {"x": [0.1, 0.2], "y": 0.5, "note": "\ud800"},  # a lone surrogate
+               '{"x": [0.1, 0.2], "y": 0.5, "note": "\ud800"}']  # the same as a line
+    res = fitmod.fit(good_records() + hostile, "linreg", dim=2, epsilon=1.0, seed=0)
+    assert res.report["records"] == 65
+    assert res.report["rejected"] == {"invalid_json": 1, "out_of_range": 1}  # the set; the int beyond x_bound
+    assert res.message["privacy"]["epsilon_spent"] > 0
+
+
+def test_an_unencodable_record_becomes_a_line_naming_no_value():
+    assert fitmod.encode_records([{"x": {"SECRET"}}])[0] == [fitmod.UNENCODABLE_RECORD]
+    assert b"SECRET" not in fitmod.UNENCODABLE_RECORD
+
+
+@pytest.mark.parametrize("data", [None, 5, 2.5])
+def test_data_that_is_not_a_collection_is_a_fit_error(data):
+    with pytest.raises(FitError, match=f"not {type(data).__name__}$"):
+        fitmod.fit(data, "linreg", dim=2, seed=0)
+
+
+def test_an_integer_beyond_doubles_in_an_object_array_rejects_its_row_only():
+    X = np.array(good_records_array(60), dtype=object)
+    X[0, 1] = 10**400
+    X[1, 0] = -(10**400)
+    res = fitmod.fit((X, np.full(60, 0.5)), "linreg", epsilon=1.0, seed=0)
+    assert res.report["records"] == 60 and sum(res.report["rejected"].values()) == 2
+    images = np.random.default_rng(2).integers(0, 2, (60, 4)).astype(object)
+    images[0, 0] = 10**400
+    res = fitmod.fit(images, "sbn", epsilon=1.0, seed=0, steps=1)
+    assert res.report["records"] == 60 and sum(res.report["rejected"].values()) == 1
+
+
+def test_an_integer_beyond_doubles_in_a_dataframe_rejects_its_row_only():
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": pd.Series([10**400] + [0.5] * 59, dtype=object),
+                       "b": np.linspace(-1, 1, 60), "y": np.full(60, 0.5)})
+    res = fitmod.fit(df, "linreg", epsilon=1.0, seed=0)
+    assert res.report["records"] == 60 and sum(res.report["rejected"].values()) == 1
+
+
+def test_complex_data_is_refused_not_truncated_to_its_real_part():
+    pd = pytest.importorskip("pandas")
+    X = np.ones((50, 2)) * (0.5 + 0.5j)
+    with pytest.raises(FitError, match="X is not a numeric array"):
+        fitmod.fit((X, np.ones(50)), "linreg", seed=0)
+    with pytest.raises(FitError, match="X must be numeric, got an array of kind 'c'"):
+        fitmod.fit(X, "sbn", seed=0)
+    df = pd.DataFrame({"a": X[:, 0], "b": np.ones(50), "y": np.ones(50)})
+    with pytest.raises(FitError, match="DataFrame column 'a' is not numeric"):
+        fitmod.fit(df, "linreg", seed=0)
