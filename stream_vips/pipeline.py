@@ -446,7 +446,11 @@ class Application:
     def _dead_letter(self, raws: Sequence[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
         reasons = collections.Counter(reason for _, reason, _ in rejected)
         cap = self.dead_letter_max_bytes
-        self.dead_letter.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
+        try:
+            self.dead_letter.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
+        except Exception as exc:  # a refused send (full disk, producer error): the run stops, nothing committed
+            self._dead_letter_failure = exc
+            self._confirm_dead_letters()
         for reason, n in reasons.items():
             self.metrics.records_rejected.labels(reason=reason).inc(n)
         self.stats.rejected.update(reasons)

@@ -27,7 +27,7 @@ from stream_vips import messages
 from stream_vips.checkpoint import Checkpoint
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.pipeline import Application, PublishError
+from stream_vips.pipeline import Application, DeadLetterError, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
 
@@ -524,7 +524,7 @@ def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(t
     source = MemorySource(lines)
     app = Application.from_config(config_from_dict(cfg_dict(tmp_path), env={}), source=source,
                                   dead_letter=RefusingSink(), sink=MemorySink())
-    with pytest.raises(OSError, match="dead-letter topic unavailable"):
+    with pytest.raises(DeadLetterError, match="a dead letter was not delivered \\(dead-letter topic unavailable\\)"):
         app.run()
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
 
@@ -552,6 +552,6 @@ def test_a_keyless_record_whose_dead_letter_fails_stops_the_batch_before_any_ste
                    sampling={"validation": validation})
     app = Application.from_config(config_from_dict(cfg, env={}), source=source, dead_letter=RefusingSink(),
                                   sink=MemorySink())
-    with pytest.raises(OSError, match="dead-letter topic unavailable"):
+    with pytest.raises(DeadLetterError, match="a dead letter was not delivered \\(dead-letter topic unavailable\\)"):
         app.run()
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
