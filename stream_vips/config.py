@@ -39,7 +39,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from stream_vips.errors import ConfigError
-from stream_vips.privacy.accountant import MIN_NOISE_MULTIPLIER
+from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, MIN_NOISE_MULTIPLIER
 from stream_vips.models import MODEL_FAMILIES, model_class
 
 
@@ -471,7 +471,8 @@ def _validate(cfg: Config) -> None:
         ("privacy.seed", p.seed is None or p.seed >= 0, "must be a non-negative integer or null"),
         ("privacy.delta", 0 < p.delta < 1, "must be in (0, 1)"),
         ("privacy.planned_steps", p.planned_steps >= 1, "must be >= 1"),
-        ("privacy.calibration_rtol", 0 < p.calibration_rtol < 0.5, "must be in (0, 0.5)"),
+        ("privacy.calibration_rtol", MIN_CALIBRATION_RTOL <= p.calibration_rtol < 0.5,
+         f"must be in [{MIN_CALIBRATION_RTOL:g}, 0.5) (below that floor z is finer than double precision)"),
         ("sampling.reservoir", s.reservoir >= 1, "must be >= 1"),
         ("sampling.batch_size", 1 <= s.batch_size <= s.reservoir, "must be in [1, sampling.reservoir]"),
         ("sampling.max_rejected_fraction", 0 <= s.max_rejected_fraction <= 1, "must be in [0, 1]"),

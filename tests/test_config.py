@@ -289,3 +289,12 @@ def test_a_bad_metrics_host_names_metrics_host(host, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^metrics\.host: cannot serve metrics on "):
         Application.from_config(cfg)
     assert sorted(tmp_path.iterdir()) == []  # refused before the ledger or any connector was created
+
+
+@pytest.mark.parametrize("rtol", [1e-300, 1e-13])
+def test_a_calibration_tolerance_below_the_floor_is_refused_at_config_check(rtol):
+    """Below 1e-12 the calibration's bracket cannot narrow in double precision (it searched
+    forever); the config check names the key before anything starts."""
+    with pytest.raises(ConfigError, match=r"^privacy\.calibration_rtol: must be in \[1e-12, 0\.5\)"):
+        config_from_dict({"privacy": {"epsilon": 1.0, "calibration_rtol": rtol}}, env={})
+    assert config_from_dict({"privacy": {"epsilon": 1.0, "calibration_rtol": 1e-12}}, env={})
