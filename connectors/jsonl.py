@@ -3,7 +3,8 @@
 Each sink line is one complete JSON document, written unbuffered per call so that a reader sees
 every message at once. A write that fails part way (a full disk) is cut back to the last whole
 line before the error is raised, so the next message never continues a torn one (if even the
-cut fails, the sink closes: a torn last line is then what a crash leaves). ``fsync=True`` also forces the bytes to disk.
+cut fails, the sink closes: a torn last line is then what a crash leaves). ``fsync=True`` also
+forces the bytes to disk.
 """
 
 from __future__ import annotations

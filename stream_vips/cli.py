@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted or signalled); 1 a model could not be
-published; 2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
+published (the run retried it with its input paused and no new step until it was stopped); 2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
 the port is busy; checked before anything is spent, except a --json-summary file that cannot be
 written at the end, e.g. a full disk: the summary is then on stderr only); 3 the privacy state
 refuses the start (a ledger that is corrupt, locked by another process, or does not hold the steps
@@ -136,14 +136,20 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps(summary, indent=2)
         if args.json_summary == "-":
             print(text)
-        else:
-            try:
-                with open(args.json_summary, "w", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
-            except OSError as exc:
-                say(f"--json-summary {args.json_summary}: cannot write it: {exc.strerror or exc} (the summary is above)")
-                return 2
+        elif problem := write_summary(args.json_summary, text):
+            say(problem)
+            return 2
     return 0
+
+
+def write_summary(path: str, text: str) -> str | None:
+    """Write the JSON summary ``text`` to ``path`` (``--json-summary``); why it failed, or ``None``.
+    The summary was already printed, so a failure (a full disk) loses nothing."""
+    try:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        return f"--json-summary {path}: cannot write it: {exc.strerror or exc} (the summary is above)"
+    return None
 
 
 def output_file_problem(path: str, flag: str) -> str | None:

@@ -394,6 +394,7 @@ def option_problem(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
+    from stream_vips.cli import write_summary
     from stream_vips.config import ConfigError
     from stream_vips.privacy.ledger import LedgerWriteError
 
@@ -414,12 +415,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"stopped: {exc}")
         return 6
     print(format_summary(summary))
-    if args.json_summary:
-        try:
-            Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
-            say(f"--json-summary {args.json_summary}: cannot write it: {exc.strerror or exc} (the summary is above)")
-            return 2
+    if args.json_summary and (problem := write_summary(args.json_summary, json.dumps(summary, indent=2))):
+        say(problem)
+        return 2
     if args.serve_s > 0:
         serve_metrics(apps[0], summary["metrics_port"], args.serve_s)
     return 0
