@@ -88,6 +88,29 @@ def _shown(value: Any, key: str) -> str:
     return REDACTED if _secret_path(key) else repr(value)
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    r"""One line saying where and why ``text`` is not YAML, without the parser's snippet.
+
+    PyYAML's message quotes the offending lines; they may hold a password, so only the position
+    and the parser's reason are kept, and the reason too is withheld when a line it concerns names
+    a secret key (the reason can quote a character of the value).
+
+    >>> try:
+    ...     yaml.safe_load('a:\n  sasl_password: "hunter2\n')
+    ... except yaml.YAMLError as exc:
+    ...     print(_yaml_problem(exc, 'a:\n  sasl_password: "hunter2\n'))
+    line 2, column 18: <redacted> (the line names a secret)
+    """
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return "the parser gave no position"
+    marks = [m for m in (exc.context_mark, exc.problem_mark) if m is not None]
+    lines = text.splitlines()[min(m.line for m in marks):max(m.line for m in marks) + 1]
+    where = f"line {marks[0].line + 1}, column {marks[0].column + 1}"
+    if any(is_secret(word) for line in lines for word in re.findall(r"[A-Za-z0-9_]+", line)):
+        return f"{where}: {REDACTED} (the line names a secret)"
+    return f"{where}: " + ", ".join(part for part in (exc.context, exc.problem) if part)
+
+
 @dataclass
 class ModelConfig:
     family: str = "linreg"
@@ -427,7 +450,7 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
             node[path[-1]] = yaml.safe_load(env[name])
         except yaml.YAMLError as exc:
             dotted = ".".join(path)
-            why = REDACTED if _secret_path(dotted) else str(exc)  # the parser quotes the value
+            why = REDACTED if _secret_path(dotted) else _yaml_problem(exc, env[name])
             raise ConfigError(f"{dotted}: override {name} is not valid YAML: {why}") from None
     return out
 
@@ -593,5 +616,5 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"<file>: {path} is not valid YAML: {exc}") from None
+            raise ConfigError(f"<file>: {path} is not valid YAML: {_yaml_problem(exc, text)}") from None
     return config_from_dict(data, env)

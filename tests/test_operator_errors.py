@@ -41,6 +41,32 @@ def test_a_secret_is_never_echoed_by_a_configuration_error(tmp_path, monkeypatch
     assert PASSWORD not in err
 
 
+@pytest.mark.parametrize("text", [
+    'source:\n  sasl_password: "%s\n  x: 1\n',     # an unterminated quote runs to the end of the file
+    "source: {sasl_password: %s: x}\n",               # a colon inside the value
+    "source:\n  ssl_key: [%s\n",                     # an unclosed flow sequence
+])
+def test_a_yaml_syntax_error_in_a_secret_line_is_one_line_without_the_secret(tmp_path, monkeypatch, capsys, text):
+    """The parser's own message quotes the offending lines (the password with them)."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(text % PASSWORD)
+    assert cli.main(["config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert PASSWORD not in err and "not valid YAML: line " in err and "<redacted>" in err
+    assert err.count("\n") == 1
+
+
+def test_a_yaml_syntax_error_elsewhere_says_where_and_why_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "cfg.yaml"
+    config.write_text("sampling:\n  reservoir: [100\n")
+    assert cli.main(["config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML: line 2, column 14: while parsing a flow sequence" in err and "<redacted>" not in err
+    assert err.count("\n") == 1
+
+
 def reset_config(tmp_path: Path) -> Path:
     config = tmp_path / "reset.yaml"
     config.write_text(f"privacy: {{ledger: {{type: file, path: {tmp_path / 'ledger.jsonl'}}}}}\n"
