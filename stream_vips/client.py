@@ -79,14 +79,17 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
     e.g. a noise scale) are skipped; the natural parameters restore the fitted state. A privacy
     claim the report does not back (no noise, no accountant, epsilon not finite or over budget)
     is refused with :class:`~stream_vips.messages.MessageError`, so no such model is presented
-    as private.
+    as private; so are hyperparameters whose arrays cannot be allocated.
     """
     messages.check_privacy(msg["privacy"])
     cls = model_class(msg["family"])
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in msg["hyperparameters"].items() if k in params and k != "self"}
-    model = cls(**kwargs)
-    model.load_state(messages.decode_state(msg))
+    try:
+        model = cls(**kwargs)
+        model.load_state(messages.decode_state(msg))
+    except MemoryError:  # hostile sizes (dim 10**6) would otherwise stop every reader of the topic
+        raise messages.MessageError(f"the {msg['family']} hyperparameters ask for more memory than this reader has") from None
     return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
 
 

@@ -163,3 +163,16 @@ def test_posterior_from_message_refuses_an_unbacked_privacy_claim(change):
     msg["privacy"].update(change)
     with pytest.raises(messages.MessageError, match="claims privacy it does not have"):
         posterior_from_message(msg)
+
+
+def test_reader_skips_a_message_whose_sizes_cannot_be_allocated_and_keeps_serving():
+    """dim = 10**6 asks the logistic constructor for a 7.3 TiB matrix: MemoryError, which used to
+    escape ``_handle`` and stop every reader of the topic (and again after each restart)."""
+    model = BayesianLogisticRegression(dim=2, dataset_size=10)
+    good = messages.build_message("default", "logistic", model.hyperparameters(), 1, model.state(), _report())
+    hostile = messages.build_message("default", "logistic", {**model.hyperparameters(), "dim": 10**6}, 2,
+                                     model.state(), _report())
+    reader = _reader()
+    assert reader._handle(_Record(good)) == 1 and reader._handle(_Record(hostile)) == 0
+    assert "more memory than this reader has" in reader.invalid[0][1]
+    assert reader.posterior("default").version == 1
