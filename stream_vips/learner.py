@@ -431,7 +431,8 @@ class PrivateLearner:
 
     def offer_raw(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
                   stop: Callable[[], bool] = lambda: False, on_step: Callable[[StepResult], None] | None = None,
-                  keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None) -> DecodedBatch:
+                  keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None,
+                  on_rejected: Callable[[list[tuple[int, str, str]]], None] | None = None) -> DecodedBatch:
         """Admission before decoding (``sampling.validation: admitted``): offer every arrival of
         ``values`` (bytes or dicts), decoding and validating only those the reservoir admits.
 
@@ -448,6 +449,9 @@ class PrivateLearner:
         before decoding); a keyless arrival takes no slot and is rejected as ``missing_key``
         without being decoded. Returns the batch with ``ok`` and ``rejected`` over the decoded
         (and keyless) arrivals only, ``rows`` empty and ``skipped`` the arrivals never decoded.
+        ``on_rejected`` receives each decoding pass's rejects (position, reason, detail) as soon as
+        they are known, before any step that follows it, so a caller can dead-letter them before
+        budget is paid (an exception from it stops the offer there).
         """
         n = len(values)
         self._fed += n
@@ -462,9 +466,12 @@ class PrivateLearner:
             part_values = list(map(values.__getitem__, idx.tolist()))
             part = decode_batch(self.model, part_values) if bytes_in else _parse(self.model, part_values)
             ok[idx[part.ok]] = True
-            rejected.extend((int(idx[i]), reason, detail) for i, reason, detail in part.rejected)
-            self.rejected.update(reason for _, reason, _ in part.rejected)
+            found = [(int(idx[i]), reason, detail) for i, reason, detail in part.rejected]
+            rejected.extend(found)
+            self.rejected.update(reason for _, reason, _ in found)
             decoded += idx.size
+            if found and on_rejected is not None:
+                on_rejected(found)
             return part
 
         ids = has = None

@@ -426,13 +426,12 @@ class Application:
             early = keys.missing() if keys is not None else []
             if early:
                 self._dead_letter(raws, early)
-            batch = self.learner.offer_raw(values, stop=self._no_step, on_step=self._released, keys=keys)
+            # the rest are known once the reservoir admits (and decodes) them: sent before any
+            # step that follows their decoding
+            batch = self.learner.offer_raw(values, stop=self._no_step, on_step=self._released, keys=keys,
+                                           on_rejected=lambda found: self._dead_letter(raws, found))
             self.stats.not_decoded += batch.skipped
             self.metrics.records_not_decoded.inc(batch.skipped)
-            sent = {i for i, _, _ in early}
-            late = [r for r in batch.rejected if r[0] not in sent]
-            if late:  # known only once the reservoir admitted (and decoded) them
-                self._dead_letter(raws, late)
         else:
             if keys is not None:
                 batch = reject_keyless(batch, keys)

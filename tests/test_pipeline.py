@@ -529,6 +529,38 @@ def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(t
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
 
 
+@pytest.mark.parametrize("unit", ["record", "key"])
+def test_an_admitted_malformed_record_whose_dead_letter_fails_stops_before_its_steps_are_paid(tmp_path, unit):
+    """``sampling.validation: admitted`` decodes only what the reservoir admits, inside the offer;
+    the rejects it finds must still reach the sink before any step that follows their decoding.
+    They used to be sent after the batch's steps: with a sink that keeps refusing, every restart
+    (no checkpoint yet) paid those steps again before stopping."""
+
+    class RefusingSink(MemoryDeadLetterSink):
+        def send(self, letters):
+            raise OSError("dead-letter topic unavailable")
+
+    lines = synthetic_lines(400)
+    lines[5] = b'{"x": [0.1, 0.2'  # admitted: the reservoir is still filling
+
+    def source() -> MemorySource:
+        src = MemorySource(lines)
+        if unit == "key":  # admission before decoding reads the message key
+            src._queue = collections.deque(RawRecord(r.value, {**r.origin, "key": f"u{i}".encode()})
+                                           for i, r in enumerate(src._queue))
+        return src
+
+    privacy = {"unit": "key", "max_records_per_key": 2} if unit == "key" else {}
+    cfg = cfg_dict(tmp_path, privacy=privacy, sampling={"validation": "admitted"})
+    for _ in range(2):  # a restart meets the same refusing sink and pays nothing either
+        src = source()
+        app = Application.from_config(config_from_dict(cfg, env={}), source=src, dead_letter=RefusingSink(),
+                                      sink=MemorySink())
+        with pytest.raises(DeadLetterError, match="a dead letter was not delivered"):
+            app.run()
+        assert ledger_events(tmp_path / "ledger.jsonl") == [] and src.committed_offset == 0
+
+
 @pytest.mark.parametrize("validation", ["all", "admitted"])
 def test_a_keyless_record_whose_dead_letter_fails_stops_the_batch_before_any_step_is_paid(tmp_path, validation):
     """With ``privacy.unit: key`` an arrival without a key is a ``missing_key`` dead letter known
