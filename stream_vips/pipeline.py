@@ -449,7 +449,9 @@ class Application:
             self.dead_letter.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
         except Exception as exc:  # a refused send (full disk, producer error): the run stops, nothing committed
             self._dead_letter_failure = exc
-            self._confirm_dead_letters()
+        # confirmed before the learner sees the batch: a letter the broker refuses later (a topic
+        # limit, lost in-sync replicas) would otherwise stop the run after the batch's steps were paid
+        self._confirm_dead_letters()
         for reason, n in reasons.items():
             self.metrics.records_rejected.labels(reason=reason).inc(n)
         self.stats.rejected.update(reasons)

@@ -364,6 +364,56 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap, c
         KafkaLedger(kafka_bootstrap, topic, ledger_id="m3", **WEAK_LEDGER, client=client)
 
 
+def test_an_open_foreign_transaction_on_the_ledger_topic_refuses_the_replay_instead_of_shortening_it(kafka_bootstrap):
+    """Another writer's open transaction (a service killed mid-append, until its
+    transaction.timeout.ms) stops a read_committed reader before it, hiding every step committed
+    after it: the replay used to return the steps before it, so a restart counted fewer steps
+    than were paid and numbered new ones over the hidden ones. It must refuse instead; the same
+    for the model topic's newest version (a version must never be reused)."""
+    from kafka import KafkaProducer
+
+    topic = unique_topic("ledger-open-txn")
+    event = SubsampledGaussianEvent(noise_multiplier=1.0, sampling_rate=0.01, sampling="poisson")
+    ledger = KafkaLedger(kafka_bootstrap, topic, ledger_id="svc", **WEAK_LEDGER)
+    for i in range(3):
+        ledger.append(event, position=i)
+    models = unique_topic("models-open-txn")
+    sink = KafkaModelSink(kafka_bootstrap, models)
+    sink.publish("m", _linreg_message("m", 0)[0])
+    other = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=unique_topic("other-writer"),
+                          enable_idempotence=True, acks="all")
+    other.init_transactions()
+    other.begin_transaction()
+    other.send(topic, key=b"other/000000000000", value=b"{}", partition=0).get(10)
+    other.send(models, key=b"other", value=b"{}").get(10)
+    other.flush()
+    try:
+        for i in range(3, 5):  # committed after the open transaction began
+            ledger.append(event, position=i)
+        sink.publish("m", _linreg_message("m", 1)[0])
+        ledger.close()
+        with pytest.raises(KafkaConnectorError, match="transaction left open by another writer"):
+            KafkaLedger(kafka_bootstrap, topic, ledger_id="svc", **WEAK_LEDGER)
+        with pytest.raises(KafkaConnectorError, match="transaction left open by another writer"):
+            sink.latest("m")
+    finally:
+        other.abort_transaction()
+        other.close()
+        sink.close()
+    reopened = KafkaLedger(kafka_bootstrap, topic, ledger_id="svc", **WEAK_LEDGER)
+    assert len(reopened.events()) == 5 and reopened.append(event, position=5) == 5
+    reopened.close()
+
+
+def test_an_existing_dead_letter_topic_below_the_letter_size_is_refused_at_start(kafka_bootstrap):
+    """A topic limit under the sink's request size refuses a big letter only when it is flushed,
+    which is after the batch's steps were paid: the start must refuse it instead."""
+    topic = create_topic(kafka_bootstrap, unique_topic("dlq-small"), configs={"max.message.bytes": "20000"})
+    with pytest.raises(KafkaConnectorError, match="max.message.bytes='20000'"):
+        KafkaDeadLetterSink(kafka_bootstrap, topic)
+    KafkaDeadLetterSink(kafka_bootstrap, unique_topic("dlq-new")).close()  # created with a limit it meets
+
+
 def test_lost_partitions_are_not_committed(caplog):
     """After an eviction the partitions already have new owners: the listener commits nothing."""
     import asyncio

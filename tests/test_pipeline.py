@@ -529,6 +529,27 @@ def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(t
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
 
 
+@pytest.mark.parametrize("validation", ["all", "admitted"])
+def test_a_dead_letter_refused_only_when_confirmed_stops_before_the_batch_pays(tmp_path, validation):
+    """A producer accepts a letter at once and learns of its refusal (the topic's size limit,
+    too few in-sync replicas) only when it is confirmed: the confirmation must come before the
+    learner sees the batch, not at the next commit after its steps were paid."""
+
+    class LateRefusingSink(MemoryDeadLetterSink):
+        def flush(self):
+            if self.letters:
+                raise OSError("MessageSizeTooLargeError")
+
+    lines = synthetic_lines(400)
+    lines[5] = b'{"x": [0.1, 0.2'
+    source = MemorySource(lines)
+    app = Application.from_config(config_from_dict(cfg_dict(tmp_path, sampling={"validation": validation}), env={}),
+                                  source=source, dead_letter=LateRefusingSink(), sink=MemorySink())
+    with pytest.raises(DeadLetterError, match="MessageSizeTooLargeError"):
+        app.run()
+    assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
+
+
 @pytest.mark.parametrize("unit", ["record", "key"])
 def test_an_admitted_malformed_record_whose_dead_letter_fails_stops_before_its_steps_are_paid(tmp_path, unit):
     """``sampling.validation: admitted`` decodes only what the reservoir admits, inside the offer;

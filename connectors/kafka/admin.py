@@ -44,8 +44,6 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
             except KafkaError as exc:
                 raise KafkaConnectorError(f"cannot create topic {topic!r} with replication factor "
                                           f"{replication_factor}: {type(exc).__name__}") from exc
-        if not wanted:
-            return {}
         deadline = time.monotonic() + 10.0
         while True:  # a topic created a moment ago may be described with no settings at all yet
             res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
@@ -98,8 +96,13 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
 
     A transaction's commit markers reach a partition shortly after the producer's commit
     returns; until then the committed end stops before it. So once the committed end is reached,
-    reading goes on (for at most ``settle_s``) until it reaches the partitions' high watermarks,
-    which a transaction that is still open, not just committed, keeps it from doing."""
+    reading goes on (for at most ``settle_s``) until it reaches the partitions' high watermarks.
+    A transaction that is still open (another writer on the topic killed mid-append, until its
+    ``transaction.timeout.ms``) keeps a ``read_committed`` reader before it, and every record
+    committed after it is hidden too: then :class:`KafkaConnectorError` is raised rather than a
+    list that silently misses them (a ledger replayed short would count fewer steps than were
+    paid). ``timeout_s`` bounds a stall (no record for that long), not the whole read, so a long
+    topic is read whatever its length."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
@@ -117,12 +120,21 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
         deadline = time.monotonic() + timeout_s
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             if time.monotonic() > deadline:
-                raise KafkaConnectorError(f"reading topic {topic!r} to its end took over {timeout_s}s")
+                raise KafkaConnectorError(f"reading topic {topic!r} stalled: no record for {timeout_s}s")
             for tp, recs in consumer.poll(timeout_ms=500).items():
                 out[tp].extend(recs)
+                deadline = time.monotonic() + timeout_s
         settled = time.monotonic() + settle_s
-        while time.monotonic() < settled and any(
-                consumer.position(tp) < (consumer.highwater(tp) or 0) for tp in tps):
+        behind = tps
+        while behind:
+            behind = [tp for tp in tps if consumer.position(tp) < (consumer.highwater(tp) or 0)]
+            if behind and time.monotonic() >= settled:
+                where = ", ".join(f"partition {tp.partition} at offset {consumer.position(tp)} of "
+                                  f"{consumer.highwater(tp)}" for tp in behind)
+                raise KafkaConnectorError(
+                    f"topic {topic!r} has records a read_committed reader cannot reach ({where}): a "
+                    "transaction left open by another writer hides everything committed after it; "
+                    "retry once it times out (transaction.timeout.ms) or abort it with kafka-transactions.sh")
             for tp, recs in consumer.poll(timeout_ms=100).items():
                 out[tp].extend(recs)
         return [r for tp in tps for r in out[tp]]
