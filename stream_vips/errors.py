@@ -23,3 +23,8 @@ class FitError(StreamVipsError, ValueError):
 class DataError(StreamVipsError, ValueError):
     """Data that cannot be taken as records (a ``str`` for many records, misshaped arrays); none of
     it was fed."""
+
+
+class StepRefused(StreamVipsError, RuntimeError):
+    """A step asked for where the privacy accounting cannot cover it (under window accounting,
+    sooner than ``schedule.every_records`` arrivals after the last); nothing was spent."""

@@ -55,7 +55,7 @@ from stream_vips import messages
 from stream_vips.decoding import DecodedBatch, decode_batch
 from stream_vips.engine import PrivateEngine, StepResult, allocation_diameter
 from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
-from stream_vips.errors import StreamVipsError
+from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
@@ -193,6 +193,9 @@ class PrivateLearner:
         # window accounting bounds a record's steps by its stream position; an earlier life's steps
         # leave this learner's positions unknown until a checkpoint is restored (load_state)
         self._unplaced = bool(window) and monitor is not None and monitor.steps > 0
+        # ... and bounds a record's steps by L = ceil(M / k) only while steps are k arrivals apart
+        self._window_every = cfg.schedule.every_records if window else None
+        self._last_step_position = self.ledger.last_position if window and self.ledger is not None else None
         self.validation = cfg.sampling.validation
 
     @classmethod
@@ -265,7 +268,8 @@ class PrivateLearner:
             elif trigger.every_records is not None:
                 parts.append(f"the reservoir is full and the next step is due after "
                              f"{max(1, trigger.every_records - trigger.pending)} more arrivals (every_records="
-                             f"{trigger.every_records}): feed more records or call step()")
+                             f"{trigger.every_records}): feed more records"
+                             + ("" if self._window_every else " or call step()"))
             else:
                 parts.append(f"the reservoir is full and the next step is due every_seconds={trigger.every_seconds}: "
                              "feed more records or call step()")
@@ -535,7 +539,10 @@ class PrivateLearner:
     def step(self) -> StepResult | None:
         """One private step now; ``None`` when the budget refused it (then :attr:`halted`) or when
         an earlier life already paid at this stream position (counted in :attr:`skipped_steps`).
-        Raises ``LedgerMismatch`` when :meth:`check_window_position` does (nothing spent)."""
+        Raises ``LedgerMismatch`` when :meth:`check_window_position` does, and
+        :class:`~stream_vips.errors.StepRefused` under window accounting when fewer than
+        ``every_records`` arrivals came since the last step (nothing spent either way): the
+        window's bound of L steps per record holds only for steps that far apart."""
         self.check_window_position()
         if self._replay_until is not None:
             if self.reservoir.seen <= self._replay_until:
@@ -543,6 +550,12 @@ class PrivateLearner:
                 self.skipped_steps += 1
                 return None
             self._replay_until = None
+        last = self._last_step_position
+        if last is not None and self.reservoir.seen - last < self._window_every:
+            raise StepRefused(
+                f"window accounting: a step needs schedule.every_records = {self._window_every} arrivals after the "
+                f"last one (at stream position {last}; now {self.reservoir.seen}), or a record would be in more "
+                f"than {self.window_steps} steps; feed more records (steps follow by themselves)")
         if not self.engine.non_private and not self.engine.halted:
             empty = 1.0 - float(np.mean(self.reservoir.valid)) if self.reservoir.size else 0.0
             if empty > self.max_rejected_fraction:
@@ -556,6 +569,8 @@ class PrivateLearner:
         self.trigger.reset()
         if result is not None:
             self.steps_taken += 1
+            if self._window_every is not None:
+                self._last_step_position = self.reservoir.seen
         return result
 
     def _chunk(self, remaining: int) -> int:

@@ -18,6 +18,7 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.errors import StepRefused
 from stream_vips.io import RawRecord
 from stream_vips.pipeline import Application
 from stream_vips.privacy.accountant import make_accountant
@@ -248,3 +249,35 @@ def test_a_notebook_learner_on_a_paid_window_ledger_must_restore_its_state_first
         restored.load_state(state)
         restored.learn_many((X[:600], y[:600]))  # new records after the restored position
         assert restored.engine.monitor.steps > steps
+
+
+def test_a_step_called_by_hand_sooner_than_every_records_is_refused_with_nothing_spent(tmp_path):
+    """The window's L = ceil(M / k) steps per record needs steps k arrivals apart; the trigger
+    keeps that, but step() is public: forty calls at one position used to be admitted with
+    epsilon_spent still under the budget while the last records were in all of them."""
+    X = RNG.uniform(-0.5, 0.5, size=(200, 2))
+    y = X @ np.array([0.8, -0.4])
+    opts = dict(dim=2, epsilon=1.0, reservoir=100, batch_size=10, every_records=50, accounting="window",
+                reservoir_policy="window", ledger_path=tmp_path / "ledger.jsonl", seed=1)
+    with PrivateLearner("linreg", **opts) as learner:
+        learner.learn_many((X[:100], y[:100]))  # fills the window: one step at position 100
+        assert learner.engine.monitor.steps == 1
+        for _ in range(3):
+            with pytest.raises(StepRefused, match="every_records = 50 arrivals after the last one"):
+                learner.step()
+        assert learner.engine.monitor.steps == 1
+        learner.learn_many((X[100:149], y[100:149]))
+        with pytest.raises(StepRefused):
+            learner.step()
+        learner.learn_many((X[149:150], y[149:150]))  # the trigger's own step at 150
+        assert learner.engine.monitor.steps == 2
+        state = learner.state()
+    with PrivateLearner("linreg", **opts) as restarted:  # the spacing survives a restart
+        restarted.load_state(state)
+        with pytest.raises(StepRefused):
+            restarted.step()
+        assert restarted.engine.monitor.steps == 2
+        restarted.learn_many((X[150:200], y[150:200]))
+        assert restarted.engine.monitor.steps == 3
+    positions = [line["at"] for line in ledger_lines(tmp_path)]
+    assert positions == [100, 150, 200]
