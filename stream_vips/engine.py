@@ -212,6 +212,7 @@ class PrivateEngine:
             sampling=self.sampler.name,
             adjacency=ADJACENCY,
             diameter=self.diameter,
+            privacy_unit=self.unit,
         )
 
     def privacy_report(self, steps: int, halted: bool) -> dict[str, Any]:

@@ -167,7 +167,7 @@ class PrivateLearner:
                 stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
                 monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
                                         prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride,
-                                        window=window)
+                                        window=window, unit=self.unit)
                 if seeded and monitor.steps:
                     # a seeded run restarted on a ledger draws fresh noise, never the noise of earlier steps
                     engine_rng = np.random.default_rng(

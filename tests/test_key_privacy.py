@@ -418,3 +418,29 @@ def test_the_pipeline_passes_keys_from_the_key_field_and_the_message_key():
     assert {l.reason for l in dead.letters} == {"missing_key"} and len(dead.letters) == 60  # every 50th has no user
     app, stats, dead = run(None)  # the message key: all present
     assert stats.updates > 0 and not dead.letters
+
+
+def test_a_ledger_paid_per_record_is_not_continued_at_key_level(tmp_path):
+    """Record-unit steps bound one record; a person with k records in the reservoir lost up to k
+    times more in them (group privacy), so composing them as key-level steps under-counts. The
+    switch record -> key is refused before anything is read; key -> record is sound and runs."""
+    from stream_vips.privacy.ledger import FileLedger, LedgerMismatch
+
+    path = tmp_path / "ledger.jsonl"
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, size=(150, 2))
+    records = [{"x": [float(a), float(b)], "y": float(a - b)} for a, b in X]
+    common = dict(dim=2, reservoir=50, batch_size=50, every_records=10, epsilon=4.0, planned_steps=20,
+                  ledger_path=path, seed=3)
+    with PrivateLearner("linreg", unit="key", max_records_per_key=4, **common) as keyed:
+        keyed.feed(records, keys=[f"k{i % 60}" for i in range(150)])
+        key_steps = keyed.engine.monitor.steps
+    with PrivateLearner("linreg", **common) as per_record:  # key -> record: a record is part of one key
+        per_record.feed(records)
+        steps = per_record.engine.monitor.steps
+    assert 0 < key_steps < steps
+    with pytest.raises(LedgerMismatch, match=rf"holds {steps - key_steps} steps paid per record"):
+        PrivateLearner("linreg", unit="key", max_records_per_key=4, **common)
+    with FileLedger(path) as ledger:  # nothing appended by the refused start
+        assert len(ledger.events()) == steps
+        assert [e.privacy_unit for e in ledger.events()] == ["key"] * key_steps + ["record"] * (steps - key_steps)

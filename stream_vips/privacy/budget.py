@@ -47,10 +47,15 @@ class BudgetMonitor:
     discretization error (tested against the closed-form Gaussian). ``spent()`` and each
     admission cost O(1) amortised and bounded memory however long the ledger (a restart pays
     one accountant evaluation plus one headroom search).
+
+    ``window`` (window accounting) and ``unit`` (``"key"``: per-person steps) are checked against
+    what the ledger's steps were paid under; a ledger they would under-count raises
+    ``LedgerMismatch`` before anything is appended.
     """
 
     def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger,
-                 prepay: int = 1, stride: int | None = None, window: int | None = None) -> None:
+                 prepay: int = 1, stride: int | None = None, window: int | None = None,
+                 unit: str = "record") -> None:
         if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
             raise ValueError(f"epsilon budget must be finite and > 0, got {epsilon_budget!r}")
         if not 0 < delta < 1:
@@ -71,6 +76,8 @@ class BudgetMonitor:
         events = ledger.events()
         if window:
             _check_windows(ledger, window)
+        if unit == "key":
+            _check_key_unit(ledger, events)
         self._counts: OrderedDict = accountant.group(events)
         self._recent = _Sliding(window - 1 if window else 0)
         self._window_eps: dict[tuple, float] = {}
@@ -232,6 +239,25 @@ class BudgetMonitor:
     def _halt(self, reason: str) -> None:
         self.halted = True
         self.halt_reason = reason
+
+
+def _check_key_unit(ledger, events: list) -> None:
+    """Refuse to continue at key level (privacy rule 12) a ledger that holds steps paid per record.
+
+    A record-unit step bounds one record's change of the released sum; a person with k records
+    in the reservoir changes it by up to k times that, so by group privacy those steps cost such a
+    person far more than their epsilon, and composing them as if they were key-level would
+    under-count. The other way is sound (a record is part of one key's records), so a record-unit
+    run may continue a key-level ledger."""
+    from .ledger import LedgerMismatch
+
+    per_record = sum(getattr(e, "privacy_unit", "record") != "key" for e in events)
+    if per_record:
+        raise LedgerMismatch(
+            f"ledger {ledger.ledger_id} holds {per_record} steps paid per record (privacy.unit: record), but "
+            "privacy.unit is key: their epsilon bounds one record, not a person with several, so continuing "
+            "would under-count; keep privacy.unit: record for this ledger, or run `stream-vips reset` to start "
+            "a new budget deliberately")
 
 
 def _check_windows(ledger, window: int) -> None:

@@ -29,6 +29,7 @@ from stream_vips.errors import StreamVipsError
 
 SAMPLINGS = ("poisson", "fixed")
 ADJACENCIES = ("replace_one", "add_remove")
+PRIVACY_UNITS = ("record", "key")
 
 
 class UnknownEvent(StreamVipsError, ValueError):
@@ -56,6 +57,9 @@ class SubsampledGaussianEvent:
       non-negative contributions); under add/remove it is 1 (the record's own contribution).
       So the paper's sigma (noise std / sensitivity) is z / diameter.
     * The event stands for ``count`` such releases in sequence (adaptive composition).
+    * ``privacy_unit`` is what one "record" above is: ``"record"`` (privacy rule 1) or ``"key"``
+      (all records of one key summed and clipped together, privacy rule 12). Its epsilon holds
+      for that unit only, so a ledger of record-unit steps cannot be continued at key level.
     """
 
     noise_multiplier: float
@@ -64,6 +68,7 @@ class SubsampledGaussianEvent:
     adjacency: str = "replace_one"
     diameter: float = 2.0
     count: int = 1
+    privacy_unit: str = "record"
 
     TYPE: ClassVar[str] = "subsampled_gaussian"
     VERSION: ClassVar[int] = 1
@@ -90,6 +95,8 @@ class SubsampledGaussianEvent:
             raise ValueError(f"diameter must be 1 under add_remove, got {d!r}")
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
         # Canonical float fields, so equal events hash equally whatever numeric type came in.
         object.__setattr__(self, "noise_multiplier", float(z))
         object.__setattr__(self, "sampling_rate", float(q))
@@ -108,8 +115,12 @@ class SubsampledGaussianEvent:
         return dataclasses.replace(self, count=count)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain fields; ``privacy_unit`` only when it is ``"key"`` (so record-level lines read the
+        same as before the field existed)."""
         out: dict[str, Any] = {"type": self.TYPE, "version": self.VERSION}
         out.update(dataclasses.asdict(self))
+        if self.privacy_unit == "record":
+            del out["privacy_unit"]
         return out
 
 
