@@ -345,7 +345,7 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap, c
 
     second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client)  # a restart: replays and fences `first`
     assert second.events() == events
-    with pytest.raises(KafkaPublishError):
+    with pytest.raises(KafkaPublishError, match="'m1' on topic .* was opened by another process, which fenced this one"):
         first.append(events[0])
     with pytest.raises(KafkaPublishError, match="refused further appends"):
         first.append(events[0])

@@ -119,6 +119,12 @@ class KafkaLedger(LedgerSteps):
                 self._producer.commit()
                 return
             except Exception as exc:
+                if _fenced(exc):  # a fenced producer commits nothing: the outcome is known
+                    self._failed = KafkaPublishError(
+                        f"ledger {self.name!r} on topic {self.topic!r} was opened by another process, which fenced "
+                        f"this one: {what} was not committed and this process must stop (the other one now "
+                        "holds the budget; run one service per ledger)")
+                    raise self._failed from exc
                 error = exc if isinstance(exc, KafkaPublishError) else KafkaPublishError(
                     f"{what} was not committed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc.__cause__ if isinstance(exc, KafkaPublishError) else exc
@@ -135,6 +141,16 @@ class KafkaLedger(LedgerSteps):
 
     def close(self) -> None:
         self._producer.close(self.send_timeout_s)
+
+
+def _fenced(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or its cause is a producer fenced by a newer one with the same
+    transactional id (kafka-python's ``ProducerFencedError``, librdkafka's ``_FENCED``)."""
+    while exc is not None:
+        if "Fenced" in type(exc).__name__ or "FENCED" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
