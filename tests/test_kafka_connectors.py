@@ -405,13 +405,18 @@ def test_an_open_foreign_transaction_on_the_ledger_topic_refuses_the_replay_inst
     reopened.close()
 
 
-def test_an_existing_dead_letter_topic_below_the_letter_size_is_refused_at_start(kafka_bootstrap):
+def test_an_existing_dead_letter_topic_below_the_letter_size_is_refused_and_defaults_accepted(kafka_bootstrap):
     """A topic limit under the sink's request size refuses a big letter only when it is flushed,
     which is after the batch's steps were paid: the start must refuse it instead."""
     topic = create_topic(kafka_bootstrap, unique_topic("dlq-small"), configs={"max.message.bytes": "20000"})
     with pytest.raises(KafkaConnectorError, match="max.message.bytes='20000'"):
         KafkaDeadLetterSink(kafka_bootstrap, topic)
     KafkaDeadLetterSink(kafka_bootstrap, unique_topic("dlq-new")).close()  # created with a limit it meets
+    # topics made by an operator with the broker's defaults (no setting on the topic) are accepted:
+    # the defaults (max.message.bytes 1048588, min.insync.replicas 1) are what counts
+    KafkaDeadLetterSink(kafka_bootstrap, create_topic(kafka_bootstrap, unique_topic("dlq-default"))).close()
+    plain = create_topic(kafka_bootstrap, unique_topic("ledger-default"), configs={"cleanup.policy": "compact"})
+    KafkaLedger(kafka_bootstrap, plain, ledger_id="svc", **WEAK_LEDGER).close()
 
 
 def test_lost_partitions_are_not_committed(caplog):

@@ -46,13 +46,14 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
                                           f"{replication_factor}: {type(exc).__name__}") from exc
         deadline = time.monotonic() + 10.0
         while True:  # a topic created a moment ago may be described with no settings at all yet
-            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            # "all": effective values, broker defaults included (kafka-python's default lists only
+            # the ones set on the topic, so a topic left at the defaults looked unset)
+            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
             actual = _config_values(res, topic)
             if actual or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        insync = actual.get("min.insync.replicas") is not None  # the broker's default when not set
-        replicas = min_replication if min_replication <= 1 and not insync else min(
+        replicas = min(
             (len(p.get("replica_nodes", ())) for t in admin.describe_topics([topic]) for p in t.get("partitions", ())),
             default=0)
     finally:
@@ -60,7 +61,8 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
     if replicas < min_replication:
         raise KafkaConnectorError(f"topic {topic!r} has {replicas} replica(s) on some partition; "
                                   f"at least {min_replication} are needed")
-    if insync and int(actual["min.insync.replicas"]) > replicas:  # "at least" would accept it otherwise
+    insync = actual.get("min.insync.replicas")
+    if insync is not None and int(insync) > replicas:  # "at least" would accept it otherwise
         raise KafkaConnectorError(
             f"topic {topic!r} has {replicas} replica(s) on some partition but min.insync.replicas="
             f"{actual['min.insync.replicas']}: every acks=all write to it would be refused")
