@@ -358,9 +358,13 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap, c
     from stream_vips.privacy.ledger import encode_line
 
     prod = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-    prod.send(topic, key=b"m3/000000000001", value=encode_line(1, events[0]).rstrip(b"\n")).get(10)
+    prod.send(topic, key=b"m2/000000000002", value=encode_line(2, events[0]).rstrip(b"\n")).get(10)
+    # steps without their genesis and their start: a topic deleted and recreated under a writer
+    prod.send(topic, key=b"m3/000000000003", value=encode_line(3, events[0]).rstrip(b"\n")).get(10)
     prod.close()
-    with pytest.raises(LedgerCorrupt, match="step 1 where 0 was expected"):
+    with pytest.raises(LedgerCorrupt, match="step 2 where 1 was expected"):
+        KafkaLedger(kafka_bootstrap, topic, ledger_id="m2", **WEAK_LEDGER, client=client)
+    with pytest.raises(LedgerCorrupt, match="has no genesis and does not start at step 0: its earlier records are gone"):
         KafkaLedger(kafka_bootstrap, topic, ledger_id="m3", **WEAK_LEDGER, client=client)
 
 

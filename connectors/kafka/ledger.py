@@ -5,6 +5,7 @@ replays the committed events."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Mapping, Sequence
 
@@ -143,6 +144,14 @@ class KafkaLedger(LedgerSteps):
         self._producer.close(self.send_timeout_s)
 
 
+def _first_step(line: bytes) -> Any:
+    """The ``step`` of a ledger line, ``None`` when it cannot be read (the replay then says why)."""
+    try:
+        return json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+
+
 def _fenced(exc: BaseException | None) -> bool:
     """Whether ``exc`` or its cause is a producer fenced by a newer one with the same
     transactional id (kafka-python's ``ProducerFencedError``, librdkafka's ``_FENCED``)."""
@@ -170,6 +179,11 @@ def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, securi
     if genesis_line is None and not lines:
         return None, [], [], []
     where = f"ledger topic {topic!r} name {name!r}"
+    if genesis_line is None and _first_step(lines[0]) not in (0, None):
+        raise LedgerCorrupt(
+            f"{where} has no genesis and does not start at step 0: its earlier records are gone (the topic "
+            "was deleted and recreated, or a retention policy removed them), and the budget they recorded "
+            "with them; restore the topic, or run `stream-vips reset` to start a new budget deliberately")
     if genesis_line is not None:
         lines.insert(0, genesis_line)
     replayed = replay_lines(lines, where)
