@@ -6,7 +6,9 @@ confidence bounds, on separate test releases. The test fails when the lower boun
 accountant's claim for that release: a 95%-confidence proof that the release is less private
 than the ledger says. A family whose declared bounds are half the true ones must be caught, and
 so must the key-unit audits without their per-key clip and linreg's out-of-bound candidates
-with its clipping switched off (each control puts the bug back by monkeypatching).
+with its clipping switched off (each control puts the bug back by monkeypatching). Without noise,
+every audited pair must come within its stated floor of the claimed sensitivity and no pair of
+candidates may exceed it, so a claimed diameter cut below the floor fails at once.
 
 Sizes: 3,000 training and 12,000 test releases per side (about a minute and a half on 2 cores,
 most of it LDA's E-step). At q = 1 and the claimed sensitivity 2/3 in noise units (z = 3) a
@@ -24,7 +26,7 @@ from scipy.optimize import brentq
 
 from stream_vips.audit.families import (
     AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, audit_family, broken_audit,
-    pair_sensitivity,
+    candidate_distances, pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
 from stream_vips.audit.stats import (
@@ -133,6 +135,33 @@ def test_family_audit_stays_below_the_claim(name):
     assert r.epsilon_lower_bound >= 0.5 * result.ideal_lower_bound, result.to_dict()
     # noiseless: the clipped contributions stay within the diameter the accountant is told
     assert result.pair.ratio <= 1 + 1e-9, result.to_dict()
+
+
+@pytest.mark.parametrize("name", sorted(ALL_AUDITS))
+def test_the_pair_reaches_its_floor_and_no_candidate_pair_exceeds_the_claim(name):
+    """Noiseless, every audit: the audited pair moves the release by at least ``ratio_floor`` of
+    the claimed sensitivity, and no pair of candidates by more than all of it (the claim is an
+    upper bound). Together they catch a claimed diameter cut to any factor below the floor; the
+    floors exceed 0.6, and 0.8 except for linreg, whose mechanism stops at 0.75 (its note)."""
+    spec = ALL_AUDITS[name]
+    assert spec.floor_reason.strip() and spec.ratio_floor <= 1
+    assert spec.ratio_floor > (0.6 if spec.family == "linreg" else 0.8), spec.ratio_floor
+    assert pair_sensitivity(spec).ratio >= spec.ratio_floor, (name, pair_sensitivity(spec))
+    distances, claimed = candidate_distances(spec)
+    assert distances.max() <= claimed * (1 + 1e-9), (name, distances.max() / claimed)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_AUDITS))
+def test_a_claimed_diameter_cut_below_the_floor_is_seen_without_noise(name, monkeypatch):
+    """The floor's purpose, checked: with the model's diameter cut to 0.8x (0.6x for linreg) the
+    engine claims less than the candidates move the release, which the noiseless check reports."""
+    spec = FAMILY_AUDITS[name]
+    cut = 0.6 if spec.family == "linreg" else 0.8
+    model_class = type(spec.make_model(spec.capacity))
+    true_diameter = model_class.diameter
+    monkeypatch.setattr(model_class, "diameter", lambda self, weights=None: cut * true_diameter(self, weights))
+    distances, claimed = candidate_distances(spec)
+    assert distances.max() > claimed * (1 + 1e-9), (name, distances.max() / claimed)
 
 
 @pytest.mark.parametrize("name", ["linreg", "dpvi"])
