@@ -18,6 +18,7 @@ correct family's bound is near 0.7 of its claim, and a 2x sensitivity pushes it 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from stream_vips.audit.families import (
-    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, audit_family, broken_audit,
+    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, SBN_PIXELS, audit_family, broken_audit,
     candidate_distances, pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
@@ -149,6 +150,18 @@ def test_the_pair_reaches_its_floor_and_no_candidate_pair_exceeds_the_claim(name
     assert pair_sensitivity(spec).ratio >= spec.ratio_floor, (name, pair_sensitivity(spec))
     distances, claimed = candidate_distances(spec)
     assert distances.max() <= claimed * (1 + 1e-9), (name, distances.max() / claimed)
+
+
+def test_sbn_pair_is_the_farthest_among_random_images_and_within_the_claim():
+    """sbn's claim sqrt(2) is a proof's upper bound that no image attains; at the audit's state,
+    200 random images (pixel densities uniform in [0, 1], seed 0) neither exceed it nor beat the
+    chosen pair, so the floor is not an artefact of a short candidate list."""
+    spec = FAMILY_AUDITS["sbn"]
+    pair = pair_sensitivity(spec)
+    rng = np.random.default_rng(0)
+    images = (rng.random((200, SBN_PIXELS)) < rng.random((200, 1))).astype(int)
+    distances, claimed = candidate_distances(replace(spec, candidates=tuple({"y": y.tolist()} for y in images)))
+    assert distances.max() <= pair.sensitivity * (1 + 1e-9) < claimed, (distances.max() / claimed, pair.ratio)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_AUDITS))

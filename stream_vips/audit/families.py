@@ -119,7 +119,7 @@ def _sbn(capacity: int) -> SigmoidBeliefNetwork:
     ``xi`` blocks at their bounds, ``z`` and ``z_y`` at 0.96 and ``xi_zz`` at 0.86 (g(m) allows
     for spread units); unclipped (f = 1), so the shared ``weight`` block (a^2 = 0.085) is the main
     loss. Chosen by a grid search over J, K, the state, the fractions and E-step rounds (the
-    model's default 4 kept for speed: 8 rounds reach 0.93, at 1.5x the audit's run time).
+    model's default 4 kept for speed: 8 rounds reach 0.93, at about 1.4x the run time).
     """
     J, K, precision = SBN_PIXELS, SBN_UNITS, 1e4
     model = SigmoidBeliefNetwork(n_visible=J, n_latent=K, dataset_size=capacity, seed=0,
