@@ -409,18 +409,16 @@ def test_an_open_foreign_transaction_on_the_ledger_topic_refuses_the_replay_inst
     reopened.close()
 
 
-def test_an_existing_dead_letter_topic_below_the_letter_size_is_refused_and_defaults_accepted(kafka_bootstrap):
-    """A topic limit under the sink's request size refuses a big letter only when it is flushed,
-    which is after the batch's steps were paid: the start must refuse it instead."""
-    topic = create_topic(kafka_bootstrap, unique_topic("dlq-small"), configs={"max.message.bytes": "20000"})
-    with pytest.raises(KafkaConnectorError, match="max.message.bytes='20000'"):
-        KafkaDeadLetterSink(kafka_bootstrap, topic)
-    KafkaDeadLetterSink(kafka_bootstrap, unique_topic("dlq-new")).close()  # created with a limit it meets
-    # topics made by an operator with the broker's defaults (no setting on the topic) are accepted:
-    # the defaults (max.message.bytes 1048588, min.insync.replicas 1) are what counts
-    KafkaDeadLetterSink(kafka_bootstrap, create_topic(kafka_bootstrap, unique_topic("dlq-default"))).close()
+def test_topics_left_at_the_broker_defaults_are_checked_by_their_effective_settings(kafka_bootstrap):
+    """An operator's topic with no setting of its own has the broker's defaults (min.insync.replicas
+    1, max.message.bytes 1048588): kafka-python lists only settings made on the topic, which read
+    as unset and refused the ledger; a real conflict is still refused."""
     plain = create_topic(kafka_bootstrap, unique_topic("ledger-default"), configs={"cleanup.policy": "compact"})
     KafkaLedger(kafka_bootstrap, plain, ledger_id="svc", **WEAK_LEDGER).close()
+    KafkaModelSink(kafka_bootstrap, create_topic(kafka_bootstrap, unique_topic("models-default"),
+                                                 configs={"cleanup.policy": "compact"}), max_message_bytes=1_000_000).close()
+    with pytest.raises(KafkaConnectorError, match=r"max.message.bytes='1048588' \(needs '2000000'\)"):
+        KafkaModelSink(kafka_bootstrap, plain, max_message_bytes=2_000_000)
 
 
 def test_lost_partitions_are_not_committed(caplog):

@@ -105,10 +105,8 @@ class KafkaDeadLetterSink:
     ) -> None:
         self.topic = topic
         self.send_timeout_s = float(send_timeout_s)
-        # an existing topic with a smaller limit would refuse a letter only at flush time
         ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
-                     configs={"max.message.bytes": str(MAX_REQUEST_BYTES)}, create=create_topic,
-                     security=connection.security)
+                     create=create_topic, security=connection.security)
         self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
             acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES))
