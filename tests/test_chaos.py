@@ -347,6 +347,32 @@ def test_an_oversized_malformed_record_is_one_truncated_dead_letter_and_costs_no
     assert ledger_epsilon(events) == pytest.approx(ledger_epsilon(read_ledger(bs, n["ledger"], "ref")), rel=1e-12)
 
 
+def test_a_letter_the_dead_letter_topic_refuses_on_delivery_costs_no_step_on_any_restart(kafka_bootstrap):
+    """A 50 kB malformed record and a dead-letter topic that takes 20 kB: the producer accepts the
+    letter and the broker refuses it on delivery. Without a checkpoint, each restart re-reads the
+    failing batch; it used to pay that batch's steps before the refusal surfaced (three more steps
+    per restart). Confirmed before the batch is offered, the refusal stops every life first."""
+    from kafka_broker import linreg_records
+
+    bs, n = kafka_bootstrap, names()
+    create_topic(bs, n["in"], partitions=1)
+    create_topic(bs, n["dlq"], partitions=1, configs={"max.message.bytes": "20000"})
+    values = linreg_records(4000, seed=5)
+    values.insert(3500, b"{" + os.urandom(50_000))
+    produce(bs, n["in"], values)
+    cfg = pipeline_config(bs, input_topic=n["in"], model_topic=n["models"], dead_letter_topic=n["dlq"],
+                          group_id=n["g"], reservoir=1000, batch_size=100, every_records=500,
+                          noise_multiplier=2.0, epsilon=50.0, source_options={"until_end": True})
+    cfg["runtime"]["poll_max_records"] = 2000
+    spec = {"config": cfg, "ledger_topic": n["ledger"], "ledger_id": "dlq-refused"}
+    paid = []
+    for _ in range(3):
+        with pytest.raises(DeadLetterError, match="not delivered"):
+            build_app(spec).run()
+        paid.append(len(read_ledger(bs, n["ledger"], "dlq-refused")))
+    assert paid[0] == 3 and paid == [paid[0]] * 3  # steps at 1000, 1500, 2000 only, paid once
+
+
 def read_ledger(bs: str, topic: str, name: str) -> list:
     from connectors.kafka import KafkaLedger
 
