@@ -516,7 +516,7 @@ class PrivateLearner:
             self.trigger.observe(end - start)
             start = end
             if self.reservoir.full and self.trigger.due() and not stop():
-                result = self.step()
+                result = self._step(by_trigger=True)
                 if result is not None and on_step is not None:
                     on_step(result)
 
@@ -543,6 +543,12 @@ class PrivateLearner:
         :class:`~stream_vips.errors.StepRefused` under window accounting when fewer than
         ``every_records`` arrivals came since the last step (nothing spent either way): the
         window's bound of L steps per record holds only for steps that far apart."""
+        return self._step(by_trigger=False)
+
+    def _step(self, by_trigger: bool) -> StepResult | None:
+        """:meth:`step`; a step the trigger fires too soon under window accounting (its grid
+        shifted against the ledger's positions by a held step or by positions paid ahead) is
+        skipped like a replayed one instead of refused, so a restart never stops on it."""
         self.check_window_position()
         if self._replay_until is not None:
             if self.reservoir.seen <= self._replay_until:
@@ -552,6 +558,10 @@ class PrivateLearner:
             self._replay_until = None
         last = self._last_step_position
         if last is not None and self.reservoir.seen - last < self._window_every:
+            if by_trigger:
+                self.trigger.reset()
+                self.skipped_steps += 1
+                return None
             raise StepRefused(
                 f"window accounting: a step needs schedule.every_records = {self._window_every} arrivals after the "
                 f"last one (at stream position {last}; now {self.reservoir.seen}), or a record would be in more "

@@ -281,3 +281,45 @@ def test_a_step_called_by_hand_sooner_than_every_records_is_refused_with_nothing
         assert restarted.engine.monitor.steps == 3
     positions = [line["at"] for line in ledger_lines(tmp_path)]
     assert positions == [100, 150, 200]
+
+
+def test_a_trigger_step_that_comes_too_soon_after_a_held_or_prepaid_one_is_skipped_not_refused(tmp_path):
+    """A step held back (a failing publish) and taken late, or positions paid ahead (prepay),
+    shift the trigger's grid against the ledger's positions. After a restart the trigger then
+    fires sooner than every_records after the ledger's last step: that step is skipped like a
+    replayed one (raising there stopped every restart at the same place), and steps stay at
+    least every_records apart."""
+    from stream_vips.decoding import decode_batch
+
+    cfg = config_from_dict({
+        "model": {"family": "linreg", "params": {"dim": 5}},
+        "privacy": {"epsilon": 5.0, "delta": 1e-5, "accounting": "window", "seed": 1,
+                    "ledger": {"type": "file", "path": str(tmp_path / "ledger.jsonl"), "prepay_steps": 4}},
+        "sampling": {"reservoir": 100, "batch_size": 10, "reservoir_policy": "window"},
+        "schedule": {"every_records": 10}, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"},
+    }, env={})
+    first = PrivateLearner.from_config(cfg)
+    pos = 0
+
+    def feed(learner, n, stop=lambda: False):
+        nonlocal pos
+        learner.offer(decode_batch(learner.model, RECORDS[pos:pos + n]), stop=stop)
+        pos += n
+
+    feed(first, 100)  # a step at 100, paying ahead for 110, 120 and 130
+    feed(first, 10)
+    feed(first, 10, stop=lambda: True)  # the step due at 120 is held back
+    feed(first, 5)  # ... and taken at 125
+    state, paid = first.state(), first.engine.monitor.steps
+    first.close()
+    start = pos
+    for _ in range(2):  # two restarts from the same checkpoint behave alike
+        pos = start
+        learner = PrivateLearner.from_config(cfg)
+        learner.load_state(state)
+        for _ in range(10):
+            feed(learner, 10)
+        assert learner.skipped_steps >= 1 and learner.engine.monitor.steps > paid
+        learner.close()
+    positions = [line["at"] for line in ledger_lines(tmp_path)]
+    assert np.diff(positions).min() >= 10
