@@ -409,6 +409,44 @@ def test_an_open_foreign_transaction_on_the_ledger_topic_refuses_the_replay_inst
     reopened.close()
 
 
+def test_reading_a_topic_that_other_writers_keep_busy_with_short_transactions_succeeds(kafka_bootstrap):
+    """Other services publishing on a shared topic hold transactions open most of the time but
+    each one briefly: a read must wait for the ones open when it began, not refuse because a new
+    one is open at the moment it checks."""
+    import threading
+
+    from kafka import KafkaProducer
+
+    topic = create_topic(kafka_bootstrap, unique_topic("busy"), configs={"cleanup.policy": "compact"})
+    stop = threading.Event()
+
+    def writer(i: int) -> None:
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic}-w{i}",
+                                 enable_idempotence=True, acks="all")
+        producer.init_transactions()
+        time.sleep(0.1 * i)  # staggered: at almost every moment one of them has a transaction open
+        while not stop.is_set():
+            producer.begin_transaction()
+            producer.send(topic, b"{}", key=f"model{i}".encode(), partition=0)
+            producer.flush()
+            time.sleep(0.4)
+            producer.commit_transaction()
+            time.sleep(0.01)
+        producer.close()
+
+    writers = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(4)]
+    for w in writers:
+        w.start()
+    try:
+        time.sleep(2.0)
+        counts = [len(read_topic(kafka_bootstrap, topic, timeout_s=30)) for _ in range(3)]
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(10)
+    assert counts[0] > 0 and counts == sorted(counts)
+
+
 def test_topics_left_at_the_broker_defaults_are_checked_by_their_effective_settings(kafka_bootstrap):
     """An operator's topic with no setting of its own has the broker's defaults (min.insync.replicas
     1, max.message.bytes 1048588): kafka-python lists only settings made on the topic, which read

@@ -98,12 +98,13 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
 
     A transaction's commit markers reach a partition shortly after the producer's commit
     returns; until then the committed end stops before it. So once the committed end is reached,
-    reading goes on (for at most ``settle_s``) until it reaches the partitions' high watermarks.
-    A transaction that is still open (another writer on the topic killed mid-append, until its
-    ``transaction.timeout.ms``) keeps a ``read_committed`` reader before it, and every record
-    committed after it is hidden too: then :class:`KafkaConnectorError` is raised rather than a
-    list that silently misses them (a ledger replayed short would count fewer steps than were
-    paid). ``timeout_s`` bounds a stall (no record for that long), not the whole read, so a long
+    reading goes on (for at most ``settle_s``) until it reaches the high watermarks the partitions
+    had when the read began (records written since do not matter, so busy writers with short
+    transactions do not hold it up). A transaction that stays open (another writer on the topic
+    killed mid-append, until its ``transaction.timeout.ms``) keeps a ``read_committed`` reader
+    before it, and every record committed after it is hidden too: then
+    :class:`KafkaConnectorError` is raised rather than a list that silently misses them (a
+    ledger replayed short would count fewer steps than were paid). ``timeout_s`` bounds a stall (no record for that long), not the whole read, so a long
     topic is read whatever its length."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
@@ -118,6 +119,7 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
+        tops = _high_watermarks(bootstrap_servers, tps, security)  # this read must reach them
         out: dict[Any, list] = {tp: [] for tp in tps}
         deadline = time.monotonic() + timeout_s
         while any(consumer.position(tp) < ends[tp] for tp in tps):
@@ -129,10 +131,10 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
         settled = time.monotonic() + settle_s
         behind = tps
         while behind:
-            behind = [tp for tp in tps if consumer.position(tp) < (consumer.highwater(tp) or 0)]
+            behind = [tp for tp in tps if consumer.position(tp) < tops[tp]]
             if behind and time.monotonic() >= settled:
                 where = ", ".join(f"partition {tp.partition} at offset {consumer.position(tp)} of "
-                                  f"{consumer.highwater(tp)}" for tp in behind)
+                                  f"{tops[tp]}" for tp in behind)
                 raise KafkaConnectorError(
                     f"topic {topic!r} has records a read_committed reader cannot reach ({where}): a "
                     "transaction left open by another writer hides everything committed after it; "
@@ -140,6 +142,19 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
             for tp, recs in consumer.poll(timeout_ms=100).items():
                 out[tp].extend(recs)
         return [r for tp in tps for r in out[tp]]
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _high_watermarks(bootstrap_servers: str | list[str], tps: list, security: Mapping[str, Any] | None) -> dict:
+    """The partitions' ends counting uncommitted records (a ``read_committed`` consumer's
+    ``end_offsets`` stop at the first open transaction instead)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+                             isolation_level="read_uncommitted", **dict(security or {}))
+    try:
+        return consumer.end_offsets(tps)
     finally:
         consumer.close(autocommit=False)
 
