@@ -88,12 +88,17 @@ def _shown(value: Any, key: str) -> str:
     return REDACTED if _secret_path(key) else repr(value)
 
 
+#: A quoted part of a YAML parser message: group 1 when it names a token (``'<stream end>'``, one
+#: punctuation mark, an escape such as ``'\t'``), else text of the document.
+_QUOTED = re.compile(r"'(<[a-z ]+>|[^\w\s]|\\[a-z])'|'[^']*'")
+
+
 def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
     r"""One line saying where and why ``text`` is not YAML, without the parser's snippet.
 
     PyYAML's message quotes the offending lines; they may hold a password, so only the position
-    and the parser's reason are kept, and the reason too is withheld when a line it concerns names
-    a secret key (the reason can quote a character of the value).
+    and the parser's reason are kept, the reason is withheld when a line it concerns names a
+    secret key, and text the reason quotes from the document (an alias name) is cut out.
 
     >>> try:
     ...     yaml.safe_load('a:\n  sasl_password: "hunter2\n')
@@ -108,7 +113,10 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
     where = f"line {marks[0].line + 1}, column {marks[0].column + 1}"
     if any(is_secret(word) for line in lines for word in re.findall(r"[A-Za-z0-9_]+", line)):
         return f"{where}: {REDACTED} (the line names a secret)"
-    return f"{where}: " + ", ".join(part for part in (exc.context, exc.problem) if part)
+    reason = ", ".join(part for part in (exc.context, exc.problem) if part)
+    # a value may sit on a line that does not name its key: quoted text other than a token name
+    # ('<stream end>') or one punctuation mark is the document's own and is not repeated
+    return f"{where}: " + _QUOTED.sub(lambda m: m.group(0) if m.group(1) else "'...'", reason)
 
 
 @dataclass

@@ -57,6 +57,19 @@ def test_a_yaml_syntax_error_in_a_secret_line_is_one_line_without_the_secret(tmp
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("text", ["source:\n  sasl_password:\n    *x%s\n",  # the value on the next line
+                                  "source: {type: kafka, sasl_password:\n   *x%s}\n"])
+def test_text_the_yaml_parser_quotes_from_the_document_is_not_repeated(tmp_path, monkeypatch, capsys, text):
+    """An undefined alias is quoted by the parser; on a line that does not name its key the
+    secret-line check cannot see it, so quoted document text is cut out of every reason."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(text % PASSWORD)
+    assert cli.main(["config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert PASSWORD not in err and "found undefined alias '...'" in err
+
+
 def test_a_yaml_syntax_error_elsewhere_says_where_and_why_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "cfg.yaml"
