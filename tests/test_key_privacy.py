@@ -439,7 +439,7 @@ def test_a_ledger_paid_per_record_is_not_continued_at_key_level(tmp_path):
         per_record.feed(records)
         steps = per_record.engine.monitor.steps
     assert 0 < key_steps < steps
-    with pytest.raises(LedgerMismatch, match=rf"holds {steps - key_steps} steps paid per record"):
+    with pytest.raises(LedgerMismatch, match=rf"holds {steps - key_steps} steps not marked as key-level"):
         PrivateLearner("linreg", unit="key", max_records_per_key=4, **common)
     with FileLedger(path) as ledger:  # nothing appended by the refused start
         assert len(ledger.events()) == steps

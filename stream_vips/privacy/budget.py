@@ -254,10 +254,10 @@ def _check_key_unit(ledger, events: list) -> None:
     per_record = sum(getattr(e, "privacy_unit", "record") != "key" for e in events)
     if per_record:
         raise LedgerMismatch(
-            f"ledger {ledger.ledger_id} holds {per_record} steps paid per record (privacy.unit: record), but "
-            "privacy.unit is key: their epsilon bounds one record, not a person with several, so continuing "
-            "would under-count; keep privacy.unit: record for this ledger, or run `stream-vips reset` to start "
-            "a new budget deliberately")
+            f"ledger {ledger.ledger_id} holds {per_record} steps not marked as key-level (paid per record, or "
+            "written before stream_vips marked the unit of a step), but privacy.unit is key: a per-record step "
+            "bounds one record, not a person with several, so continuing would under-count; keep "
+            "privacy.unit: record for this ledger, or run `stream-vips reset` to start a new budget deliberately")
 
 
 def _check_windows(ledger, window: int) -> None:
