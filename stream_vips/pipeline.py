@@ -381,10 +381,10 @@ class Application:
         """The source's rebalance hook: with kafka-python it runs on the consumer's IO thread while
         this loop waits in ``poll()``, with confluent-kafka inside ``poll()`` on this thread; apply the batch in flight and return the positions to commit (none when a
         dead letter is unconfirmed: the loop then stops)."""
-        self._drain()
         try:
+            self._drain()  # its batch's dead letters are confirmed as it is applied
             self._confirm_dead_letters()
-        except DeadLetterError:
+        except DeadLetterError:  # recorded: the loop raises it at its next commit
             return None
         return self._applied
 

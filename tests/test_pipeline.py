@@ -550,6 +550,31 @@ def test_a_dead_letter_refused_only_when_confirmed_stops_before_the_batch_pays(t
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
 
 
+def test_a_dead_letter_refused_while_a_rebalance_drains_the_batch_in_flight_returns_no_positions(tmp_path):
+    """The rebalance hook applies the batch in flight; a letter refused there must not escape
+    into the Kafka client's callback: the hook returns no positions to commit and the loop
+    raises the failure at its next commit."""
+    from stream_vips.io import values_of
+
+    class LateRefusingSink(MemoryDeadLetterSink):
+        def flush(self):
+            if self.letters:
+                raise OSError("MessageSizeTooLargeError")
+
+    lines = synthetic_lines(400)
+    lines[5] = b'{"x": [0.1, 0.2'
+    app = Application.from_config(config_from_dict(cfg_dict(tmp_path), env={}), source=MemorySource(lines),
+                                  dead_letter=LateRefusingSink(), sink=MemorySink())
+    raws = app.source.poll(500, 0.01)
+    values = values_of(raws)
+    app._decoder.submit(values)
+    app._inflight.append((raws, app._positions(), values))
+    assert app._before_revoke() is None
+    with pytest.raises(DeadLetterError, match="MessageSizeTooLargeError"):
+        app._confirm_dead_letters()
+    assert app.learner.engine.monitor.steps == 0
+
+
 @pytest.mark.parametrize("unit", ["record", "key"])
 def test_an_admitted_malformed_record_whose_dead_letter_fails_stops_before_its_steps_are_paid(tmp_path, unit):
     """``sampling.validation: admitted`` decodes only what the reservoir admits, inside the offer;
