@@ -85,12 +85,38 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
     cls = model_class(msg["family"])
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in msg["hyperparameters"].items() if k in params and k != "self"}
+    state = messages.decode_state(msg)
+    _check_sizes(cls, msg["hyperparameters"], state)
     try:
         model = cls(**kwargs)
-        model.load_state(messages.decode_state(msg))
-    except MemoryError:  # hostile sizes (dim 10**6) would otherwise stop every reader of the topic
+        model.load_state(state)
+    except MemoryError:  # a last resort: sizes are checked against the arrays above
         raise messages.MessageError(f"the {msg['family']} hyperparameters ask for more memory than this reader has") from None
     return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
+
+
+def _check_sizes(cls: type, hyperparameters: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
+    """Refuse hyperparameters that ask for more than the message's arrays hold, before the model
+    is built: a message is bounded by the topic's size limit, while ``n_latent: 40000`` in a small
+    sbn message made its constructor allocate 14 GB. Every array the message carries must have
+    the shape the hyperparameters give, and they may not give more than twice the elements it
+    carries (an older layout may lack an array, as sbn's ``wc_stat``)."""
+    try:
+        shapes = cls.state_shapes(hyperparameters)
+    except (KeyError, TypeError) as exc:
+        raise messages.MessageError(f"hyperparameters lack or mistype {exc}") from None
+    carried = sum(arr.size for arr in state.values())
+    missing = 0  # elements of the arrays the message lacks (a varying length counts 0)
+    for name, shape in shapes.items():
+        arr = state.get(name)
+        if arr is None:
+            missing += math.prod(n or 0 for n in shape)
+        elif arr.ndim != len(shape) or any(n is not None and n != m for n, m in zip(shape, arr.shape)):
+            raise messages.MessageError(f"natural parameter {name!r} has shape {list(arr.shape)}, but the "
+                                        f"hyperparameters give {[n if n is not None else '*' for n in shape]}")
+    if missing > carried + 64:
+        raise messages.MessageError(f"the hyperparameters give {carried + missing} natural parameters, the "
+                                    f"message carries {carried}")
 
 
 class ModelReader:

@@ -165,14 +165,59 @@ def test_posterior_from_message_refuses_an_unbacked_privacy_claim(change):
         posterior_from_message(msg)
 
 
-def test_reader_skips_a_message_whose_sizes_cannot_be_allocated_and_keeps_serving():
+def test_reader_skips_a_message_whose_sizes_its_arrays_do_not_back_and_keeps_serving():
     """dim = 10**6 asks the logistic constructor for a 7.3 TiB matrix: MemoryError, which used to
-    escape ``_handle`` and stop every reader of the topic (and again after each restart)."""
+    escape ``_handle`` and stop every reader of the topic (and again after each restart); sizes
+    are now checked against the message's arrays before anything is built."""
     model = BayesianLogisticRegression(dim=2, dataset_size=10)
     good = messages.build_message("default", "logistic", model.hyperparameters(), 1, model.state(), _report())
     hostile = messages.build_message("default", "logistic", {**model.hyperparameters(), "dim": 10**6}, 2,
                                      model.state(), _report())
     reader = _reader()
     assert reader._handle(_Record(good)) == 1 and reader._handle(_Record(hostile)) == 0
-    assert "more memory than this reader has" in reader.invalid[0][1]
+    assert "natural parameter 'h' has shape [2], but the hyperparameters give [1000000]" in reader.invalid[0][1]
     assert reader.posterior("default").version == 1
+
+
+SIZES = ("dim", "hidden", "n_latent", "n_visible", "n_components", "n_topics")
+
+
+def test_every_family_states_the_shapes_its_state_has():
+    """``state_shapes`` is what a reader checks a message against before building the model."""
+    from test_records import FAMILY_PARAMS
+
+    from stream_vips.models import model_class
+
+    for family, params in FAMILY_PARAMS.items():
+        cls = model_class(family)
+        for scale in (1, 3):
+            sized = {k: v * scale if k in SIZES else v for k, v in params.items()}
+            model = cls(dataset_size=100, **sized)
+            shapes = cls.state_shapes(model.hyperparameters())
+            assert set(shapes) == set(model.state()), family
+            for name, arr in model.state().items():
+                assert len(shapes[name]) == arr.ndim and all(
+                    n is None or n == m for n, m in zip(shapes[name], arr.shape)), (family, name)
+
+
+def test_hostile_sizes_are_refused_before_anything_is_allocated():
+    """n_latent 40000 in a small sbn message made the reader allocate 14 GB before load_state
+    refused it (an OOM kill under a container limit); every size hyperparameter of every family,
+    set far above what the message's arrays hold, is refused with little memory used."""
+    import tracemalloc
+
+    from test_records import FAMILY_PARAMS
+
+    from stream_vips.models import model_class
+
+    for family, params in FAMILY_PARAMS.items():
+        model = model_class(family)(dataset_size=100, **params)
+        for size in [k for k in model.hyperparameters() if k in SIZES]:
+            msg = messages.build_message("m", family, {**model.hyperparameters(), size: 40_000}, 1, model.state(),
+                                         _report())
+            tracemalloc.start()
+            with pytest.raises(messages.MessageError, match="hyperparameters give"):
+                posterior_from_message(msg)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert peak < 5_000_000, (family, size, peak)

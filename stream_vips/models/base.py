@@ -86,6 +86,13 @@ class Model(ABC):
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
         """M-step from privatized mean statistics with Robbins-Monro step ``rho``."""
 
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        """The shapes :meth:`state` has for ``hyperparameters`` (``None``: a length that varies),
+        worked out without building the model: a reader compares them with a message's arrays
+        before it allocates what the hyperparameters ask for (every registered family has it)."""
+        raise NotImplementedError(f"{cls.__name__} does not state its shapes")
+
     @abstractmethod
     def state(self) -> dict[str, np.ndarray]:
         """Natural parameters to publish."""

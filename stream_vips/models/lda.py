@@ -48,6 +48,7 @@ import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
+from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
@@ -359,6 +360,10 @@ class LDA(Model):
             "max_iter": self.max_iter,
             "tol": self.tol,
         }
+
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        return {"lambda": (integer("n_topics", hyperparameters["n_topics"]), len(hyperparameters["vocabulary"]))}
 
     def state(self) -> dict[str, np.ndarray]:
         """``lambda`` (K x V): the Dirichlet parameters of q(beta_k)."""

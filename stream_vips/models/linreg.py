@@ -302,6 +302,11 @@ class LinearRegression(Model):
 
     # -- natural parameters ----------------------------------------------------------------
 
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d = integer("dim", hyperparameters["dim"])
+        return {"precision": (d, d), "shift": (d,)}
+
     def state(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._eta.items()}
 

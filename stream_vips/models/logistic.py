@@ -365,6 +365,11 @@ class BayesianLogisticRegression(Model):
         return self._alpha_shape / self._alpha_rate
 
     # ------------------------------------------------------------------ protocol: state
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d = integer("dim", hyperparameters["dim"])
+        return {"h": (d,), "precision": (d, d), "s2_blend": (d, d), "alpha": (3,), "noise_var": (1,)}
+
     def state(self) -> dict[str, np.ndarray]:
         """Natural parameters of q(m): ``h`` = Sigma^-1 mu and the PD ``precision`` Sigma^-1 (what
         a reader needs); the blended statistics they derive from, ``s2_blend`` (S) and

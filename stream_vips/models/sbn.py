@@ -476,8 +476,10 @@ class SigmoidBeliefNetwork(Model):
     _STATE = ("w_h", "w_stat", "wc_stat", "w_prior", "c_h", "c_prec", "b_h", "b_prec", "tpbn_xi", "phi_rate",
               "omega_rate", "noise_var")
 
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
-        J, K = self.n_visible, self.n_latent
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        J = integer("n_visible", hyperparameters["n_visible"])
+        K = integer("n_latent", hyperparameters["n_latent"])
         return {"w_h": (J, K), "w_stat": (J, K, K), "wc_stat": (J, K), "w_prior": (J, K), "c_h": (J,), "c_prec": (J,),
                 "b_h": (K,), "b_prec": (K,), "tpbn_xi": (J, K), "phi_rate": (K,), "omega_rate": (1,),
                 "noise_var": (1,)}
@@ -503,7 +505,7 @@ class SigmoidBeliefNetwork(Model):
         if "wc_stat" not in state:
             state = {**state, "wc_stat": np.zeros((self.n_visible, self.n_latent))}
         arrays = {}
-        for name, shape in self._shapes().items():
+        for name, shape in self.state_shapes(self.hyperparameters()).items():
             if name not in state:
                 raise ValueError(f"state has no {name!r}")
             arr = np.array(state[name], dtype=float)

@@ -127,6 +127,11 @@ class DPVI(LogisticRecords):
         self.log_sigma = self.log_sigma + step[self.dim:]
 
     # ------------------------------------------------------------------ state
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d = integer("dim", hyperparameters["dim"])
+        return {"mu": (d,), "log_sigma": (d,), "adagrad": (2 * d,)}
+
     def state(self) -> dict[str, np.ndarray]:
         """mu, log sigma and the AdaGrad accumulator (all post-processing of releases)."""
         return {"mu": self.mu.copy(), "log_sigma": self.log_sigma.copy(), "adagrad": self._G.copy()}

@@ -200,6 +200,10 @@ class OPS(LogisticRecords):
         raise ValueError("ops has no M-step on noisy statistics: use OPS.release")
 
     # ------------------------------------------------------------------ state
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        return {"theta": (integer("dim", hyperparameters["dim"]),)}
+
     def state(self) -> dict[str, np.ndarray]:
         return {"theta": self.theta.copy()}
 

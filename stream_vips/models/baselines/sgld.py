@@ -171,6 +171,11 @@ class DPSGLD(LogisticRecords):
         n = min(self._n_samples, self.keep)
         return self._samples[:n].copy() if n else self.theta[None, :].copy()
 
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d = integer("dim", hyperparameters["dim"])
+        return {"theta": (d,), "samples": (None, d), "counters": (2,)}
+
     def state(self) -> dict[str, np.ndarray]:
         return {"theta": self.theta.copy(), "samples": self.samples(),
                 "counters": np.array([self._t, self._n_samples], dtype=float)}

@@ -447,6 +447,12 @@ class BNNSEP(DampedSite, Model):
         r = np.asarray(y, dtype=float) - mu
         return float(np.mean(-0.5 * (_LOG_2PI + np.log(v) + r * r / v)))
 
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d, h = integer("dim", hyperparameters["dim"]), integer("hidden", hyperparameters["hidden"])
+        weights = (d + 1) * h + h + 1
+        return {"eta": (weights,), "prec": (weights,), "noise": (2,)}
+
     def state(self) -> dict[str, np.ndarray]:
         """Posterior natural parameters: weight ``eta`` and ``prec`` (W,), ``noise`` (alpha - 1, -beta)."""
         theta = self.natural_parameters()

@@ -110,6 +110,11 @@ class MixtureSEP(SEPModel):
         """Most probable component per row of X."""
         return self.responsibilities(X).argmax(axis=1)
 
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        k, d = integer("n_components", hyperparameters["n_components"]), integer("dim", hyperparameters["dim"])
+        return {"eta": (k, d), "prec": (k, d, d)}
+
     def hyperparameters(self) -> dict[str, Any]:
         return {
             "n_components": self.n_factors, "dim": self.dim, "noise_sd": self.noise_sd,

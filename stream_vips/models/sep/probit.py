@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors
 from stream_vips.privacy.mechanisms import clip_factors
@@ -155,6 +156,11 @@ class ProbitSEP(SEPModel):
         mean, cov = self.posterior()
         s2 = np.einsum("ij,jk,ik->i", F, cov[0], F)
         return ndtr(F @ mean[0] / np.sqrt(1.0 + s2))
+
+    @classmethod
+    def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
+        d = integer("dim", hyperparameters["dim"]) + (hyperparameters["intercept"] is True)
+        return {"eta": (1, d), "prec": (1, d, d)}
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
