@@ -529,19 +529,28 @@ def test_a_dead_letter_send_that_fails_stops_the_batch_before_any_step_is_paid(t
     assert ledger_events(tmp_path / "ledger.jsonl") == [] and source.committed_offset == 0
 
 
+class LateRefusingSink(MemoryDeadLetterSink):
+    """Takes letters at once and refuses them when they are confirmed, like a producer whose
+    broker refuses a record on delivery."""
+
+    def flush(self):
+        if self.letters:
+            raise OSError("MessageSizeTooLargeError")
+
+
+def lines_with_a_malformed_fifth() -> list[bytes]:
+    lines = synthetic_lines(400)
+    lines[5] = b'{"x": [0.1, 0.2'  # admitted in any mode: the reservoir is still filling
+    return lines
+
+
 @pytest.mark.parametrize("validation", ["all", "admitted"])
 def test_a_dead_letter_refused_only_when_confirmed_stops_before_the_batch_pays(tmp_path, validation):
     """A producer accepts a letter at once and learns of its refusal (the topic's size limit,
     too few in-sync replicas) only when it is confirmed: the confirmation must come before the
     learner sees the batch, not at the next commit after its steps were paid."""
 
-    class LateRefusingSink(MemoryDeadLetterSink):
-        def flush(self):
-            if self.letters:
-                raise OSError("MessageSizeTooLargeError")
-
-    lines = synthetic_lines(400)
-    lines[5] = b'{"x": [0.1, 0.2'
+    lines = lines_with_a_malformed_fifth()
     source = MemorySource(lines)
     app = Application.from_config(config_from_dict(cfg_dict(tmp_path, sampling={"validation": validation}), env={}),
                                   source=source, dead_letter=LateRefusingSink(), sink=MemorySink())
@@ -556,13 +565,7 @@ def test_a_dead_letter_refused_while_a_rebalance_drains_the_batch_in_flight_retu
     raises the failure at its next commit."""
     from stream_vips.io import values_of
 
-    class LateRefusingSink(MemoryDeadLetterSink):
-        def flush(self):
-            if self.letters:
-                raise OSError("MessageSizeTooLargeError")
-
-    lines = synthetic_lines(400)
-    lines[5] = b'{"x": [0.1, 0.2'
+    lines = lines_with_a_malformed_fifth()
     app = Application.from_config(config_from_dict(cfg_dict(tmp_path), env={}), source=MemorySource(lines),
                                   dead_letter=LateRefusingSink(), sink=MemorySink())
     raws = app.source.poll(500, 0.01)
