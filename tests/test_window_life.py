@@ -283,43 +283,50 @@ def test_a_step_called_by_hand_sooner_than_every_records_is_refused_with_nothing
     assert positions == [100, 150, 200]
 
 
-def test_a_trigger_step_that_comes_too_soon_after_a_held_or_prepaid_one_is_skipped_not_refused(tmp_path):
-    """A step held back (a failing publish) and taken late, or positions paid ahead (prepay),
-    shift the trigger's grid against the ledger's positions. After a restart the trigger then
-    fires sooner than every_records after the ledger's last step: that step is skipped like a
-    replayed one (raising there stopped every restart at the same place), and steps stay at
-    least every_records apart."""
+def test_held_steps_and_prepaid_positions_keep_every_record_within_l_steps_through_a_restart(tmp_path):
+    """Positions paid ahead (prepay) and a step held back (a failing publish) and taken late:
+    the late step must be recorded where it ran, not at its planned position, or a restart from
+    an older checkpoint steps again too soon after it (a record then was in L + 1 steps). After
+    the restart the trigger's grid is shifted against the ledger: a step that comes too soon is
+    skipped like a replayed one (raising there stopped every restart at the same place). Counted
+    from the positions of the steps really taken, no record is in more than L steps."""
     from stream_vips.decoding import decode_batch
 
+    M_, k = 100, 10
     cfg = config_from_dict({
         "model": {"family": "linreg", "params": {"dim": 5}},
         "privacy": {"epsilon": 5.0, "delta": 1e-5, "accounting": "window", "seed": 1,
                     "ledger": {"type": "file", "path": str(tmp_path / "ledger.jsonl"), "prepay_steps": 4}},
-        "sampling": {"reservoir": 100, "batch_size": 10, "reservoir_policy": "window"},
-        "schedule": {"every_records": 10}, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"},
+        "sampling": {"reservoir": M_, "batch_size": 10, "reservoir_policy": "window"},
+        "schedule": {"every_records": k}, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"},
     }, env={})
-    first = PrivateLearner.from_config(cfg)
+    taken: list[int] = []
     pos = 0
 
     def feed(learner, n, stop=lambda: False):
         nonlocal pos
-        learner.offer(decode_batch(learner.model, RECORDS[pos:pos + n]), stop=stop)
+        learner.offer(decode_batch(learner.model, RECORDS[pos:pos + n]), stop=stop,
+                      on_step=lambda result: taken.append(learner.reservoir.seen))
         pos += n
 
+    first = PrivateLearner.from_config(cfg)
     feed(first, 100)  # a step at 100, paying ahead for 110, 120 and 130
     feed(first, 10)
-    feed(first, 10, stop=lambda: True)  # the step due at 120 is held back
-    feed(first, 5)  # ... and taken at 125
-    state, paid = first.state(), first.engine.monitor.steps
-    first.close()
-    start = pos
-    for _ in range(2):  # two restarts from the same checkpoint behave alike
-        pos = start
-        learner = PrivateLearner.from_config(cfg)
-        learner.load_state(state)
-        for _ in range(10):
-            feed(learner, 10)
-        assert learner.skipped_steps >= 1 and learner.engine.monitor.steps > paid
-        learner.close()
-    positions = [line["at"] for line in ledger_lines(tmp_path)]
-    assert np.diff(positions).min() >= 10
+    feed(first, 2)
+    state, checkpoint = first.state(), pos  # the checkpoint at 112
+    feed(first, 8, stop=lambda: True)  # the step due at 120 is held back
+    feed(first, 5)  # ... and taken at the next arrival, 121
+    feed(first, 10)  # and the next at 131
+    first.close()  # killed: no newer checkpoint
+    assert taken == [100, 110, 121, 131]
+    again = PrivateLearner.from_config(cfg)
+    again.load_state(state)
+    pos = checkpoint
+    for _ in range(20):
+        feed(again, 10)
+    again.close()
+    assert again.skipped_steps >= 1 and len(taken) > 4
+    in_steps = np.zeros(pos, dtype=int)
+    for seen in taken:  # a window reservoir at position s holds arrivals s - M .. s - 1
+        in_steps[max(0, seen - M_):seen] += 1
+    assert in_steps.max() <= -(-M_ // k)

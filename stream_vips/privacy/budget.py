@@ -67,7 +67,7 @@ class BudgetMonitor:
         self.window = window
         self.prepay = prepay if stride else 1  # planned positions need a fixed stride
         self.stride = stride
-        self._prepaid: deque[int] = deque()
+        self._prepaid: deque[tuple[int, int | None]] = deque()  # (step, planned position)
         self._prepaid_unit = None
         self.epsilon_budget = float(epsilon_budget)
         self.delta = float(delta)
@@ -146,7 +146,8 @@ class BudgetMonitor:
         privacy rule 7 holds for every step: each release's event is in the ledger before its
         noise is drawn (earlier than needed, never later). A crash charges the unused prepaid
         steps (at most k - 1): the ledger may over-count, never under-count, and the spent
-        epsilon reported includes them.
+        epsilon reported includes them. A step at another position than its prepaid one pays
+        afresh there (the prepaid steps stay charged, unused).
 
         Returns None when halted (now or before). An event the accountant cannot bound raises
         ``UnsupportedEvent`` (a configuration error, not a budget decision).
@@ -156,10 +157,9 @@ class BudgetMonitor:
         if self.window:
             return self._admit_windowed(event, position)
         unit = event.unit()
-        if self._prepaid:
-            if self._prepaid_unit == unit:
-                return self._prepaid.popleft()
-            self._prepaid.clear()  # another kind of event: the prepaid steps stay charged, unused
+        prepaid = self._take_prepaid(unit, position)
+        if prepaid is not None:
+            return prepaid
         self.prepare(event)
         if event.count > self._fit_left:
             self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
@@ -172,9 +172,28 @@ class BudgetMonitor:
         self._counts[unit] = self._counts.get(unit, 0) + k * event.count
         self._fit_left -= k * event.count
         self._steps += k
-        self._prepaid.extend(range(first + 1, first + k))
-        self._prepaid_unit = unit
+        self._keep_prepaid(unit, first, [None if position is None else position + j * stride for j in range(k)])
         return first
+
+    def _keep_prepaid(self, unit, first: int, positions: list) -> None:
+        """Remember steps ``first + 1, ...`` as paid ahead, at the planned ``positions[1:]``."""
+        self._prepaid.extend(zip(range(first + 1, first + len(positions)), positions[1:]))
+        self._prepaid_unit = unit
+
+    def _take_prepaid(self, unit, position: int | None) -> int | None:
+        """The next prepaid step, if it was paid for this kind of event at this position; else the
+        prepaid steps stay charged, unused, and ``None`` (a fresh step is paid). A step taken
+        later than planned (one held back while a publish failed) must not use the planned
+        position: the ledger would place it too early, and under window accounting a restart
+        could then step again sooner than the window allows."""
+        if not self._prepaid:
+            return None
+        step, planned = self._prepaid[0]
+        if self._prepaid_unit == unit and (position is None or planned is None or position == planned):
+            self._prepaid.popleft()
+            return step
+        self._prepaid.clear()
+        return None
 
     # -- window (per-record) accounting ---------------------------------------------------------
 
@@ -208,10 +227,9 @@ class BudgetMonitor:
         plus this one compose to at most epsilon (prepaid steps are checked one by one)."""
         self.accountant.check(event)
         unit = event.unit()
-        if self._prepaid:
-            if self._prepaid_unit == unit:
-                return self._prepaid.popleft()
-            self._prepaid.clear()
+        prepaid = self._take_prepaid(unit, position)
+        if prepaid is not None:
+            return prepaid
         recent = self._recent.copy()
         stride = self.stride or 0
         entries: list = []
@@ -232,8 +250,7 @@ class BudgetMonitor:
         self._recent, self._window_max = recent, worst
         self._counts[unit] = self._counts.get(unit, 0) + len(entries) * event.count
         self._steps += len(entries)
-        self._prepaid.extend(range(first + 1, first + len(entries)))
-        self._prepaid_unit = unit
+        self._keep_prepaid(unit, first, [p for _, p in entries])
         return first
 
     def _halt(self, reason: str) -> None:

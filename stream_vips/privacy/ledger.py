@@ -83,7 +83,7 @@ class Ledger(Protocol):
 
     @property
     def last_position(self) -> int | None:
-        """Stream position of the last step (``None``: no step, or not recorded)."""
+        """The furthest stream position of a paid step (``None``: no step, or not recorded)."""
 
     def append(self, event: Any, position: int | None = None) -> int:
         """Record ``event`` (taken at stream ``position``) durably; returns its step (0, 1, ...)."""
@@ -126,7 +126,9 @@ class LedgerSteps:
 
     @property
     def last_position(self) -> int | None:
-        return next((p for p in reversed(self._positions) if p is not None), None)
+        """The furthest position of a paid step (prepaid steps a late step left unused sit at their
+        planned positions, which can be past the step that replaced them)."""
+        return max((p for p in self._positions if p is not None), default=None)
 
     def events(self) -> list:
         return list(self._events)
