@@ -90,10 +90,15 @@ def _shown(value: Any, key: str) -> str:
 
 #: A quoted part of a YAML parser message: group 1 when it names a token (``'<stream end>'``, one
 #: punctuation mark, an escape such as ``'\t'``), else text of the document.
-_QUOTED = re.compile(r"'(<[a-z ]+>|[^\w\s]|\\[a-z])'|'[^']*'")
+_QUOTED = re.compile(r"'(<[a-z ]+>|[^\w\s]|\\[a-z])'|'[^']*'|\"[^\"]*\"")
 
 
-def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+#: What PyYAML raises, outside its own errors, for a value its tag or form cannot build
+#: (``!!int abc``, the date ``2024-13-45``); the message quotes the value.
+_TYPED_VALUE_ERRORS = (ValueError, TypeError, OverflowError)
+
+
+def _yaml_problem(exc: Exception, text: str) -> str:
     r"""One line saying where and why ``text`` is not YAML, without the parser's snippet.
 
     PyYAML's message quotes the offending lines; they may hold a password, so only the position
@@ -106,6 +111,8 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
     ...     print(_yaml_problem(exc, 'a:\n  sasl_password: "hunter2\n'))
     line 2, column 18: <redacted> (the line names a secret)
     """
+    if isinstance(exc, _TYPED_VALUE_ERRORS):
+        return f"a value cannot be built as its type ({type(exc).__name__}; the value is not shown)"
     if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
         return "the parser gave no position"
     marks = [m for m in (exc.context_mark, exc.problem_mark) if m is not None]
@@ -456,7 +463,7 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
             node = child
         try:
             node[path[-1]] = yaml.safe_load(env[name])
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, *_TYPED_VALUE_ERRORS) as exc:
             dotted = ".".join(path)
             why = REDACTED if _secret_path(dotted) else _yaml_problem(exc, env[name])
             raise ConfigError(f"{dotted}: override {name} is not valid YAML: {why}") from None
@@ -623,6 +630,6 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             raise ConfigError(f"<file>: cannot read {path}: {exc}") from None
         try:
             data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, *_TYPED_VALUE_ERRORS) as exc:
             raise ConfigError(f"<file>: {path} is not valid YAML: {_yaml_problem(exc, text)}") from None
     return config_from_dict(data, env)
