@@ -105,6 +105,9 @@ def _check_sizes(cls: type, hyperparameters: Mapping[str, Any], state: Mapping[s
         shapes = cls.state_shapes(hyperparameters)
     except (KeyError, TypeError) as exc:
         raise messages.MessageError(f"hyperparameters lack or mistype {exc}") from None
+    extra = sorted(set(state) - set(shapes))
+    if extra:
+        raise messages.MessageError(f"natural parameters {extra} are not the family's")
     carried = sum(arr.size for arr in state.values())
     missing = 0  # elements of the arrays the message lacks (a varying length counts 0)
     for name, shape in shapes.items():

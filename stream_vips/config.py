@@ -93,17 +93,15 @@ def _shown(value: Any, key: str) -> str:
 _QUOTED = re.compile(r"'(<[a-z ]+>|[^\w\s]|\\[a-z])'|'[^']*'|\"[^\"]*\"")
 
 
-#: What PyYAML raises, outside its own errors, for a value its tag or form cannot build
-#: (``!!int abc``, the date ``2024-13-45``); the message quotes the value.
-_TYPED_VALUE_ERRORS = (ValueError, TypeError, OverflowError)
-
-
 def _yaml_problem(exc: Exception, text: str) -> str:
     r"""One line saying where and why ``text`` is not YAML, without the parser's snippet.
 
     PyYAML's message quotes the offending lines; they may hold a password, so only the position
     and the parser's reason are kept, the reason is withheld when a line it concerns names a
-    secret key, and text the reason quotes from the document (an alias name) is cut out.
+    secret key, and text the reason quotes from the document (an alias name) is cut out. Any
+    other exception is what a value's constructor raised (a ValueError for ``!!int abc`` or the
+    date ``2024-13-45``, a KeyError for ``!!bool abc``, a RecursionError 3,000 levels deep): its
+    message quotes the value, so only its type is given.
 
     >>> try:
     ...     yaml.safe_load('a:\n  sasl_password: "hunter2\n')
@@ -111,7 +109,7 @@ def _yaml_problem(exc: Exception, text: str) -> str:
     ...     print(_yaml_problem(exc, 'a:\n  sasl_password: "hunter2\n'))
     line 2, column 18: <redacted> (the line names a secret)
     """
-    if isinstance(exc, _TYPED_VALUE_ERRORS):
+    if not isinstance(exc, yaml.YAMLError):
         return f"a value cannot be built as its type ({type(exc).__name__}; the value is not shown)"
     if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
         return "the parser gave no position"
@@ -463,7 +461,7 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
             node = child
         try:
             node[path[-1]] = yaml.safe_load(env[name])
-        except (yaml.YAMLError, *_TYPED_VALUE_ERRORS) as exc:
+        except Exception as exc:  # a YAMLError, or what a value's constructor raised
             dotted = ".".join(path)
             why = REDACTED if _secret_path(dotted) else _yaml_problem(exc, env[name])
             raise ConfigError(f"{dotted}: override {name} is not valid YAML: {why}") from None
@@ -630,6 +628,6 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             raise ConfigError(f"<file>: cannot read {path}: {exc}") from None
         try:
             data = yaml.safe_load(text) or {}
-        except (yaml.YAMLError, *_TYPED_VALUE_ERRORS) as exc:
+        except Exception as exc:  # a YAMLError, or what a value's constructor raised
             raise ConfigError(f"<file>: {path} is not valid YAML: {_yaml_problem(exc, text)}") from None
     return config_from_dict(data, env)

@@ -221,3 +221,26 @@ def test_hostile_sizes_are_refused_before_anything_is_allocated():
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
             assert peak < 5_000_000, (family, size, peak)
+
+
+def test_sizes_the_arrays_do_not_show_are_refused_too():
+    """sgld's ``keep`` rows were filled by broadcasting one sent row (3 GB resident from a few
+    hundred bytes), an lda vocabulary given as a path made the reader open it, and an extra
+    array counted as carried elements."""
+    from stream_vips.models.baselines.sgld import DPSGLD
+    from stream_vips.models.lda import LDA
+
+    sgld = DPSGLD(dim=2, dataset_size=100, batch_size=10, step_size=0.01, epsilon=1.0, delta=1e-5, passes=1.0)
+    state = {**sgld.state(), "counters": np.array([0.0, 1e9])}
+    hostile = messages.build_message("m", "sgld", {**sgld.hyperparameters(), "keep": 10**8}, 1, state, _report())
+    with pytest.raises(ValueError, match="holds 1 samples but counts 1000000000"):
+        posterior_from_message(hostile)
+    lda = LDA(vocabulary=["apple", "pear"], dataset_size=100, doc_length=4, n_topics=1)
+    path = messages.build_message("m", "lda", {**lda.hyperparameters(), "vocabulary": "/dev/zero"}, 1,
+                                  {"lambda": np.ones((1, 9))}, _report())
+    with pytest.raises(messages.MessageError, match="vocabulary must be a list of words"):
+        posterior_from_message(path)
+    extra = messages.build_message("m", "lda", lda.hyperparameters(), 1, {**lda.state(), "junk": np.ones(5)},
+                                   _report())
+    with pytest.raises(messages.MessageError, match=r"natural parameters \['junk'\] are not the family's"):
+        posterior_from_message(extra)

@@ -63,6 +63,8 @@ def test_a_yaml_syntax_error_in_a_secret_line_is_one_line_without_the_secret(tmp
     ("source:\n  sasl_password:\n    !x'%s\n", "constructor for the tag '...'"),  # quoted with double quotes
     ("source:\n  sasl_password: !!int x%s\n", "a value cannot be built as its type (ValueError"),
     ("source:\n  sasl_password: !!float x%s\n", "a value cannot be built as its type (ValueError"),
+    ("source:\n  sasl_password: !!bool x%s\n", "a value cannot be built as its type (KeyError"),
+    ("source:\n  sasl_password: !!timestamp 99999-01-01 # %s\n", "a value cannot be built as its type (Attribute"),
 ])
 def test_text_the_yaml_parser_quotes_from_the_document_is_not_repeated(tmp_path, monkeypatch, capsys, text, reason):
     """The parser quotes an undefined alias or a tag, and a tag it cannot build (``!!int``) raises

@@ -303,3 +303,20 @@ def test_pld_restart_at_a_million_steps_rebuilds_with_one_evaluation():
     for _ in range(20):
         assert monitor.admit(event) is not None
     assert before <= monitor.spent() <= 2e3
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_step_taken_later_than_its_prepaid_position_pays_afresh_only_under_window_accounting(window):
+    """A step held back (a failing publish) and taken at 121 instead of 120: under window
+    accounting the ledger must place it where it ran (the window bound reads positions), so it
+    pays afresh and the prepaid entries stay charged; under stream accounting every release has
+    its own entry whatever its position, so it uses the prepaid one (paying again only wastes)."""
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(50.0, 1e-5, RdpAccountant(), ledger, prepay=4, stride=10, window=window)
+    event = E(5.0, 0.1, "fixed")
+    assert monitor.admit(event, position=100) == 0 and monitor.admit(event, position=110) == 1
+    step = monitor.admit(event, position=121)
+    if window:
+        assert step == 4 and len(ledger.events()) == 8 and ledger.last_position == 151
+    else:
+        assert step == 2 and len(ledger.events()) == 4 and ledger.last_position == 130

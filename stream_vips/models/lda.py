@@ -363,7 +363,10 @@ class LDA(Model):
 
     @classmethod
     def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
-        return {"lambda": (integer("n_topics", hyperparameters["n_topics"]), len(hyperparameters["vocabulary"]))}
+        words = hyperparameters["vocabulary"]
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise TypeError("vocabulary must be a list of words (a message never names a file)")
+        return {"lambda": (integer("n_topics", hyperparameters["n_topics"]), len(words))}
 
     def state(self) -> dict[str, np.ndarray]:
         """``lambda`` (K x V): the Dirichlet parameters of q(beta_k)."""

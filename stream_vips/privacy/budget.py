@@ -146,8 +146,9 @@ class BudgetMonitor:
         privacy rule 7 holds for every step: each release's event is in the ledger before its
         noise is drawn (earlier than needed, never later). A crash charges the unused prepaid
         steps (at most k - 1): the ledger may over-count, never under-count, and the spent
-        epsilon reported includes them. A step at another position than its prepaid one pays
-        afresh there (the prepaid steps stay charged, unused).
+        epsilon reported includes them. Under window accounting a step at another position than
+        its prepaid one pays afresh there (the prepaid steps stay charged, unused): the window
+        bound reads positions.
 
         Returns None when halted (now or before). An event the accountant cannot bound raises
         ``UnsupportedEvent`` (a configuration error, not a budget decision).
@@ -157,7 +158,7 @@ class BudgetMonitor:
         if self.window:
             return self._admit_windowed(event, position)
         unit = event.unit()
-        prepaid = self._take_prepaid(unit, position)
+        prepaid = self._take_prepaid(unit, None)  # every release has its own entry: positions only save replays
         if prepaid is not None:
             return prepaid
         self.prepare(event)
@@ -181,11 +182,11 @@ class BudgetMonitor:
         self._prepaid_unit = unit
 
     def _take_prepaid(self, unit, position: int | None) -> int | None:
-        """The next prepaid step, if it was paid for this kind of event at this position; else the
-        prepaid steps stay charged, unused, and ``None`` (a fresh step is paid). A step taken
-        later than planned (one held back while a publish failed) must not use the planned
-        position: the ledger would place it too early, and under window accounting a restart
-        could then step again sooner than the window allows."""
+        """The next prepaid step, if it was paid for this kind of event at this ``position``
+        (``None``: any position); else the prepaid steps stay charged, unused, and ``None`` (a
+        fresh step is paid). Under window accounting a step taken later than planned (one held
+        back while a publish failed) must not use the planned position: the ledger would place it
+        too early, and a restart could then step again sooner than the window allows."""
         if not self._prepaid:
             return None
         step, planned = self._prepaid[0]

@@ -188,6 +188,8 @@ class DPSGLD(LogisticRecords):
                 or not 1 <= samples.shape[0] <= self.keep or counters.shape != (2,):
             raise ValueError(f"state shapes must be theta ({self.dim},), samples (<= {self.keep}, {self.dim}), "
                              f"counters (2,); got {theta.shape}, {samples.shape}, {counters.shape}")
+        if samples.shape[0] != max(1, min(int(counters[1]), self.keep)):  # what samples() publishes
+            raise ValueError(f"state holds {samples.shape[0]} samples but counts {int(counters[1])} (keep {self.keep})")
         self.theta = theta.copy()
         self._t, self._n_samples = int(counters[0]), int(counters[1])
         self._samples = np.zeros((self.keep, self.dim))
