@@ -188,7 +188,10 @@ def test_every_family_states_the_shapes_its_state_has():
 
     from stream_vips.models import model_class
 
-    for family, params in FAMILY_PARAMS.items():
+    variants = [(family, params) for family, params in FAMILY_PARAMS.items()]
+    variants += [("linreg", {"dim": 2, "noise": "gamma"}), ("sep_probit", {"dim": 2, "clip": 1.0, "intercept": False}),
+                 ("sbn", {"n_visible": 2, "n_latent": 2, "dtype": "float32"})]
+    for family, params in variants:
         cls = model_class(family)
         for scale in (1, 3):
             sized = {k: v * scale if k in SIZES else v for k, v in params.items()}

@@ -305,7 +305,8 @@ class LinearRegression(Model):
     @classmethod
     def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
         d = integer("dim", hyperparameters["dim"])
-        return {"precision": (d, d), "shift": (d,)}
+        gamma = {"quadratic": (), "shape": ()} if hyperparameters["noise"] == "gamma" else {}
+        return {"precision": (d, d), "shift": (d,), **gamma}
 
     def state(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._eta.items()}
