@@ -247,3 +247,23 @@ def test_sizes_the_arrays_do_not_show_are_refused_too():
                                    _report())
     with pytest.raises(messages.MessageError, match=r"natural parameters \['junk'\] are not the family's"):
         posterior_from_message(extra)
+
+
+def test_an_sgld_message_with_a_huge_keep_is_read_with_memory_for_the_rows_it_holds():
+    """``keep`` bounds how many samples are kept; a 1 KB message with keep = 10**9 reserved room
+    for 10**9 rows (47 GB of address space) although it held one."""
+    import tracemalloc
+
+    from stream_vips.models.baselines.sgld import DPSGLD
+
+    sgld = DPSGLD(dim=3, dataset_size=100, batch_size=10, step_size=0.01, epsilon=1.0, delta=1e-5, passes=1.0)
+    for _ in range(3):
+        sgld.update({"grad": np.full(3, 0.01)}, rho=1.0)
+    msg = messages.build_message("m", "sgld", {**sgld.hyperparameters(), "keep": 10**9}, 1, sgld.state(), _report())
+    tracemalloc.start()
+    published = posterior_from_message(msg)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000 and published.model.samples().shape == (3, 3)
+    published.model.update({"grad": np.zeros(3)}, rho=1.0)  # keeps sampling after the restore
+    assert published.model.samples().shape == (4, 3)

@@ -107,7 +107,7 @@ class DPSGLD(LogisticRecords):
                 f"(32 tau log(2/delta)) = {need:.4g}")
         self.theta = np.zeros(self.dim)
         self._t = 0
-        self._samples = np.zeros((self.keep, self.dim))
+        self._samples = np.zeros((0, self.dim))  # grows to keep rows as samples arrive
         self._n_samples = 0
 
     # ------------------------------------------------------------------ the paper's conditions
@@ -162,7 +162,12 @@ class DPSGLD(LogisticRecords):
         self.theta = self.theta - self.step_size * (self.prior_precision * self.theta + self.dataset_size * m)
         self._t += 1
         if self._t > self.burn_in:
-            self._samples[self._n_samples % self.keep] = self.theta
+            row = self._n_samples % self.keep
+            if row >= len(self._samples):  # memory follows what is held, not what keep allows
+                grown = np.zeros((min(self.keep, max(1, 2 * len(self._samples))), self.dim))
+                grown[:len(self._samples)] = self._samples
+                self._samples = grown
+            self._samples[row] = self.theta
             self._n_samples += 1
 
     # ------------------------------------------------------------------ state
@@ -192,9 +197,8 @@ class DPSGLD(LogisticRecords):
             raise ValueError(f"state holds {samples.shape[0]} samples but counts {int(counters[1])} (keep {self.keep})")
         self.theta = theta.copy()
         self._t, self._n_samples = int(counters[0]), int(counters[1])
-        self._samples = np.zeros((self.keep, self.dim))
         n = min(self._n_samples, self.keep)
-        self._samples[:n] = samples[:n] if n else 0.0
+        self._samples = samples[:n].copy()
         self._n_samples = n
 
     def hyperparameters(self) -> dict[str, Any]:
