@@ -168,12 +168,12 @@ class BudgetMonitor:
             return None
         k = min(self.prepay, self._fit_left // event.count)
         stride = self.stride or 0
-        first = self.ledger.append_many(
-            [(event, None if position is None else position + j * stride) for j in range(k)])
+        positions = [None if position is None else position + j * stride for j in range(k)]
+        first = self.ledger.append_many([(event, p) for p in positions])
         self._counts[unit] = self._counts.get(unit, 0) + k * event.count
         self._fit_left -= k * event.count
         self._steps += k
-        self._keep_prepaid(unit, first, [None if position is None else position + j * stride for j in range(k)])
+        self._keep_prepaid(unit, first, positions)
         return first
 
     def _keep_prepaid(self, unit, first: int, positions: list) -> None:
