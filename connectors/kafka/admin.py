@@ -104,8 +104,8 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
     killed mid-append, until its ``transaction.timeout.ms``) keeps a ``read_committed`` reader
     before it, and every record committed after it is hidden too: then
     :class:`KafkaConnectorError` is raised rather than a list that silently misses them (a
-    ledger replayed short would count fewer steps than were paid). ``timeout_s`` bounds a stall (no record for that long), not the whole read, so a long
-    topic is read whatever its length."""
+    ledger replayed short would count fewer steps than were paid). ``timeout_s`` bounds a stall
+    (no record for that long), not the whole read, so a long topic is read whatever its length."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
