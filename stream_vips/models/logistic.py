@@ -65,6 +65,33 @@ bounds below hold whatever the reservoir holds.
   accountant counts a replace-one step at diameter 2. ``stream_vips.fit`` (q = 1) therefore
   accounts with autodp: z = 7.59 instead of 10.55 for its two steps at epsilon 1, delta 1e-5.
 
+**Centred release** (``release="centred"``; opt-in for ``stream_vips.fit``, docs/fit.md). The mean of q(m)
+depends on s1 and s2 through mu = P^-1 h, so the noise on s2 reaches the mean multiplied by mu
+(P^-1 E mu), and the eigenvalue floor that keeps P invertible biases it. Instead of s1 the step
+releases the residual statistic
+
+    g(x, y) = clip(y - 1/2 - E[omega] x^T m_t, -C_r, C_r) x
+
+at the current iterate m_t (public: it comes from earlier releases), i.e. the gradient of the
+Pólya-Gamma ELBO in the mean, sum_n (kappa_n - E[omega_n] x_n^T m) x_n = s1 - S2 m. The M-step
+moves the iterate by a preconditioned step m_{t+1} = m_t + lr_t P^-1 (N g - A m_t) (lr_0 = 1:
+from m_0 = 0 the first step is exactly the s1 release, since g = s1 at m = 0; then
+``step_size``), and the published mean is the average of the iterates after update
+``average_from``. The precision P (from the blended s2, floored as above) only preconditions:
+where the steps settle, N g = A m whatever P is, so neither the s2 noise nor the floor moves the
+fixed point; the noise on g is averaged over the iterates. Without clipping |y - 1/2 - E[omega]
+x^T m| < 1 (E[omega] c = tanh(c/2) / 2 < 1/2 and |x^T m| <= c); the clip C_r (``residual_clip``,
+1/2 by default: the bound of s1) only binds for records the iterate misclassifies, like a
+bounded-influence loss, and where it binds the fixed point moves towards them less.
+
+Its bound is ||g|| <= C_r ||x|| <= C_r, and the diameter is that of (s1, s2) above with C1 = C_r:
+the scaled s1 part there is (y - 1/2) x / C1 with (y - 1/2) / C1 = +-1, here r x / C_r with
+r / C_r in [-1, 1]. For fixed x, x', omega, omega' the squared distance is a convex quadratic in
+(r, r') (the squared norm of a linear function of them), so its sup over the box [-1, 1]^2 is
+at a corner, +-1: the case above. The residual's dependence on omega only restricts the pairs
+that can occur. So :func:`joint_diameter` holds unchanged for the weights of (g, s2), and per key
+(:meth:`BayesianLogisticRegression.group_diameter`) too.
+
 >>> import numpy as np
 >>> model = BayesianLogisticRegression(dim=2, dataset_size=100)
 >>> parsed = model.parse_batch([{"x": [3.0, 4.0], "y": 1}, {"x": [0.1, 0.2], "y": 0.5}])
@@ -102,6 +129,8 @@ _BLAS_TRMM = {"float64": blas.dtrmm, "float32": blas.strmm}
 _E_STEP_ROWS = 2048
 #: Largest |x_j| accepted before clipping (rejects absurd inputs rather than silently shrinking).
 _MAX_ABS_INPUT = 1e6
+#: What a step releases besides s2: the paper's s1 (``sums``) or the centred residual g.
+RELEASES = ("sums", "centred")
 
 
 def pg_mean(c: np.ndarray) -> np.ndarray:
@@ -144,6 +173,11 @@ class BayesianLogisticRegression(Model):
     noise's spectral norm is about sqrt(2 d) times that std (Wigner, off-diagonal std / sqrt(2));
     the default 1.0 sits a little below it and did best on Adult (benchmarks/adult_logistic.py).
 
+    ``release`` picks the vector block: ``"sums"`` releases s1 (the paper's Algorithm 5),
+    ``"centred"`` the clipped residual g at the current iterate (module docstring), with
+    ``residual_clip`` C_r, ``step_size`` (the preconditioned step after the first, in (0, 1]) and
+    ``average_from`` (the published mean averages the iterates after that many updates).
+
     ``dtype`` is the precision of the stored inputs and of the E-step products. ``"float32"``
     halves memory and roughly doubles E-step throughput; norms are inflated by their worst-case
     rounding (d * eps) before clipping, and Pólya-Gamma means and the M-step stay in float64. Its
@@ -162,12 +196,24 @@ class BayesianLogisticRegression(Model):
         b0: float = 1.0,
         floor_factor: float = 1.0,
         dtype: str = "float64",
+        release: str = "sums",
+        residual_clip: float = 0.5,
+        step_size: float = 0.5,
+        average_from: int = 0,
     ) -> None:
         self.dim = integer("dim", dim)
         self.dataset_size = integer("dataset_size", dataset_size)
         self.a0 = positive("a0", a0)
         self.b0 = positive("b0", b0)
         self.floor_factor = positive("floor_factor", floor_factor)
+        if release not in RELEASES:
+            raise ValueError(f"release must be one of {list(RELEASES)}, got {release!r}")
+        self.release = release
+        self.residual_clip = positive("residual_clip", residual_clip)
+        self.step_size = positive("step_size", step_size)
+        if self.step_size > 1.0:
+            raise ValueError(f"step_size must be in (0, 1], got {step_size!r}")
+        self.average_from = integer("average_from", average_from, minimum=0)
         if dtype not in _BLAS_TRMM:
             raise ValueError(f"dtype must be one of {sorted(_BLAS_TRMM)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
@@ -180,6 +226,9 @@ class BayesianLogisticRegression(Model):
         self._S = np.zeros((self.dim, self.dim))  # blend of N s2 (noisy, not projected)
         self._A = self.alpha_mean  # blend of <alpha>
         self._noise_var = 0.0  # variance of the noise on one diagonal entry of S / N
+        # centred release: the iterate m_t, the sum and number of averaged iterates, the updates so far
+        self._iterate, self._mean_sum = np.zeros(self.dim), np.zeros(self.dim)
+        self._averaged, self._updates = 0, 0
         self._refresh_posterior()
 
     # ------------------------------------------------------------------ protocol: records
@@ -199,9 +248,15 @@ class BayesianLogisticRegression(Model):
         )
 
     # ------------------------------------------------------------------ protocol: release
+    @property
+    def _first(self) -> str:
+        """Name of the released vector block: ``s1``, or ``g`` for the centred release."""
+        return "g" if self.release == "centred" else "s1"
+
     def blocks(self) -> tuple[Block, ...]:
         d = self.dim
-        return (Block("s1", (d,), 0.5), Block("s2", (d, d), 0.25, symmetric=True))
+        bound = self.residual_clip if self.release == "centred" else 0.5
+        return (Block(self._first, (d,), bound), Block("s2", (d, d), 0.25, symmetric=True))
 
     def diameter(self, weights: Mapping[str, float] | None = None) -> float:
         """Joint replace-one diameter (module docstring) for the engine's allocation weights.
@@ -212,12 +267,15 @@ class BayesianLogisticRegression(Model):
         """
         if weights is None:
             return 2.0
-        if set(weights) != {"s1", "s2"}:
-            raise ValueError(f"weights must name the blocks s1 and s2, got {sorted(weights)}")
-        return joint_diameter(float(weights["s1"]), float(weights["s2"]))
+        return joint_diameter(*self._weight_pair(weights))
+
+    def _weight_pair(self, weights: Mapping[str, float]) -> tuple[float, float]:
+        if set(weights) != {self._first, "s2"}:
+            raise ValueError(f"weights must name the blocks {self._first} and s2, got {sorted(weights)}")
+        return float(weights[self._first]), float(weights["s2"])
 
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """E-step sums S1 = sum (y - 1/2) x, S2 = sum E[omega] x x^T over the batch.
+        """E-step sums S1 = sum (y - 1/2) x (or G, the centred residual sum), S2 = sum E[omega] x x^T.
 
         Rows are re-clipped to norm 1 and labels mapped to {0, 1} (1 iff y > 1/2; NaN -> 0), both
         idempotent for parsed rows, so |y - 1/2| = 1/2 and the block bounds hold whatever the
@@ -234,10 +292,18 @@ class BayesianLogisticRegression(Model):
         # clipped norm is <= 1 even in float32.
         norms = np.sqrt(np.einsum("ij,ij->i", X, X).astype(np.float64)) * self._norm_inflation
         f = clip_factors(norms, 1.0)
-        s1 = ((y - 0.5) * f).astype(self.dtype) @ X
-        return {"s1": s1.astype(np.float64), "s2": self._second_moment(X, f)}
+        s2, residual = self._second_moment(X, f, y - 0.5)
+        s1 = (residual * f).astype(self.dtype) @ X
+        return {self._first: s1.astype(np.float64), "s2": s2}
 
-    def _second_moment(self, X: np.ndarray, f: np.ndarray) -> np.ndarray:
+    def _residual(self, kappa: np.ndarray, omega: np.ndarray, xm: np.ndarray) -> np.ndarray:
+        """Per-record coefficient of x in the released vector: y - 1/2, or for the centred release
+        the clipped residual y - 1/2 - E[omega] x^T m (``xm`` = x^T m for the clipped input)."""
+        if self.release != "centred":
+            return kappa
+        return np.clip(kappa - omega * xm, -self.residual_clip, self.residual_clip)
+
+    def _second_moment(self, X: np.ndarray, f: np.ndarray, kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S2 = sum_n E[omega_n] f_n^2 x_n x_n^T with E[omega_n] = pg_mean(f_n c_n), in float64.
 
         Work goes by blocks of rows through one small buffer, so a block's passes run in cache
@@ -245,10 +311,12 @@ class BayesianLogisticRegression(Model):
         c^2 / f^2 = ||U x||^2 + (mu^T x)^2 (Sigma = U^T U, one in-place triangular product), then
         the weighted rows sqrt(E[omega_n]) f_n x_n, whose Gram matrix (numpy runs a symmetric
         rank-k update for a product with its own transpose) is added to the sum. Same arithmetic
-        as one pass over the batch except the order of the final block sums.
+        as one pass over the batch except the order of the final block sums. Also returns the
+        per-record coefficients of the vector block (:meth:`_residual`).
         """
         n, d = X.shape
         total = np.zeros((d, d), dtype=self.dtype)
+        residual = np.empty(n)
         rows = max(1, min(int(self._e_step_rows), n))
         work = np.empty((rows, d), dtype=self.dtype)
         for start in range(0, n, rows):
@@ -256,19 +324,21 @@ class BayesianLogisticRegression(Model):
             buf = work[: block.shape[0]]
             np.copyto(buf, block)
             UXt = self._trmm(1.0, self._sigma_factor, buf.T, side=0, lower=1, overwrite_b=1)
-            c2 = np.einsum("ij,ij->j", UXt, UXt) + np.square(block @ self._mu_work)
+            xm = block @ self._mu_work
+            c2 = np.einsum("ij,ij->j", UXt, UXt) + np.square(xm)
             omega = pg_mean(fb * np.sqrt(c2.astype(np.float64)))
+            residual[start:start + rows] = self._residual(kappa[start:start + rows], omega, fb * xm)
             np.multiply(block, (fb * np.sqrt(omega)).astype(self.dtype)[:, None], out=buf)
             total += buf.T @ buf
-        return total.astype(np.float64)
+        return total.astype(np.float64), residual
 
     # ------------------------------------------------------------------ privacy.unit: key
     supports_key_unit: ClassVar[bool] = True
 
     def group_clipped_sum(self, batch: Mapping[str, np.ndarray], groups: np.ndarray,
                           n_groups: int) -> dict[str, np.ndarray]:
-        """Per-key E-step sums (S1_g, S2_g), each key scaled by one factor so that ||S1_g|| <= 1/2
-        and ||S2_g||_F <= 1/4, then added over keys (privacy rule 12). Records are clipped and
+        """Per-key E-step sums (S1_g or G_g, S2_g), each key scaled by one factor so that the vector
+        block's norm is <= its bound and ||S2_g||_F <= 1/4, then added over keys (privacy rule 12). Records are clipped and
         labelled exactly as in :meth:`clipped_sum`; the work is in float64."""
         X = np.asarray(batch["x"], dtype=np.float64)
         y = (np.asarray(batch["y"], dtype=float) > 0.5).astype(float)
@@ -278,13 +348,16 @@ class BayesianLogisticRegression(Model):
         g = np.asarray(groups, dtype=np.intp)
         f = clip_factors(np.sqrt(np.einsum("ij,ij->i", X, X)) * self._norm_inflation, 1.0)
         U = np.asarray(self._sigma_factor, dtype=np.float64)
-        UX = X @ U.T  # rows (U x_n)^T: c_n^2 / f_n^2 = ||U x_n||^2 + (mu^T x_n)^2
-        c2 = np.einsum("ij,ij->i", UX, UX) + np.square(X @ self.mu)
-        W = X * (f * np.sqrt(pg_mean(f * np.sqrt(c2))))[:, None]  # S2_g = sum_n in g  w_n w_n^T
-        s1_g = group_sum(X * ((y - 0.5) * f)[:, None], g, n_groups)
-        factor = group_clip_factors([(np.linalg.norm(s1_g, axis=1), 0.5), (group_gram_norms(W, g, n_groups), 0.25)])
+        xm = X @ np.asarray(self._mu_work, dtype=np.float64)
+        UX = X @ U.T  # rows (U x_n)^T: c_n^2 / f_n^2 = ||U x_n||^2 + (m^T x_n)^2
+        omega = pg_mean(f * np.sqrt(np.einsum("ij,ij->i", UX, UX) + np.square(xm)))
+        W = X * (f * np.sqrt(omega))[:, None]  # S2_g = sum_n in g  w_n w_n^T
+        s1_g = group_sum(X * (self._residual(y - 0.5, omega, f * xm) * f)[:, None], g, n_groups)
+        bound = self.blocks()[0].bound
+        factor = group_clip_factors([(np.linalg.norm(s1_g, axis=1), bound),
+                                     (group_gram_norms(W, g, n_groups), 0.25)])
         Ww = W * np.sqrt(factor[g])[:, None]
-        return {"s1": factor @ s1_g, "s2": Ww.T @ Ww}
+        return {self._first: factor @ s1_g, "s2": Ww.T @ Ww}
 
     def group_diameter(self, weights: Mapping[str, float] | None = None) -> float:
         """Diameter of the key-level release: sqrt(4 a1^2 + 2 a2^2) (at most 2) for weights a_k.
@@ -298,9 +371,7 @@ class BayesianLogisticRegression(Model):
         """
         if weights is None:
             return 2.0
-        if set(weights) != {"s1", "s2"}:
-            raise ValueError(f"weights must name the blocks s1 and s2, got {sorted(weights)}")
-        a = np.array([float(weights["s1"]), float(weights["s2"])])
+        a = np.array(self._weight_pair(weights))
         if np.any(~(a > 0)) or not np.all(np.isfinite(a)):
             raise ValueError(f"allocation weights must be two positive numbers, got {a.tolist()}")
         u1, u2 = (a / np.linalg.norm(a)) ** 2
@@ -325,39 +396,58 @@ class BayesianLogisticRegression(Model):
         return max(self.floor_factor * math.sqrt(self.dim * self._noise_var), _MIN_FLOOR)
 
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
-        """Blend nu_t = [N s1, N s2 + <alpha> I] into nu with step rho (eqs. 51-55)."""
+        """Blend nu_t = [N s1, N s2 + <alpha> I] into nu with step rho (eqs. 51-55); for the centred
+        release blend S and A, then move the iterate by a preconditioned step (module docstring)."""
         if not (0.0 < rho <= 1.0):
             raise ValueError(f"rho must be in (0, 1], got {rho!r}")
         d = self.dim
-        s1 = np.asarray(noisy_mean["s1"], dtype=float)
+        s1 = np.asarray(noisy_mean[self._first], dtype=float)
         s2 = np.asarray(noisy_mean["s2"], dtype=float)
         if s1.shape != (d,) or s2.shape != (d, d):
             raise ValueError(f"noisy means must have shapes ({d},) and ({d}, {d}), got {s1.shape}, {s2.shape}")
         N = float(self.dataset_size)
-        self._h = (1.0 - rho) * self._h + rho * (N * s1)
         self._S = (1.0 - rho) * self._S + rho * (0.5 * N) * (s2 + s2.T)
         self._A = (1.0 - rho) * self._A + rho * self.alpha_mean
         self._noise_var = (1.0 - rho) ** 2 * self._noise_var + rho**2 * self.s2_noise_std**2
+        if self.release == "centred":
+            P = self._precision()
+            lr = 1.0 if self._updates == 0 else self.step_size
+            self._iterate = self._iterate + lr * np.linalg.solve(P, N * s1 - self._A * self._iterate)
+            self._updates += 1
+            if self._updates > self.average_from:
+                self._mean_sum = self._mean_sum + self._iterate
+                self._averaged += 1
+            mean = self._mean_sum / self._averaged if self._averaged else self._iterate
+            self._h = P @ mean
+        else:
+            self._h = (1.0 - rho) * self._h + rho * (N * s1)
         self._refresh_posterior()
         self._alpha_shape = self.a0 + 0.5 * d
         self._alpha_rate = self.b0 + 0.5 * (self.mu @ self.mu + np.trace(self.Sigma))
 
-    def _refresh_posterior(self) -> None:
-        """P = N proj(S / N) + A I, then Sigma = U^T U with U = R^-1 for P = R R^T, mu = Sigma h."""
+    def _precision(self) -> np.ndarray:
+        """P = N proj(S / N) + A I."""
         N = float(self.dataset_size)
         S, floor = self._S / N, self.eigen_floor
         try:  # cheap test: all eigenvalues already >= floor, so the projection is the identity
             np.linalg.cholesky(S - floor * np.eye(self.dim))
         except np.linalg.LinAlgError:
             S = project_pd(S, floor)
-        self._P = N * S
-        self._P[np.diag_indices(self.dim)] += self._A
+        P = N * S
+        P[np.diag_indices(self.dim)] += self._A
+        return P
+
+    def _refresh_posterior(self) -> None:
+        """P (:meth:`_precision`), then Sigma = U^T U with U = R^-1 for P = R R^T, mu = Sigma h.
+        The E-step linearises at mu, or at the iterate for the centred release."""
+        self._P = self._precision()
         R = np.linalg.cholesky(self._P)
         U = solve_triangular(R, np.eye(self.dim), lower=True)
         self._sigma_factor = np.asfortranarray(U, dtype=self.dtype)
         self.Sigma = U.T @ U
         self.mu = U.T @ (U @ self._h)
-        self._mu_work = self.mu.astype(self.dtype)  # mu in the E-step's precision, once per update
+        point = self._iterate if self.release == "centred" else self.mu
+        self._mu_work = point.astype(self.dtype)  # the E-step's mean in its precision, once per update
 
     @property
     def alpha_mean(self) -> float:
@@ -368,24 +458,33 @@ class BayesianLogisticRegression(Model):
     @classmethod
     def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
         d = integer("dim", hyperparameters["dim"])
-        return {"h": (d,), "precision": (d, d), "s2_blend": (d, d), "alpha": (3,), "noise_var": (1,)}
+        shapes: dict[str, tuple[int | None, ...]] = {"h": (d,), "precision": (d, d), "s2_blend": (d, d),
+                                                     "alpha": (3,), "noise_var": (1,)}
+        if hyperparameters.get("release", "sums") == "centred":
+            shapes.update(iterate=(d,), mean_sum=(d,), counts=(2,))
+        return shapes
 
     def state(self) -> dict[str, np.ndarray]:
         """Natural parameters of q(m): ``h`` = Sigma^-1 mu and the PD ``precision`` Sigma^-1 (what
         a reader needs); the blended statistics they derive from, ``s2_blend`` (S) and
-        ``alpha`` = (a_N, b_N, A); and ``noise_var`` (public) for the eigenvalue floor."""
-        return {
+        ``alpha`` = (a_N, b_N, A); and ``noise_var`` (public) for the eigenvalue floor. The centred
+        release adds its ``iterate``, the ``mean_sum`` of the averaged iterates and ``counts`` =
+        (updates, averaged iterates)."""
+        out = {
             "h": self._h.copy(),
             "precision": self._P.copy(),
             "s2_blend": self._S.copy(),
             "alpha": np.array([self._alpha_shape, self._alpha_rate, self._A]),
             "noise_var": np.array([self._noise_var]),
         }
+        if self.release == "centred":
+            out.update(iterate=self._iterate.copy(), mean_sum=self._mean_sum.copy(),
+                       counts=np.array([self._updates, self._averaged], dtype=float))
+        return out
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore from :meth:`state`; the precision is recomputed from ``s2_blend`` and A."""
-        d = self.dim
-        shapes = {"h": (d,), "precision": (d, d), "s2_blend": (d, d), "alpha": (3,), "noise_var": (1,)}
+        shapes = self.state_shapes(self.hyperparameters())
         arrays = {}
         for name, shape in shapes.items():
             if name not in state:
@@ -399,6 +498,12 @@ class BayesianLogisticRegression(Model):
             raise ValueError("state alpha parameters must be > 0 and noise_var >= 0")
         if not np.allclose(arrays["s2_blend"], arrays["s2_blend"].T):
             raise ValueError("state 's2_blend' must be symmetric")
+        if "counts" in shapes:
+            updates, averaged = arrays["counts"]
+            if not (updates == int(updates) and averaged == int(averaged) and 0 <= averaged <= updates):
+                raise ValueError("state 'counts' must be whole numbers with 0 <= averaged <= updates")
+            self._iterate, self._mean_sum = arrays["iterate"], arrays["mean_sum"]
+            self._updates, self._averaged = int(updates), int(averaged)
         self._h, self._S = arrays["h"], arrays["s2_blend"]
         self._alpha_shape, self._alpha_rate, self._A = map(float, arrays["alpha"])
         self._noise_var = float(arrays["noise_var"][0])
@@ -413,6 +518,8 @@ class BayesianLogisticRegression(Model):
             "floor_factor": self.floor_factor,
             "s2_noise_std": self.s2_noise_std,
             "dtype": self.dtype.name,
+            **({"release": self.release, "residual_clip": self.residual_clip, "step_size": self.step_size,
+                "average_from": self.average_from} if self.release == "centred" else {}),
         }
 
     # ------------------------------------------------------------------ prediction
