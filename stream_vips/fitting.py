@@ -70,6 +70,11 @@ LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
 #: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
 #: little below the spectral edge sqrt(2) of the symmetric noise (stream_vips/models/logistic.py).
 LOGISTIC_FLOOR_FACTOR = 1.0
+#: The opt-in centred release of logistic regression (``release="centred"``;
+#: stream_vips/models/logistic.py), with the settings of its best candidate in stage D of
+#: benchmarks/fit_rule_evidence.py, where it did not pass the rule's adoption criterion.
+CENTRED_LOGISTIC = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5, "step_size": 0.5,
+                    "averaged_share": 0.75}
 #: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
 NON_PRIVATE_LOGISTIC_STEPS = 30
 NON_PRIVATE_KAPPA = 0.51
@@ -112,6 +117,13 @@ class Settings:
         out = dataclasses.asdict(self)
         out["batch_size"] = self.batch_size
         return out
+
+
+def logistic_rule_summary() -> dict[str, Any]:
+    """The private logistic rule's choices, in the form benchmarks/fit_rule_evidence.py reports."""
+    return {"q": 1.0, "steps": LOGISTIC_STEPS, "floor_factor": LOGISTIC_FLOOR_FACTOR,
+            "s2_over_s1": LOGISTIC_WEIGHTS["s2"] / LOGISTIC_WEIGHTS["s1"], "kappa": LOGISTIC_KAPPA,
+            "accountant": accountant_for(1.0), "release": "sums"}
 
 
 def accountant_for(q: float) -> str:
@@ -173,6 +185,25 @@ def _logistic_rule(n: int, d: int, epsilon: float | None, delta: float, non_priv
     return Settings("logistic", n, d, epsilon, delta, 1.0, LOGISTIC_STEPS, 1.0, LOGISTIC_KAPPA,
                     dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR}, why=why,
                     accountant=accountant_for(1.0))
+
+
+def centred_logistic(settings: Settings) -> Settings:
+    """The private logistic rule with the opt-in centred release (``release="centred"``): more
+    steps, the residual block g in place of s1, the mean averaged over the last iterates."""
+    c = CENTRED_LOGISTIC
+    average_from = int(c["steps"] * (1.0 - c["averaged_share"]))
+    why = {**settings.why,
+           "release": (f"centred (asked for): each step releases g = sum clip(y - 1/2 - E[omega] x^T m, "
+                       f"+-{c['residual_clip']:g}) x at the iterate m instead of s1 and moves m by a step of "
+                       f"{c['step_size']:g} preconditioned by the averaged s2; the mean is the average of the "
+                       f"iterates after step {average_from}. Settings: the best centred candidate on the tuning "
+                       "data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
+           "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
+           "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
+    params = {**settings.model_params, "release": "centred", "residual_clip": c["residual_clip"],
+              "step_size": c["step_size"], "average_from": average_from}
+    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]), model_params=params,
+                               why=why)
 
 
 #: Per family, the record field whose length is d and the model parameter that takes d.
@@ -779,6 +810,8 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
     dim_param = dimension(family)[1]
     if settings is None:
         settings = _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
+        if family == "logistic" and model_params.get("release") == "centred" and not non_private:
+            settings = centred_logistic(settings)
     else:
         check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:
@@ -847,6 +880,8 @@ def overridden(settings: Settings, params: Mapping[str, Any], by: str) -> Settin
     why = dict(settings.why)
     for key, value in params.items():
         if key in settings.model_params:
+            if settings.model_params[key] == value:  # asked for what the settings already hold
+                continue
             rule = f"{key} = {json.dumps(settings.model_params[key], default=repr)}"
         elif key in why:
             rule = why[key]
