@@ -187,23 +187,27 @@ def _logistic_rule(n: int, d: int, epsilon: float | None, delta: float, non_priv
                     accountant=accountant_for(1.0))
 
 
-def centred_logistic(settings: Settings) -> Settings:
+def centred_logistic(settings: Settings, steps: int | None = None,
+                     params: Mapping[str, Any] | None = None) -> Settings:
     """The private logistic rule with the opt-in centred release (``release="centred"``): more
-    steps, the residual block g in place of s1, the mean averaged over the last iterates."""
+    steps, the residual block g in place of s1, the mean averaged over the last iterates.
+    ``steps`` (the caller's step count) and the caller's ``residual_clip``, ``step_size`` and
+    ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
     c = CENTRED_LOGISTIC
-    average_from = int(c["steps"] * (1.0 - c["averaged_share"]))
+    T = c["steps"] if steps is None else int(steps)
+    chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
+              "average_from": int(T * (1.0 - c["averaged_share"]))}
+    chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
     why = {**settings.why,
            "release": (f"centred (asked for): each step releases g = sum clip(y - 1/2 - E[omega] x^T m, "
-                       f"+-{c['residual_clip']:g}) x at the iterate m instead of s1 and moves m by a step of "
-                       f"{c['step_size']:g} preconditioned by the averaged s2; the mean is the average of the "
-                       f"iterates after step {average_from}. Settings: the best centred candidate on the tuning "
-                       "data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
+                       f"+-{chosen['residual_clip']:g}) x at the iterate m instead of s1 and moves m by a step of "
+                       f"{chosen['step_size']:g} preconditioned by the averaged s2; the mean is the average of "
+                       f"the iterates after step {chosen['average_from']}. Defaults: the best centred candidate "
+                       "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
            "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
            "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
-    params = {**settings.model_params, "release": "centred", "residual_clip": c["residual_clip"],
-              "step_size": c["step_size"], "average_from": average_from}
-    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]), model_params=params,
-                               why=why)
+    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]),
+                               model_params={**settings.model_params, "release": "centred", **chosen}, why=why)
 
 
 #: Per family, the record field whose length is d and the model parameter that takes d.
@@ -811,7 +815,7 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
     if settings is None:
         settings = _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
         if family == "logistic" and model_params.get("release") == "centred" and not non_private:
-            settings = centred_logistic(settings)
+            settings = centred_logistic(settings, steps, model_params)
     else:
         check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:

@@ -22,7 +22,7 @@ def set_posterior(model, Sigma, mu=None):
     A = 1e-30
     model.load_state({"h": P @ mu, "precision": P, "s2_blend": P - A * np.eye(d),
                       "alpha": np.array([1.0, 1.0, A]), "noise_var": np.array([0.0]),
-                      "iterate": mu, "mean_sum": np.zeros(d), "counts": np.zeros(2)})
+                      "iterate": mu, "mean_sum": np.zeros(d), "counts": np.zeros(3)})
 
 
 def centred(d, n, **kw):
@@ -42,6 +42,8 @@ def test_blocks_name_g_with_the_residual_clip_as_bound():
         BayesianLogisticRegression(3, 10, release="residual")
     with pytest.raises(ValueError, match="step_size"):
         centred(3, 10, step_size=1.5)
+    with pytest.raises(ValueError, match="centred' only"):
+        BayesianLogisticRegression(3, 10, residual_clip=0.1)
 
 
 def test_first_step_releases_s1_exactly():
@@ -150,9 +152,9 @@ def test_state_round_trip_continues_identically():
         step(model, t)
         step(restored, t)
     np.testing.assert_array_equal(restored.mu, model.mu)
-    bad = dict(state, counts=np.array([1.0, 2.0]))
-    with pytest.raises(ValueError, match="counts"):
-        restored.load_state(bad)
+    for counts in ([1.0, 2.0, 1.0], [2.0, 1.0, 0.0], [1e300, 1e300, 1.0], [1.5, 1.0, 1.0]):
+        with pytest.raises(ValueError, match="counts"):
+            restored.load_state(dict(state, counts=np.array(counts)))
     with pytest.raises(ValueError, match="iterate"):
         restored.load_state({k: v for k, v in state.items() if k != "iterate"})
 
@@ -203,3 +205,44 @@ def test_fit_with_the_centred_release_spends_the_budget_and_publishes_a_readable
     model = posterior_from_message(json.loads(json.dumps(res.message))).model
     assert model.release == "centred"
     np.testing.assert_array_equal(model.mu, res.posterior.model.mu)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_an_iterate_the_e_step_cannot_represent_is_refused_and_the_residual_stays_bounded(dtype):
+    """A state whose mean overflows x^T m in the E-step's precision is refused at load; and should
+    x^T m still be infinite or NaN, the residual is bounded (its limit, or 0), never NaN."""
+    d = 4
+    model = centred(d, 10, dtype=dtype)
+    huge = np.full(d, np.finfo(dtype).max / 3)
+    with pytest.raises(ValueError, match="too large"):
+        set_posterior(model, np.eye(d), huge)
+    r = model._residual(np.array([0.5, -0.5, 0.5, 0.5]), np.zeros(4), np.array([np.inf, np.inf, -np.inf, np.nan]))
+    np.testing.assert_array_equal(r, [0.0, -0.5, 0.5, 0.0])
+
+
+def test_a_first_step_below_one_does_not_overshoot():
+    """Under a streaming schedule (rho_0 < 1) the preconditioner uses the blend divided by its
+    weight, so the first centred step still lands where the s1 release at rho = 1 does."""
+    rng = np.random.default_rng(9)
+    n, d = 500, 3
+    X, y = synthetic(rng, n, d)
+    sums, c = BayesianLogisticRegression(d, n), centred(d, n)
+    sums.update({k: v / n for k, v in sums.clipped_sum({"x": X, "y": y}).items()}, rho=1.0)
+    c.update({k: v / n for k, v in c.clipped_sum({"x": X, "y": y}).items()}, rho=0.04)
+    np.testing.assert_allclose(c._iterate, sums.mu, rtol=1e-9)
+    assert c.state()["counts"][2] == pytest.approx(0.04)
+
+
+def test_fit_overrides_of_the_centred_release_are_what_runs_and_what_is_reported():
+    """--steps moves the averaged share with it; a caller's residual_clip is in the settings and
+    the reason (so passing the settings back reproduces the run)."""
+    from stream_vips import fitting
+
+    rng = np.random.default_rng(10)
+    X, y = synthetic(rng, 600, 4)
+    res = fitting.fit((X, y), "logistic", 1.0, 1e-5, release="centred", steps=200, residual_clip=1.0, seed=0)
+    share = fitting.CENTRED_LOGISTIC["averaged_share"]
+    assert res.settings.steps == 200
+    assert res.settings.model_params["average_from"] == int(200 * (1 - share))
+    assert res.settings.model_params["residual_clip"] == 1.0 and "+-1)" in res.settings.why["release"]
+    assert res.posterior.model.residual_clip == 1.0

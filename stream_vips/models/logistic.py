@@ -79,7 +79,8 @@ from m_0 = 0 the first step is exactly the s1 release, since g = s1 at m = 0; th
 ``step_size``), and the published mean is the average of the iterates after update
 ``average_from``. The precision P (from the blended s2, floored as above) only preconditions:
 where the steps settle, N g = A m whatever P is, so neither the s2 noise nor the floor moves the
-fixed point; the noise on g is averaged over the iterates. Without clipping |y - 1/2 - E[omega]
+fixed point (with C_r >= 1, which never binds, it is the batch VB fixed point; the clip 1/2 moves
+it, see below); the noise on g is averaged over the iterates. Without clipping |y - 1/2 - E[omega]
 x^T m| < 1 (E[omega] c = tanh(c/2) / 2 < 1/2 and |x^T m| <= c); the clip C_r (``residual_clip``,
 1/2 by default: the bound of s1) only binds for records the iterate misclassifies, like a
 bounded-influence loss, and where it binds the fixed point moves towards them less.
@@ -131,6 +132,8 @@ _E_STEP_ROWS = 2048
 _MAX_ABS_INPUT = 1e6
 #: What a step releases besides s2: the paper's s1 (``sums``) or the centred residual g.
 RELEASES = ("sums", "centred")
+#: Most updates a centred state may count (counts stay exact in float64).
+_MAX_UPDATES = 2**53
 
 
 def pg_mean(c: np.ndarray) -> np.ndarray:
@@ -214,6 +217,8 @@ class BayesianLogisticRegression(Model):
         if self.step_size > 1.0:
             raise ValueError(f"step_size must be in (0, 1], got {step_size!r}")
         self.average_from = integer("average_from", average_from, minimum=0)
+        if release == "sums" and (residual_clip, step_size, average_from) != (0.5, 0.5, 0):
+            raise ValueError("residual_clip, step_size and average_from apply to release 'centred' only")
         if dtype not in _BLAS_TRMM:
             raise ValueError(f"dtype must be one of {sorted(_BLAS_TRMM)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
@@ -229,6 +234,7 @@ class BayesianLogisticRegression(Model):
         # centred release: the iterate m_t, the sum and number of averaged iterates, the updates so far
         self._iterate, self._mean_sum = np.zeros(self.dim), np.zeros(self.dim)
         self._averaged, self._updates = 0, 0
+        self._weight = 0.0  # total weight of the blend S (1 - prod (1 - rho)): public, de-biases it
         self._refresh_posterior()
 
     # ------------------------------------------------------------------ protocol: records
@@ -301,7 +307,11 @@ class BayesianLogisticRegression(Model):
         the clipped residual y - 1/2 - E[omega] x^T m (``xm`` = x^T m for the clipped input)."""
         if self.release != "centred":
             return kappa
-        return np.clip(kappa - omega * xm, -self.residual_clip, self.residual_clip)
+        with np.errstate(invalid="ignore"):
+            # E[omega] x^T m -> sign(x^T m) / 2 as |x^T m| -> inf (E[omega] c = tanh(c/2) / 2, c >= |x^T m|);
+            # anything else that is not finite counts 0, so the clip below bounds every record
+            pull = np.where(np.isfinite(xm), omega * xm, 0.5 * np.sign(xm))
+        return np.clip(np.nan_to_num(kappa - pull, nan=0.0), -self.residual_clip, self.residual_clip)
 
     def _second_moment(self, X: np.ndarray, f: np.ndarray, kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S2 = sum_n E[omega_n] f_n^2 x_n x_n^T with E[omega_n] = pg_mean(f_n c_n), in float64.
@@ -410,6 +420,7 @@ class BayesianLogisticRegression(Model):
         self._A = (1.0 - rho) * self._A + rho * self.alpha_mean
         self._noise_var = (1.0 - rho) ** 2 * self._noise_var + rho**2 * self.s2_noise_std**2
         if self.release == "centred":
+            self._weight = (1.0 - rho) * self._weight + rho
             P = self._precision()
             lr = 1.0 if self._updates == 0 else self.step_size
             self._iterate = self._iterate + lr * np.linalg.solve(P, N * s1 - self._A * self._iterate)
@@ -426,9 +437,12 @@ class BayesianLogisticRegression(Model):
         self._alpha_rate = self.b0 + 0.5 * (self.mu @ self.mu + np.trace(self.Sigma))
 
     def _precision(self) -> np.ndarray:
-        """P = N proj(S / N) + A I."""
+        """P = N proj(S / N) + A I. The centred release divides S by its blend weight w (so a
+        schedule whose first rho is below 1 does not shrink the preconditioner and lengthen the
+        steps by 1/rho), and the floor's noise variance by w^2."""
         N = float(self.dataset_size)
-        S, floor = self._S / N, self.eigen_floor
+        w = self._weight if self.release == "centred" and self._weight > 0 else 1.0
+        S, floor = self._S / (N * w), self.eigen_floor / w
         try:  # cheap test: all eigenvalues already >= floor, so the projection is the identity
             np.linalg.cholesky(S - floor * np.eye(self.dim))
         except np.linalg.LinAlgError:
@@ -461,7 +475,7 @@ class BayesianLogisticRegression(Model):
         shapes: dict[str, tuple[int | None, ...]] = {"h": (d,), "precision": (d, d), "s2_blend": (d, d),
                                                      "alpha": (3,), "noise_var": (1,)}
         if hyperparameters.get("release", "sums") == "centred":
-            shapes.update(iterate=(d,), mean_sum=(d,), counts=(2,))
+            shapes.update(iterate=(d,), mean_sum=(d,), counts=(3,))
         return shapes
 
     def state(self) -> dict[str, np.ndarray]:
@@ -469,7 +483,7 @@ class BayesianLogisticRegression(Model):
         a reader needs); the blended statistics they derive from, ``s2_blend`` (S) and
         ``alpha`` = (a_N, b_N, A); and ``noise_var`` (public) for the eigenvalue floor. The centred
         release adds its ``iterate``, the ``mean_sum`` of the averaged iterates and ``counts`` =
-        (updates, averaged iterates)."""
+        (updates, averaged iterates, blend weight of S)."""
         out = {
             "h": self._h.copy(),
             "precision": self._P.copy(),
@@ -479,7 +493,7 @@ class BayesianLogisticRegression(Model):
         }
         if self.release == "centred":
             out.update(iterate=self._iterate.copy(), mean_sum=self._mean_sum.copy(),
-                       counts=np.array([self._updates, self._averaged], dtype=float))
+                       counts=np.array([self._updates, self._averaged, self._weight], dtype=float))
         return out
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
@@ -499,15 +513,22 @@ class BayesianLogisticRegression(Model):
         if not np.allclose(arrays["s2_blend"], arrays["s2_blend"].T):
             raise ValueError("state 's2_blend' must be symmetric")
         if "counts" in shapes:
-            updates, averaged = arrays["counts"]
-            if not (updates == int(updates) and averaged == int(averaged) and 0 <= averaged <= updates):
-                raise ValueError("state 'counts' must be whole numbers with 0 <= averaged <= updates")
+            updates, averaged, weight = arrays["counts"]
+            if not (0 <= averaged <= updates <= _MAX_UPDATES and updates == int(updates) and averaged == int(averaged)
+                    and 0 <= weight <= 1 and (weight > 0) == (updates > 0)):
+                raise ValueError("state 'counts' must be whole numbers 0 <= averaged <= updates <= 2^53 and a "
+                                 "blend weight in (0, 1] once updated")
             self._iterate, self._mean_sum = arrays["iterate"], arrays["mean_sum"]
-            self._updates, self._averaged = int(updates), int(averaged)
+            self._updates, self._averaged, self._weight = int(updates), int(averaged), float(weight)
         self._h, self._S = arrays["h"], arrays["s2_blend"]
         self._alpha_shape, self._alpha_rate, self._A = map(float, arrays["alpha"])
         self._noise_var = float(arrays["noise_var"][0])
         self._refresh_posterior()
+        limit = float(np.finfo(self.dtype).max) / 2  # |x^T m| <= ||m||_1 for ||x|| <= 1: finite in the E-step
+        with np.errstate(over="ignore"):
+            size = float(np.sum(np.abs(self._mu_work.astype(np.float64))))
+        if not size <= limit:
+            raise ValueError(f"state mean too large for the E-step in {self.dtype.name} (sum of |m_j| above {limit:.3g})")
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
