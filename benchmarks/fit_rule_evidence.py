@@ -33,9 +33,10 @@ D. the release (stream_vips/models/logistic.py, "centred release"): the residual
    averaged over the last iterates, against stage C's best. Candidates: T in {16, 32}, g:s2
    weights 1:0.5 or 1:1, residual clip 1 (never binds) or 1/2 (the bound of s1), and the mean
    averaged over the last half or the last three quarters of the iterates. Fixed before the run
-   (a prototype of the same candidates on these sets only decided to run it): a candidate is
-   adopted only if its per-set paired difference to stage C's best, averaged over the 12 sets, is
-   below -2 standard errors (SE over the sets); among several, the lowest mean gap.
+   (a prototype of the same candidates, run on these sets and as a diagnostic on the evaluated
+   ones, decided to run it): a candidate is adopted only if its per-set paired difference to
+   stage C's best, averaged over the 12 sets, is below -2 standard errors (SE over the sets);
+   among several, the lowest mean gap.
 
 Linear regression (``noise="gamma"``): synthetic regression sets of the size of small public
 ones (N in {300, 2,000}, d in {6, 11}; rows of norm <= 1 with a bias 0.5, y in [-1, 1]) compare
