@@ -198,11 +198,12 @@ def centred_logistic(settings: Settings, steps: int | None = None,
     chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
               "average_from": int(T * (1.0 - c["averaged_share"]))}
     chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
+    shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values
     why = {**settings.why,
            "release": (f"centred (asked for): each step releases g = sum clip(y - 1/2 - E[omega] x^T m, "
-                       f"+-{chosen['residual_clip']:g}) x at the iterate m instead of s1 and moves m by a step of "
-                       f"{chosen['step_size']:g} preconditioned by the averaged s2; the mean is the average of "
-                       f"the iterates after step {chosen['average_from']}. Defaults: the best centred candidate "
+                       f"+-{shown['residual_clip']}) x at the iterate m instead of s1 and moves m by a step of "
+                       f"{shown['step_size']} preconditioned by the averaged s2; the mean is the average of "
+                       f"the iterates after step {shown['average_from']}. Defaults: the best centred candidate "
                        "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
            "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
            "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
@@ -812,6 +813,8 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
     if ledger_path is not None:
         check_ledger(ledger_path, names)
     dim_param = dimension(family)[1]
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1):
+        raise FitError(f"steps must be a positive integer, got {steps!r}")
     if settings is None:
         settings = _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
         if family == "logistic" and model_params.get("release") == "centred" and not non_private:
@@ -819,11 +822,15 @@ def _prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int |
     else:
         check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-            raise FitError(f"steps must be a positive integer, got {steps!r}")
         settings = dataclasses.replace(settings, steps=int(steps), why={**settings.why, "steps": (
             f"set by {names['steps']} (steps = {steps}); the rule would give {settings.steps}")})
     settings = overridden(settings, {k: v for k, v in model_params.items() if k != dim_param}, names["param"])
+    merged = {**settings.model_params, **model_params}
+    average_from = merged.get("average_from", 0)
+    if (merged.get("release") == "centred" and isinstance(average_from, int)
+            and not isinstance(average_from, bool) and average_from >= settings.steps):
+        raise FitError(f"average_from = {average_from} is not below the {settings.steps} steps, so no iterate "
+                       f"would be averaged into the published mean (set a smaller one with {names['param']})")
     if family == "linreg" and settings.block_weights is None and not non_private:
         from stream_vips.models.linreg import default_block_weights
 

@@ -244,5 +244,42 @@ def test_fit_overrides_of_the_centred_release_are_what_runs_and_what_is_reported
     share = fitting.CENTRED_LOGISTIC["averaged_share"]
     assert res.settings.steps == 200
     assert res.settings.model_params["average_from"] == int(200 * (1 - share))
-    assert res.settings.model_params["residual_clip"] == 1.0 and "+-1)" in res.settings.why["release"]
+    assert res.settings.model_params["residual_clip"] == 1.0 and "+-1.0)" in res.settings.why["release"]
     assert res.posterior.model.residual_clip == 1.0
+
+
+def test_fit_refusals_of_the_centred_release_are_one_line_and_spend_nothing(tmp_path):
+    """Bad values reach the model's own one-line checks (not a formatting traceback), a bad step
+    count is a FitError, and a mean that would average no iterate is refused before any step."""
+    from stream_vips import fitting
+    from stream_vips.errors import StreamVipsError
+
+    rng = np.random.default_rng(11)
+    X, y = synthetic(rng, 300, 3)
+    ledger = tmp_path / "ledger.jsonl"
+    cases = ({"residual_clip": None}, {"step_size": [0.5]}, {"steps": float("inf")},
+             {"steps": 6, "average_from": 20}, {"steps": 6})
+    for kw in cases:
+        with pytest.raises(StreamVipsError) as info:
+            fitting.fit((X, y), "logistic", 1.0, 1e-5, release="centred", ledger_path=str(ledger),
+                        **({"average_from": 8} if kw == {"steps": 6} else {}), **kw)
+        assert "\n" not in str(info.value)
+        assert not ledger.exists() or ledger.read_text().count("\n") <= 1  # no step was paid
+
+
+def test_a_refused_state_leaves_the_model_as_it_was():
+    rng = np.random.default_rng(12)
+    n, d = 200, 3
+    X, y = synthetic(rng, n, d)
+    model = centred(d, n, dtype="float32")
+    model.update({k: v / n for k, v in model.clipped_sum({"x": X, "y": y}).items()}, rho=1.0)
+    before = model.state()
+    bad = dict(before, h=model._P @ np.full(d, 1e38), iterate=np.full(d, 1e38))
+    with pytest.raises(ValueError, match="too large"):
+        model.load_state(bad)
+    tiny = dict(before, counts=np.array([1.0, 0.0, 5e-324]))
+    with pytest.raises(ValueError):
+        model.load_state(tiny)
+    after = model.state()
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k])

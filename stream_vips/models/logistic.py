@@ -518,17 +518,30 @@ class BayesianLogisticRegression(Model):
                     and 0 <= weight <= 1 and (weight > 0) == (updates > 0)):
                 raise ValueError("state 'counts' must be whole numbers 0 <= averaged <= updates <= 2^53 and a "
                                  "blend weight in (0, 1] once updated")
-            self._iterate, self._mean_sum = arrays["iterate"], arrays["mean_sum"]
-            self._updates, self._averaged, self._weight = int(updates), int(averaged), float(weight)
-        self._h, self._S = arrays["h"], arrays["s2_blend"]
-        self._alpha_shape, self._alpha_rate, self._A = map(float, arrays["alpha"])
-        self._noise_var = float(arrays["noise_var"][0])
-        self._refresh_posterior()
-        limit = float(np.finfo(self.dtype).max) / 2  # |x^T m| <= ||m||_1 for ||x|| <= 1: finite in the E-step
-        with np.errstate(over="ignore"):
-            size = float(np.sum(np.abs(self._mu_work.astype(np.float64))))
-        if not size <= limit:
-            raise ValueError(f"state mean too large for the E-step in {self.dtype.name} (sum of |m_j| above {limit:.3g})")
+        saved = dict(vars(self))  # a refused state leaves the model as it was
+        try:
+            if "counts" in shapes:
+                self._iterate, self._mean_sum = arrays["iterate"], arrays["mean_sum"]
+                self._updates, self._averaged, self._weight = int(updates), int(averaged), float(weight)
+            self._h, self._S = arrays["h"], arrays["s2_blend"]
+            self._alpha_shape, self._alpha_rate, self._A = map(float, arrays["alpha"])
+            self._noise_var = float(arrays["noise_var"][0])
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._refresh_posterior()
+            except (ValueError, np.linalg.LinAlgError):
+                raise ValueError("state does not give a finite, positive definite posterior") from None
+            # |x^T m| <= ||m||_1 for ||x|| <= 1, so the E-step's c^2 >= (x^T m)^2 stays finite below this
+            limit = math.sqrt(float(np.finfo(self.dtype).max)) / 2
+            with np.errstate(over="ignore"):
+                size = float(np.sum(np.abs(self._mu_work.astype(np.float64))))
+            if not (size <= limit and np.all(np.isfinite(self.Sigma))):
+                raise ValueError(f"state mean too large for the E-step in {self.dtype.name} "
+                                 f"(sum of |m_j| above {limit:.3g})")
+        except ValueError:
+            vars(self).clear()
+            vars(self).update(saved)
+            raise
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
