@@ -36,7 +36,9 @@ D. the release (stream_vips/models/logistic.py, "centred release"): the residual
    (a prototype of the same candidates, run on these sets and as a diagnostic on the evaluated
    ones, decided to run it): a candidate is adopted only if its per-set paired difference to
    stage C's best, averaged over the 12 sets, is below -2 standard errors (SE over the sets);
-   among several, the lowest mean gap.
+   among several, the lowest mean gap. None passed; the rule takes the centred release by N and
+   d instead, a switch chosen on these sets and validated on 90 other public sets by
+   benchmarks/fit_release_validation.py.
 
 Linear regression (``noise="gamma"``): synthetic regression sets of the size of small public
 ones (N in {300, 2,000}, d in {6, 11}; rows of norm <= 1 with a bias 0.5, y in [-1, 1]) compare

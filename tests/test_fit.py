@@ -86,7 +86,7 @@ def test_logistic_fit_noise_is_the_exact_gaussian_calibration_at_the_models_diam
 
     from stream_vips.models.logistic import joint_diameter
 
-    s = fit_settings("logistic", 1000, 10, epsilon, delta)
+    s = fit_settings("logistic", 300, 3, epsilon, delta)  # the s1 release (N < 1000, d < 6), as fitted below
     X, y = logistic_data(300)
     res = fit((X, y), "logistic", epsilon=epsilon, delta=delta, seed=0)
     p = res.message["privacy"]
@@ -137,7 +137,12 @@ def test_private_linreg_is_noisy_and_uses_the_accuracy_allocation():
 def test_fit_settings_uses_public_quantities_only():
     a = fit_settings("logistic", 1000, 10, 1.0, 1e-5)
     assert a == fit_settings("logistic", 1000, 10, 1.0, 1e-5)
-    assert (a.q, a.steps, a.tau0, a.kappa) == (1.0, fitmod.LOGISTIC_STEPS, 1.0, fitmod.LOGISTIC_KAPPA)
+    assert (a.q, a.steps, a.tau0, a.kappa) == (1.0, fitmod.CENTRED_LOGISTIC["steps"], 1.0, fitmod.LOGISTIC_KAPPA)
+    assert a.model_params["release"] == "centred"  # N >= CENTRED_MIN_N and d >= CENTRED_MIN_D
+    for n, d in ((fitmod.CENTRED_MIN_N - 1, 10), (1000, fitmod.CENTRED_MIN_D - 1)):
+        small = fit_settings("logistic", n, d, 1.0, 1e-5)
+        assert (small.steps, small.block_weights) == (fitmod.LOGISTIC_STEPS, fitmod.LOGISTIC_WEIGHTS)
+        assert "release" not in small.model_params and "s1" in small.why["release"]
     assert a.accountant == fitmod.accountant_for(a.q) == "autodp" and fitmod.accountant_for(0.5) == "pld"
     assert set(fitmod.RULES) == set(fitmod.FAMILIES) == {"linreg", "logistic", "sbn", "sep_bnn"}
     assert a.batch_size == 1000

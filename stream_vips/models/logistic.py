@@ -65,7 +65,8 @@ bounds below hold whatever the reservoir holds.
   accountant counts a replace-one step at diameter 2. ``stream_vips.fit`` (q = 1) therefore
   accounts with autodp: z = 7.59 instead of 10.55 for its two steps at epsilon 1, delta 1e-5.
 
-**Centred release** (``release="centred"``; opt-in for ``stream_vips.fit``, docs/fit.md). The mean of q(m)
+**Centred release** (``release="centred"``; ``stream_vips.fit`` takes it from N >= 1,000 and d >= 6,
+docs/fit.md). The mean of q(m)
 depends on s1 and s2 through mu = P^-1 h, so the noise on s2 reaches the mean multiplied by mu
 (P^-1 E mu), and the eigenvalue floor that keeps P invertible biases it. Instead of s1 the step
 releases the residual statistic
