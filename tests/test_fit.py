@@ -1027,3 +1027,19 @@ def test_a_failed_model_update_after_paying_keeps_the_last_whole_model(tmp_path,
     kept = check_message(json.loads(out.read_text()))
     assert code == 5 and paid == 3 and "the last whole one" in line and f"holds {paid} paid steps" in line
     assert kept["privacy"]["steps"] < paid
+
+
+def test_logistic_release_switch_is_the_validated_one():
+    """The constants of the release switch are the ones benchmarks/fit_release_validation.py chose on
+    the tuning sets and validated (its criterion met), with the centred candidate of stage D."""
+    from pathlib import Path
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/fit_release_validation.json")
+                        .read_text())
+    chosen, cand = result["tuning_rule"]["chosen"], result["tuning_rule"]["centred_candidate"]
+    assert (chosen["n0"], chosen["d0"]) == (fitmod.CENTRED_MIN_N, fitmod.CENTRED_MIN_D)
+    assert result["met"] and result["paired_diff"] < -2 * result["paired_diff_se"]
+    c = fitmod.CENTRED_LOGISTIC
+    assert (cand["steps"], cand["residual_clip"], cand["averaged_share"]) == (
+        c["steps"], c["residual_clip"], c["averaged_share"])
+    assert cand["s2_over_s1"] == c["weights"]["s2"] / c["weights"]["g"]
