@@ -215,8 +215,9 @@ def _logistic_sums_rule(n: int, d: int, epsilon: float | None, delta: float, non
 
 def centred_logistic(settings: Settings, steps: int | None = None,
                      params: Mapping[str, Any] | None = None, asked: bool = False) -> Settings:
-    """The private logistic rule with the opt-in centred release (``release="centred"``): more
-    steps, the residual block g in place of s1, the mean averaged over the last iterates.
+    """The private logistic rule with the centred release (the rule's choice for N >= CENTRED_MIN_N
+    and d >= CENTRED_MIN_D, or ``release="centred"``): more steps, the residual block g in place
+    of s1, the mean averaged over the last iterates.
     ``steps`` (the caller's step count) and the caller's ``residual_clip``, ``step_size`` and
     ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
     c = CENTRED_LOGISTIC
@@ -226,10 +227,11 @@ def centred_logistic(settings: Settings, steps: int | None = None,
     chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
     shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values
     why = {**settings.why,
-           "release": (f"centred ({'asked for' if asked else _WHY_CENTRED_SIZE}): each step releases g = sum clip(y - 1/2 - E[omega] x^T m, "
-                       f"+-{shown['residual_clip']}) x at the iterate m instead of s1 and moves m by a step of "
-                       f"{shown['step_size']} preconditioned by the averaged s2; the mean is the average of "
-                       f"the iterates after step {shown['average_from']}. Defaults: the best centred candidate "
+           "release": (f"centred ({'asked for' if asked else _WHY_CENTRED_SIZE}): each step releases "
+                       f"g = sum clip(y - 1/2 - E[omega] x^T m, +-{shown['residual_clip']}) x at the iterate m "
+                       f"instead of s1 and moves m by a step of {shown['step_size']} preconditioned by the "
+                       f"averaged s2; the mean is the average of the iterates after step {shown['average_from']}. "
+                       "Defaults: the best centred candidate "
                        "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
            "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
            "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}

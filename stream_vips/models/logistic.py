@@ -349,8 +349,8 @@ class BayesianLogisticRegression(Model):
     def group_clipped_sum(self, batch: Mapping[str, np.ndarray], groups: np.ndarray,
                           n_groups: int) -> dict[str, np.ndarray]:
         """Per-key E-step sums (S1_g or G_g, S2_g), each key scaled by one factor so that the vector
-        block's norm is <= its bound and ||S2_g||_F <= 1/4, then added over keys (privacy rule 12). Records are clipped and
-        labelled exactly as in :meth:`clipped_sum`; the work is in float64."""
+        block's norm is <= its bound and ||S2_g||_F <= 1/4, then added over keys (privacy rule 12).
+        Records are clipped and labelled exactly as in :meth:`clipped_sum`; the work is in float64."""
         X = np.asarray(batch["x"], dtype=np.float64)
         y = (np.asarray(batch["y"], dtype=float) > 0.5).astype(float)
         if X.ndim != 2 or X.shape[1] != self.dim or y.shape != (X.shape[0],):
@@ -359,7 +359,7 @@ class BayesianLogisticRegression(Model):
         g = np.asarray(groups, dtype=np.intp)
         f = clip_factors(np.sqrt(np.einsum("ij,ij->i", X, X)) * self._norm_inflation, 1.0)
         U = np.asarray(self._sigma_factor, dtype=np.float64)
-        xm = X @ np.asarray(self._mu_work, dtype=np.float64)
+        xm = X @ self._point
         UX = X @ U.T  # rows (U x_n)^T: c_n^2 / f_n^2 = ||U x_n||^2 + (m^T x_n)^2
         omega = pg_mean(f * np.sqrt(np.einsum("ij,ij->i", UX, UX) + np.square(xm)))
         W = X * (f * np.sqrt(omega))[:, None]  # S2_g = sum_n in g  w_n w_n^T
@@ -461,8 +461,12 @@ class BayesianLogisticRegression(Model):
         self._sigma_factor = np.asfortranarray(U, dtype=self.dtype)
         self.Sigma = U.T @ U
         self.mu = U.T @ (U @ self._h)
-        point = self._iterate if self.release == "centred" else self.mu
-        self._mu_work = point.astype(self.dtype)  # the E-step's mean in its precision, once per update
+        self._mu_work = self._point.astype(self.dtype)  # the E-step's mean in its precision, once per update
+
+    @property
+    def _point(self) -> np.ndarray:
+        """The mean the E-step linearises at (float64): mu, or the iterate for the centred release."""
+        return self._iterate if self.release == "centred" else self.mu
 
     @property
     def alpha_mean(self) -> float:
