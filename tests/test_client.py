@@ -148,7 +148,8 @@ def test_reader_counts_and_skips_a_malformed_newer_message_keeping_the_last_good
     key, reason = reader.invalid[0]
     assert key == "default" and "\n" not in reason and len(reason) <= 300
     data = bad["natural_parameters"]["shift"]["data"]
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    # only the reader's own records: a Kafka client thread left by an earlier broker test may log here too
+    assert [r.levelname for r in caplog.records if r.name.startswith("stream_vips")] == ["WARNING"]
     assert not data or data not in caplog.text  # logged without raw content
     published = reader.posterior("default")  # still answers, from version 2
     assert published.version == 2 and published.private and published.epsilon_spent == 0.5
