@@ -223,3 +223,21 @@ def test_linreg_with_clipping_switched_off_is_caught(monkeypatch):
     result = audit_family(EXTRA_AUDITS["linreg_out_of_bounds"], n_train=N_TRAIN, n_test=N_TEST, seed=SEED)
     assert result.pair.ratio > 100, result.to_dict()
     assert result.result.violated, result.to_dict()
+
+
+def test_the_centred_release_without_its_residual_clip_is_caught(monkeypatch):
+    """The control of the centred audit: with the residual clip switched off, records the audit's
+    iterate misclassifies have residuals near +-1, twice C_r, so candidates move the release by
+    more than the claim (noiseless) and the audit proves the claim false."""
+    spec = EXTRA_AUDITS["logistic_centred"]
+    assert pair_sensitivity(spec).ratio <= 1 + 1e-9
+    residual = BayesianLogisticRegression._residual
+
+    def unclipped(self, kappa, omega, xm):
+        monkeypatch.setattr(self, "residual_clip", np.inf)
+        return residual(self, kappa, omega, xm)
+
+    monkeypatch.setattr(BayesianLogisticRegression, "_residual", unclipped)
+    result = audit_family(spec, n_train=N_TRAIN, n_test=N_TEST, seed=SEED)
+    assert result.pair.ratio > 1.4, result.to_dict()
+    assert result.result.violated, result.to_dict()

@@ -133,7 +133,27 @@ def _sbn(capacity: int) -> SigmoidBeliefNetwork:
     return model
 
 
+#: The centred audit's iterate: x^T m = +-8 for the axis records, 0 for the diagonal one.
+CENTRED_ITERATE = (8.0, -8.0)
+
+
+def _logistic_centred(capacity: int) -> BayesianLogisticRegression:
+    """A centred-release logistic model whose iterate is :data:`CENTRED_ITERATE` (a public state
+    the model can hold after releases). For the axis records x^T m = +-8 with c about 8, so
+    E[omega] x^T m is within 10^-3 of +-1/2 and the unclipped residual y - 1/2 - E[omega] x^T m of
+    a record the iterate misclassifies is near +-1, twice the clip C_r = 1/2: (x = e1, y = 0) and
+    (x = e2, y = 1) would differ by sqrt(2) in g, against the claimed 2 C_r = 1, so a missing
+    clip shows. The diagonal record has x^T m = 0, where g = s1 and a label flip is the logistic
+    audit's pair."""
+    model = BayesianLogisticRegression(dim=2, dataset_size=capacity, release="centred")
+    state = model.state()
+    state["iterate"] = np.array(CENTRED_ITERATE)
+    model.load_state(state)
+    return model
+
+
 _XY = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]) for y in (0, 1))
+_DIAGONAL = float(np.sqrt(0.5))  # the unit diagonal's coordinates
 _SBN_HALF = [1 - j % SBN_UNITS for j in range(SBN_PIXELS)]  # the pixels unit 0 owns
 
 #: Why linreg's pairs stop at 0.75 (every linreg audit).
@@ -237,6 +257,12 @@ EXTRA_AUDITS: dict[str, FamilyAudit] = {
         floor_reason="a label flip leaves s2 unchanged; the key pair reaches 0.943 of the key diameter",
         unit="key", records_per_key=KEY_RECORDS,
         note="privacy.unit: key as linreg_key; label flips of one key's L copies"),
+    "logistic_centred": FamilyAudit(
+        "logistic", _logistic_centred, _XY + tuple({"x": [_DIAGONAL, _DIAGONAL], "y": y} for y in (0, 1)),
+        ratio_floor=0.96, floor_reason="a label flip leaves s2 unchanged; the pair reaches 0.97 of sqrt(3.4)",
+        note="release 'centred' at the iterate (8, -8) (_logistic_centred): the block g is the residual "
+             "clipped to C_r = 1/2 at that iterate; the label flip on the diagonal, where x^T m = 0, reaches "
+             "0.97 of the claim, and records the iterate misclassifies stay within it only through the clip"),
 }
 
 NOT_AUDITED: dict[str, str] = {
