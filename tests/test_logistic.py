@@ -665,3 +665,27 @@ def test_adult_encoding_uses_only_public_constants():
     assert np.all(X[1, unknown] == 0)
     with pytest.raises(ValueError, match="public category list"):
         datasets.encode_adult(header, [rows[0][:2] + ["Space-force"] + rows[0][3:]])
+
+
+def test_table_encoding_has_public_columns_and_encodes_missing_values():
+    """The generic encoder behind the benchmark tables: the columns come from the arguments alone
+    (an indicator only where declared, whether or not a value is missing), a missing numeric is 0
+    (with its indicator 1 where declared), a missing category is all zeros, the first of repeated
+    column names is read, and rows are features of themselves only."""
+    datasets = pytest.importorskip("benchmarks.datasets")
+    header = ["age", "fare", "sex", "age", "label"]
+    rows = [["30", "50", "male", "999", "1"], ["?", "", "?", "1", "0"], ["120", "5000", "female", "0", "1"]]
+    args = ({"age": ("linear", 100.0), "fare": ("log1p", 1000.0)}, {"sex": ("female", "male")}, ("label", "1"))
+    X, y, names = datasets.encode_table(header, rows, *args, missing_indicators=("age",))
+    assert names == ("age", "age=?", "fare", "sex=female", "sex=male", "bias") and y.tolist() == [1.0, 0.0, 1.0]
+    np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0)
+    raw = X / X[:, -1:]  # undo the row normalisation (the bias is 1 before it)
+    np.testing.assert_allclose(raw[0], [0.3, 0.0, np.log1p(50) / np.log1p(1000), 0, 1, 1])
+    np.testing.assert_allclose(raw[1], [0, 1, 0, 0, 0, 1])
+    np.testing.assert_allclose(raw[2, :3], [1.0, 0.0, 1.0])  # clipped to the public bounds
+    none_missing, _, same = datasets.encode_table(header, [rows[0]], *args, missing_indicators=("age",))
+    assert same == names
+    np.testing.assert_array_equal(none_missing[0], X[0])
+    assert datasets.encode_table(header, rows, *args)[2] == ("age", "fare", "sex=female", "sex=male", "bias")
+    with pytest.raises(ValueError, match="public category list"):
+        datasets.encode_table(header, [["1", "1", "other", "1", "1"]], *args)
