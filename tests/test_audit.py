@@ -225,19 +225,52 @@ def test_linreg_with_clipping_switched_off_is_caught(monkeypatch):
     assert result.result.violated, result.to_dict()
 
 
-def test_the_centred_release_without_its_residual_clip_is_caught(monkeypatch):
-    """The control of the centred audit: with the residual clip switched off, records the audit's
-    iterate misclassifies have residuals near +-1, twice C_r, so candidates move the release by
-    more than the claim (noiseless) and the audit proves the claim false."""
-    spec = EXTRA_AUDITS["logistic_centred"]
-    assert pair_sensitivity(spec).ratio <= 1 + 1e-9
+def _loosened_clip(monkeypatch, factor: float, lower: bool = True, upper: bool = True) -> None:
+    """Patch the centred residual's clip to ``factor`` C_r on the chosen sides (inf: no clip)."""
     residual = BayesianLogisticRegression._residual
 
-    def unclipped(self, kappa, omega, xm):
+    def patched(self, kappa, omega, xm):
+        clip = self.residual_clip
         monkeypatch.setattr(self, "residual_clip", np.inf)
-        return residual(self, kappa, omega, xm)
+        r = residual(self, kappa, omega, xm)
+        monkeypatch.setattr(self, "residual_clip", clip)
+        return np.clip(r, -factor * clip if lower else -np.inf, factor * clip if upper else np.inf)
 
-    monkeypatch.setattr(BayesianLogisticRegression, "_residual", unclipped)
+    monkeypatch.setattr(BayesianLogisticRegression, "_residual", patched)
+
+
+def test_the_centred_release_without_its_residual_clip_is_caught(monkeypatch):
+    """The control of the centred audit: with the residual clip switched off, the record the
+    iterate misclassifies far out has residual near +-1, twice C_r, so the pair moves the release
+    by 1.79 times the claim (noiseless) and the audit proves the claim false."""
+    spec = EXTRA_AUDITS["logistic_centred"]
+    assert pair_sensitivity(spec).ratio <= 1 + 1e-9
+    _loosened_clip(monkeypatch, np.inf)
     result = audit_family(spec, n_train=N_TRAIN, n_test=N_TEST, seed=SEED)
-    assert result.pair.ratio > 1.4, result.to_dict()
+    assert result.pair.ratio > 1.7, result.to_dict()
     assert result.result.violated, result.to_dict()
+
+
+@pytest.mark.parametrize("factor, lower, upper", [(1.02, True, True), (1.0, False, True), (1.0, True, False)])
+def test_a_loose_or_one_sided_centred_clip_is_seen_without_noise(monkeypatch, factor, lower, upper):
+    """The centred audit's pair sits at 0.999 of the claim and depends on the clip on both sides
+    (one pair per label), so a clip 2% too loose or missing on either side moves some pair past
+    the claim, which the noiseless check reports."""
+    spec = EXTRA_AUDITS["logistic_centred"]
+    _loosened_clip(monkeypatch, factor, lower, upper)
+    distances, claimed = candidate_distances(spec)
+    assert distances.max() > claimed * (1 + 1e-9), distances.max() / claimed
+
+
+def test_the_fit_audits_use_the_allocations_fit_deploys():
+    """logistic_fit and logistic_centred audit the noise allocations stream_vips.fitting uses,
+    not only the family's default, so a diameter wrong only at those weights is seen."""
+    from stream_vips import fitting
+
+    assert EXTRA_AUDITS["logistic_fit"].block_weights == fitting.LOGISTIC_WEIGHTS
+    assert EXTRA_AUDITS["logistic_centred"].block_weights == fitting.CENTRED_LOGISTIC["weights"]
+    for name in ("logistic_fit", "logistic_centred"):
+        spec = EXTRA_AUDITS[name]
+        engine = spec.trials(None, seed=0).engine
+        assert engine.diameter == pytest.approx(spec.make_model(spec.capacity).diameter(spec.block_weights))
+        assert engine.diameter < FAMILY_AUDITS["logistic"].trials(None, seed=0).engine.diameter

@@ -56,6 +56,27 @@ def test_first_step_releases_s1_exactly():
     np.testing.assert_allclose(sc["s2"], sa["s2"], rtol=1e-12, atol=1e-15)
 
 
+def test_the_residual_is_taken_at_the_iterate_not_at_the_published_mean():
+    """g linearises the E-step at the iterate m_t (the mean the steps move), with c^2 =
+    (x^T m_t)^2 + x^T Sigma x; the published mean (here 0) must not enter it."""
+    from stream_vips.models.logistic import pg_mean
+
+    model = centred(2, 10)
+    Sigma = np.array([[0.5, 0.1], [0.1, 0.3]])
+    iterate = np.array([1.5, -0.7])
+    set_posterior(model, Sigma, iterate)
+    state = model.state()
+    state["h"] = np.zeros(2)  # the published mean is 0, the iterate is not
+    model.load_state(state)
+    assert np.allclose(model.mu, 0.0) and np.allclose(model.state()["iterate"], iterate)
+    X = np.array([[0.6, 0.8], [-0.3, 0.2], [0.0, 1.0]])
+    y = np.array([1.0, 0.0, 0.0])
+    xm = X @ iterate
+    omega = pg_mean(np.sqrt(xm**2 + np.einsum("ij,jk,ik->i", X, model.Sigma, X)))
+    expected = np.clip(y - 0.5 - omega * xm, -0.5, 0.5) @ X
+    np.testing.assert_allclose(model.clipped_sum({"x": X, "y": y})["g"], expected, rtol=1e-12)
+    assert np.abs(expected - (y - 0.5) @ X).max() > 0.1  # at the mean 0 it would be s1
+
 @pytest.mark.parametrize("clip", [0.25, 0.5, 1.0])
 def test_per_record_bound_holds_at_hostile_iterates(clip):
     """Whatever the (public) iterate and covariance, each record's g has norm <= C_r; with C_r = 1

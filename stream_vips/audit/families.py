@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -71,12 +71,14 @@ class FamilyAudit:
     note: str = ""
     unit: str = "record"
     records_per_key: int = 1
+    block_weights: Mapping[str, float] | None = None  # the engine's allocation; None: the family's default
 
     def trials(self, record: Any | None, seed: int, delta: float = 1e-5) -> EngineTrials:
         """Releases of one side holding ``record`` (a candidate; None: nothing), via the engine."""
         return EngineTrials(self.make_model, record, capacity=self.capacity, sampling=self.sampling,
                             batch_size=self.batch_size, noise_multiplier=self.noise_multiplier, seed=seed,
-                            delta=delta, unit=self.unit, records_per_key=self.records_per_key)
+                            delta=delta, unit=self.unit, records_per_key=self.records_per_key,
+                            block_weights=self.block_weights)
 
     def contribution(self, model: Model, candidate: Any) -> dict[str, np.ndarray]:
         """The candidate's noiseless clipped contribution: one record's ``clipped_sum``, or one
@@ -133,27 +135,59 @@ def _sbn(capacity: int) -> SigmoidBeliefNetwork:
     return model
 
 
-#: The centred audit's iterate: x^T m = +-8 for the axis records, 0 for the diagonal one.
-CENTRED_ITERATE = (8.0, -8.0)
+#: The noise allocations ``fit`` deploys for the logistic family (stream_vips.fitting:
+#: ``LOGISTIC_WEIGHTS`` for the s1 release, ``CENTRED_LOGISTIC["weights"]`` for the centred one;
+#: a test holds them equal), audited here besides the family's default allocation.
+FIT_SUMS_WEIGHTS = {"s1": 1.0, "s2": 1.5}
+FIT_CENTRED_WEIGHTS = {"g": 1.0, "s2": 1.0}
+#: Public state of the fit audits: a confident posterior (precision 10^6, so E[omega] = 1/4 to
+#: within 10^-7 wherever x^T m = 0) and, for the centred release, the iterate M (1, -1) / sqrt(2).
+CONFIDENT_PRECISION = 1e6
+CENTRED_ITERATE_NORM = 2e4
+#: Angle of the centred audit's far record to the iterate's normal: x^T m = -M sin(phi) = -400.
+CENTRED_SIN_PHI = 0.02
 
 
-def _logistic_centred(capacity: int) -> BayesianLogisticRegression:
-    """A centred-release logistic model whose iterate is :data:`CENTRED_ITERATE` (a public state
-    the model can hold after releases). For the axis records x^T m = +-8 with c about 8, so
-    E[omega] x^T m is within 10^-3 of +-1/2 and the unclipped residual y - 1/2 - E[omega] x^T m of
-    a record the iterate misclassifies is near +-1, twice the clip C_r = 1/2: (x = e1, y = 0) and
-    (x = e2, y = 1) would differ by sqrt(2) in g, against the claimed 2 C_r = 1, so a missing
-    clip shows. The diagonal record has x^T m = 0, where g = s1 and a label flip is the logistic
-    audit's pair."""
-    model = BayesianLogisticRegression(dim=2, dataset_size=capacity, release="centred")
+def _confident_logistic(capacity: int, release: str = "sums") -> BayesianLogisticRegression:
+    """A logistic model whose posterior precision is CONFIDENT_PRECISION I (a state the model can
+    approach after many releases of a large s2); the centred release's iterate is
+    CENTRED_ITERATE_NORM (1, -1) / sqrt(2)."""
+    model = BayesianLogisticRegression(dim=2, dataset_size=capacity, release=release)
     state = model.state()
-    state["iterate"] = np.array(CENTRED_ITERATE)
+    state["s2_blend"] = CONFIDENT_PRECISION * np.eye(2)
+    if release == "centred":
+        state["iterate"] = CENTRED_ITERATE_NORM * np.array([1.0, -1.0]) / np.sqrt(2.0)
     model.load_state(state)
     return model
 
 
+def _fit_sums_candidates() -> tuple[dict, ...]:
+    """The s1 release's worst pair under FIT_SUMS_WEIGHTS (module docstring of
+    stream_vips/models/logistic.py): unit x and x', both with E[omega] = 1/4 (x^T m = 0 under the
+    confident state), opposite labels, at the angle where the cosine is a1^2 / (2 a2^2): the
+    second branch of the joint diameter, which the allocation puts in force (a1^2 < 2 a2^2)."""
+    ratio = FIT_SUMS_WEIGHTS["s1"] / FIT_SUMS_WEIGHTS["s2"]
+    cos = ratio**2 / 2.0
+    return ({"x": [1.0, 0.0], "y": 1}, {"x": [cos, float(np.sqrt(1.0 - cos**2))], "y": 0})
+
+
+def _centred_candidates() -> tuple[dict, ...]:
+    """The centred release's worst pair, for either label: x = u = (1, 1) / sqrt(2), on which the
+    iterate is silent (x^T m = 0, residual y - 1/2, E[omega] = 1/4), against a record near -u
+    that the iterate misclassifies far out (x^T m = -+400 for y = 1 / 0: E[omega] = 0.00125, and
+    the residual +-0.999, clipped to +-C_r). Clipped, their g differ by 2 C_r cos(phi / 2) and
+    their s2 by nearly the bound: 0.999 of the claimed diameter (its first branch, x' -> -x,
+    p = 1/4, p' -> 0). Unclipped, g differs by about 3 C_r, so a clip that is missing, one-sided
+    or a few per cent loose moves the pair past the claim."""
+    u = np.array([1.0, 1.0]) / np.sqrt(2.0)
+    normal = np.array([1.0, -1.0]) / np.sqrt(2.0)  # the iterate's direction
+    s = CENTRED_SIN_PHI
+    c = float(np.sqrt(1.0 - s * s))
+    far = {1: -c * u - s * normal, 0: -c * u + s * normal}
+    return tuple({"x": u.tolist(), "y": y} for y in (1, 0)) + tuple({"x": far[y].tolist(), "y": y} for y in (1, 0))
+
+
 _XY = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]) for y in (0, 1))
-_DIAGONAL = float(np.sqrt(0.5))  # the unit diagonal's coordinates
 _SBN_HALF = [1 - j % SBN_UNITS for j in range(SBN_PIXELS)]  # the pixels unit 0 owns
 
 #: Why linreg's pairs stop at 0.75 (every linreg audit).
@@ -257,12 +291,19 @@ EXTRA_AUDITS: dict[str, FamilyAudit] = {
         floor_reason="a label flip leaves s2 unchanged; the key pair reaches 0.943 of the key diameter",
         unit="key", records_per_key=KEY_RECORDS,
         note="privacy.unit: key as linreg_key; label flips of one key's L copies"),
+    "logistic_fit": FamilyAudit(
+        "logistic", _confident_logistic, _fit_sums_candidates(), block_weights=FIT_SUMS_WEIGHTS,
+        noise_multiplier=2.0, ratio_floor=0.99, floor_reason="attained: the pair is the proof's worst case of the second branch",
+        note="fit's s1-release allocation s1:s2 = 1:1.5 (D = 1.438): under a confident posterior both "
+             "records have E[omega] = 1/4, and their angle makes the s1 and s2 changes add to the diameter "
+             "(z = 2 puts the claimed sensitivity D/z near the other families' 2/3)"),
     "logistic_centred": FamilyAudit(
-        "logistic", _logistic_centred, _XY + tuple({"x": [_DIAGONAL, _DIAGONAL], "y": y} for y in (0, 1)),
-        ratio_floor=0.96, floor_reason="a label flip leaves s2 unchanged; the pair reaches 0.97 of sqrt(3.4)",
-        note="release 'centred' at the iterate (8, -8) (_logistic_centred): the block g is the residual "
-             "clipped to C_r = 1/2 at that iterate; the label flip on the diagonal, where x^T m = 0, reaches "
-             "0.97 of the claim, and records the iterate misclassifies stay within it only through the clip"),
+        "logistic", lambda m: _confident_logistic(m, "centred"), _centred_candidates(),
+        block_weights=FIT_CENTRED_WEIGHTS, noise_multiplier=2.4, ratio_floor=0.99,
+        floor_reason="E[omega'] is 0.00125, not 0, and the far record is 1.1 degrees off -u; 0.999",
+        note="release 'centred' with fit's allocation g:s2 = 1:1 (D = sqrt(2.5)): a record the iterate "
+             "ignores against one it misclassifies far out, whose residual only the clip holds to C_r "
+             "(z = 2.4: D/z = 0.66)"),
 }
 
 NOT_AUDITED: dict[str, str] = {

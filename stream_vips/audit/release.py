@@ -73,7 +73,8 @@ class EngineTrials:
 
     ``make_model(capacity)`` builds a fresh model (its ``dataset_size`` is the capacity);
     ``sampling`` and ``batch_size`` configure the sampler exactly as the pipeline does
-    (``make_sampler``); ``seed`` seeds both the reservoir and the engine's generator.
+    (``make_sampler``); ``seed`` seeds both the reservoir and the engine's generator;
+    ``block_weights`` is the engine's noise allocation (None: the family's default).
 
     With ``unit="key"`` (privacy rule 12) the reservoir is a :class:`KeyReservoir` of
     ``capacity`` key slots holding at most ``records_per_key`` records each, and ``record`` is
@@ -96,6 +97,7 @@ class EngineTrials:
         delta: float = 1e-5,
         unit: str = "record",
         records_per_key: int = 1,
+        block_weights: Mapping[str, float] | None = None,
     ) -> None:
         self.model = make_model(capacity)
         self.blocks = tuple(self.model.blocks())
@@ -119,7 +121,7 @@ class EngineTrials:
         self.engine = PrivateEngine(
             self.model, self.reservoir, self.sampler, self.monitor, noise_multiplier,
             np.random.default_rng(seeds[1]), tau0=1.0, kappa=1.0, accountant_name="strong", seeded=True,
-            unit=unit,
+            unit=unit, block_weights=block_weights,
         )
         self._captured: list[np.ndarray] = []
 
