@@ -41,10 +41,11 @@ D. the release (stream_vips/models/logistic.py, "centred release"): the residual
    benchmarks/fit_release_validation.py.
 E. the neighbours of the centred release the rule takes (``stream_vips.fitting.CENTRED_LOGISTIC``:
    T = 32, g:s2 1:1, clip 1/2, last three quarters averaged), one knob at a time and a few pairs:
-   T in {24, 48, 64}, g:s2 1:0.75 or 1:1.5, clip 0.625 or 0.75, the last seven eighths or all but
-   the first iterate averaged. Same criterion, against the centred default: only a neighbour whose
+   T in {24, 48, 64}, g:s2 1:0.75 or 1:1.5, clip 0.625 or 0.75, the last seven eighths or all of
+   the iterates averaged. Same criterion, against the centred default: only a neighbour whose
    paired difference is below -2 SE would justify changing the defaults (``centred_default_holds``
-   is true when none is).
+   is true when none is). The paired differences are also reported over the sets where the rule
+   takes the centred release at all (N >= CENTRED_MIN_N and d >= CENTRED_MIN_D).
 
 Linear regression (``noise="gamma"``): synthetic regression sets of the size of small public
 ones (N in {300, 2,000}, d in {6, 11}; rows of norm <= 1 with a bias 0.5, y in [-1, 1]) compare
@@ -156,14 +157,15 @@ def public_tuning_set(package: str, name: str, label: str, positive: str,
 def candidate(n: int, d: int, steps: int, floor: float, ratio: float, accountant: str = "autodp",
               centred: tuple[float, float] | None = None) -> fitmod.Settings:
     """Rule evidence settings; ``centred`` = (residual clip, share of iterates averaged) for the
-    centred release (step size 1/2), whose vector block is g instead of s1."""
+    centred release (the rule's step size), whose vector block is g instead of s1."""
     base = fitmod.fit_settings("logistic", n, d, EPSILON, DELTA)
     params: dict = {"floor_factor": floor}
     first = "s1"
     if centred is not None:
         clip, tail = centred
         first = "g"
-        params.update(release="centred", residual_clip=clip, step_size=0.5, average_from=int(steps * (1 - tail)))
+        params.update(release="centred", residual_clip=clip, step_size=fitmod.CENTRED_LOGISTIC["step_size"],
+                      average_from=int(steps * (1 - tail)))
     return dataclasses.replace(base, q=1.0, steps=steps, kappa=1.0, tau0=1.0, model_params=params,
                                block_weights={first: 1.0, "s2": ratio}, accountant=accountant,
                                why={"candidate": "rule evidence"})
@@ -225,9 +227,17 @@ def centred_neighbours(stage_d: list[dict], data: dict, baselines: dict) -> dict
     rows = evaluate([(t, floor, w, "autodp", (clip, share)) for t, w, clip, share in CENTRED_NEIGHBOURS],
                     data, baselines)
     paired(rows, reference, data)
-    return {"default": dict(zip(("steps", "s2_over_g", "residual_clip", "averaged_share"), default)),
-            "default_gap_mean": reference["gap_mean"], "neighbours": rows,
-            "centred_default_holds": not any(r["adopt"] for r in rows)}
+    # the sets where the rule takes the centred release at all (the others use the s1 release)
+    centred_sets = [k for k, (Xtr, *_) in data.items() if fitmod.centred_by_size(*Xtr.shape)]
+    for row in rows:
+        diff = np.array([row["gap_per_set"][k] - reference["gap_per_set"][k] for k in centred_sets])
+        row["paired_diff_centred_sets"] = float(diff.mean())
+        row["paired_diff_se_centred_sets"] = float(diff.std(ddof=1) / np.sqrt(diff.size))
+    return {"default": {**dict(zip(("steps", "s2_over_g", "residual_clip", "averaged_share"), default)),
+                        "step_size": c["step_size"], "floor_factor": floor, "kappa": 1.0},
+            "default_gap_mean": reference["gap_mean"], "centred_sets": centred_sets,
+            "default_gap_mean_centred_sets": float(np.mean([reference["gap_per_set"][k] for k in centred_sets])),
+            "neighbours": rows, "centred_default_holds": not any(r["adopt"] for r in rows)}
 
 
 def synthetic_regression(n: int, d: int, seed: int) -> tuple[np.ndarray, ...]:

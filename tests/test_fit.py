@@ -1054,10 +1054,14 @@ def test_no_neighbour_of_the_centred_default_beat_it_on_the_tuning_sets():
     result = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/fit_rule_evidence.json")
                         .read_text())
     stage = result["stage_e_centred_neighbours"]
-    c = fitmod.CENTRED_LOGISTIC
-    assert stage["default"] == {"steps": c["steps"], "s2_over_g": c["weights"]["s2"] / c["weights"]["g"],
-                                "residual_clip": c["residual_clip"], "averaged_share": c["averaged_share"]}
+    rule = fitmod.fit_settings("logistic", 5000, 20, 1.0, 1e-5)  # a shape where the rule is centred
+    p, w = rule.model_params, rule.block_weights
+    assert p["release"] == "centred"
+    assert stage["default"] == {"steps": rule.steps, "s2_over_g": w["s2"] / w["g"],
+                                "residual_clip": p["residual_clip"],
+                                "averaged_share": 1 - p["average_from"] / rule.steps,
+                                "step_size": p["step_size"], "floor_factor": p["floor_factor"], "kappa": rule.kappa}
     rows = stage["neighbours"]
-    assert len(rows) >= 10 and stage["centred_default_holds"]
+    assert len(rows) == 13 and stage["centred_default_holds"]
     assert all(r["paired_diff"] >= -2 * r["paired_diff_se"] and not r["adopt"] for r in rows)
     assert result["rule"] == fitmod.RULE_VERSION
