@@ -48,7 +48,9 @@ def audit(name: str, spec: FamilyAudit, broken: bool = False) -> dict:
                                     diameter=pair.claimed_sensitivity * spec.noise_multiplier)
     out = {
         "name": name, "family": spec.family, "unit": spec.unit, "sampling": spec.sampling, "q": q,
-        "noise_multiplier": spec.noise_multiplier, "pair": [pair.record_a, pair.record_b],
+        "noise_multiplier": spec.noise_multiplier,
+        "block_weights": None if spec.block_weights is None else dict(spec.block_weights),
+        "pair": [pair.record_a, pair.record_b],
         "pair_sensitivity": pair.sensitivity, "claimed_sensitivity": pair.claimed_sensitivity,
         "pair_ratio": pair.ratio, "worst_case": pair.worst_case, "note": spec.note,
     }

@@ -263,14 +263,14 @@ def test_a_loose_or_one_sided_centred_clip_is_seen_without_noise(monkeypatch, fa
 
 
 def test_the_fit_audits_use_the_allocations_fit_deploys():
-    """logistic_fit and logistic_centred audit the noise allocations stream_vips.fitting uses,
-    not only the family's default, so a diameter wrong only at those weights is seen."""
-    from stream_vips import fitting
-
-    assert EXTRA_AUDITS["logistic_fit"].block_weights == fitting.LOGISTIC_WEIGHTS
-    assert EXTRA_AUDITS["logistic_centred"].block_weights == fitting.CENTRED_LOGISTIC["weights"]
+    """logistic_fit and logistic_centred audit the noise allocations stream_vips.fitting uses
+    (read from its constants), not only the family's default: their engines calibrate the
+    diameter and the per-block noise to those weights (at g:s2 = 1:1 the stds are in the ratio of
+    the bounds, 1/2 : 1/4)."""
     for name in ("logistic_fit", "logistic_centred"):
         spec = EXTRA_AUDITS[name]
         engine = spec.trials(None, seed=0).engine
         assert engine.diameter == pytest.approx(spec.make_model(spec.capacity).diameter(spec.block_weights))
         assert engine.diameter < FAMILY_AUDITS["logistic"].trials(None, seed=0).engine.diameter
+    assert EXTRA_AUDITS["logistic_centred"].trials(None, seed=0).engine.block_stds["g"] == pytest.approx(
+        EXTRA_AUDITS["logistic_centred"].trials(None, seed=0).engine.block_stds["s2"] * 0.5 / 0.25)

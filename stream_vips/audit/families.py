@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from stream_vips.audit.release import EngineTrials, claimed_epsilon, parse_record, parse_records
+from stream_vips import fitting
 from stream_vips.audit.stats import CONFIDENCE, AuditResult, audit_samples, ideal_lower_bound
 from stream_vips.models.base import Block, Model
 from stream_vips.models.baselines.dpvi import DPVI
@@ -135,11 +136,10 @@ def _sbn(capacity: int) -> SigmoidBeliefNetwork:
     return model
 
 
-#: The noise allocations ``fit`` deploys for the logistic family (stream_vips.fitting:
-#: ``LOGISTIC_WEIGHTS`` for the s1 release, ``CENTRED_LOGISTIC["weights"]`` for the centred one;
-#: a test holds them equal), audited here besides the family's default allocation.
-FIT_SUMS_WEIGHTS = {"s1": 1.0, "s2": 1.5}
-FIT_CENTRED_WEIGHTS = {"g": 1.0, "s2": 1.0}
+#: The noise allocations ``fit`` deploys for the logistic family, audited here besides the
+#: family's default allocation: the s1 release's and the centred release's.
+FIT_SUMS_WEIGHTS = fitting.LOGISTIC_WEIGHTS
+FIT_CENTRED_WEIGHTS = fitting.CENTRED_LOGISTIC["weights"]
 #: Public state of the fit audits: a confident posterior (precision 10^6, so E[omega] = 1/4 to
 #: within 10^-7 wherever x^T m = 0) and, for the centred release, the iterate M (1, -1) / sqrt(2).
 CONFIDENT_PRECISION = 1e6
@@ -149,9 +149,10 @@ CENTRED_SIN_PHI = 0.02
 
 
 def _confident_logistic(capacity: int, release: str = "sums") -> BayesianLogisticRegression:
-    """A logistic model whose posterior precision is CONFIDENT_PRECISION I (a state the model can
-    approach after many releases of a large s2); the centred release's iterate is
-    CENTRED_ITERATE_NORM (1, -1) / sqrt(2)."""
+    """A logistic model whose posterior precision is CONFIDENT_PRECISION I and, for the centred
+    release, whose iterate is CENTRED_ITERATE_NORM (1, -1) / sqrt(2). At the audit's N = 4 such a
+    state comes from earlier releases' noise, not from data; the noise has full support, so any
+    public state can precede a step, and each step's guarantee must hold at every one."""
     model = BayesianLogisticRegression(dim=2, dataset_size=capacity, release=release)
     state = model.state()
     state["s2_blend"] = CONFIDENT_PRECISION * np.eye(2)
@@ -175,7 +176,7 @@ def _centred_candidates() -> tuple[dict, ...]:
     """The centred release's worst pair, for either label: x = u = (1, 1) / sqrt(2), on which the
     iterate is silent (x^T m = 0, residual y - 1/2, E[omega] = 1/4), against a record near -u
     that the iterate misclassifies far out (x^T m = -+400 for y = 1 / 0: E[omega] = 0.00125, and
-    the residual +-0.999, clipped to +-C_r). Clipped, their g differ by 2 C_r cos(phi / 2) and
+    the residual +-1 to 10^-11, clipped to +-C_r). Clipped, their g differ by 2 C_r cos(phi / 2) and
     their s2 by nearly the bound: 0.999 of the claimed diameter (its first branch, x' -> -x,
     p = 1/4, p' -> 0). Unclipped, g differs by about 3 C_r, so a clip that is missing, one-sided
     or a few per cent loose moves the pair past the claim."""
@@ -415,6 +416,7 @@ class FamilyResult:
             "unit": self.spec.unit, "records_per_key": self.spec.records_per_key, "sampling": self.spec.sampling,
             "q": self.spec.batch_size / self.spec.capacity, "noise_multiplier": self.spec.noise_multiplier,
             "capacity": self.spec.capacity, "pair": [self.pair.record_a, self.pair.record_b],
+            "block_weights": None if self.spec.block_weights is None else dict(self.spec.block_weights),
             "pair_sensitivity": self.pair.sensitivity, "claimed_sensitivity": self.pair.claimed_sensitivity,
             "pair_ratio": self.pair.ratio, "worst_case": self.pair.worst_case, "note": self.spec.note,
             **self.result.to_dict(), "seconds": self.seconds,
