@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from stream_vips.audit.release import EngineTrials, claimed_epsilon, parse_record, parse_records
 from stream_vips import fitting
+from stream_vips.audit.release import EngineTrials, claimed_epsilon, parse_record, parse_records
 from stream_vips.audit.stats import CONFIDENCE, AuditResult, audit_samples, ideal_lower_bound
 from stream_vips.models.base import Block, Model
 from stream_vips.models.baselines.dpvi import DPVI
