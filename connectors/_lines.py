@@ -41,7 +41,8 @@ def message_line(message: Mapping[str, Any]) -> str:
 def dead_letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
     """JSON form of a dead letter: reason, detail, origin and the original value.
 
-    The value is kept as text when it is valid UTF-8, else base64 (``value_base64``).
+    The value is kept as text when it is valid UTF-8, else base64 (``value_base64``); a record
+    without a value (a tombstone) has ``"value": null``.
     """
     out: dict[str, Any] = {
         "reason": letter.reason,
@@ -50,10 +51,14 @@ def dead_letter_to_dict(letter: DeadLetter) -> dict[str, Any]:
     }
     if letter.length is not None:
         out.update(length=letter.length, sha256=letter.sha256, truncated=letter.truncated)
+    value = letter.record.value
+    if value is None:
+        out["value"] = None
+        return out
     try:
-        out["value"] = letter.record.value.decode("utf-8")
+        out["value"] = value.decode("utf-8")
     except UnicodeDecodeError:
-        out["value_base64"] = base64.b64encode(letter.record.value).decode("ascii")
+        out["value_base64"] = base64.b64encode(value).decode("ascii")
     return out
 
 

@@ -11,8 +11,9 @@ from connectors._lines import PausableSource
 from stream_vips.io import DeadLetter, RawRecord
 
 
-def _as_bytes(value: bytes | str | Any) -> bytes:
-    if isinstance(value, bytes):
+def _as_bytes(value: bytes | str | Any) -> bytes | None:
+    """A queued value as record bytes; ``None`` stays a record without a value (a tombstone)."""
+    if value is None or isinstance(value, bytes):
         return value
     if isinstance(value, str):
         return value.encode("utf-8")
@@ -20,7 +21,8 @@ def _as_bytes(value: bytes | str | Any) -> bytes:
 
 
 class MemorySource(PausableSource):
-    """A queue of records. ``values`` may be bytes, str or JSON-serializable objects.
+    """A queue of records. ``values`` may be bytes, str or JSON-serializable objects; ``None``
+    is a record without a value, as a Kafka tombstone is (JSON ``null`` is ``b"null"``).
 
     ``finite=True`` makes the source exhausted once the queue is drained; ``finite=False``
     keeps it open for :meth:`put` until :meth:`finish` is called.

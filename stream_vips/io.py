@@ -12,9 +12,10 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, overloa
 
 @dataclass(frozen=True)
 class RawRecord:
-    """One record as it arrived: the original bytes plus where it came from."""
+    """One record as it arrived: the original bytes plus where it came from. ``value`` is
+    ``None`` for a record that has none (a Kafka tombstone)."""
 
-    value: bytes
+    value: bytes | None
     origin: Mapping[str, Any] = field(default_factory=dict)  # e.g. topic, partition, offset
 
 
@@ -117,7 +118,8 @@ def values_of(raws: Sequence[RawRecord]) -> list[bytes]:
 class DeadLetter:
     """A rejected record: its bytes (at most the first ``max_bytes``, see :meth:`bounded`), a
     reason code and a human-readable detail; ``length`` and ``sha256`` describe the original
-    value, so a truncated letter still identifies the record. An origin field cut by
+    value, so a truncated letter still identifies the record. A record without a value (a
+    tombstone) makes a letter without one: value, ``length`` and ``sha256`` are ``None``. An origin field cut by
     :meth:`bounded` (e.g. a huge Kafka key) is described the same way, by the origin fields
     ``<name>.length`` and ``<name>.sha256``."""
 
@@ -129,7 +131,8 @@ class DeadLetter:
 
     @property
     def truncated(self) -> bool:
-        return self.length is not None and self.length > len(self.record.value)
+        value = self.record.value
+        return value is not None and self.length is not None and self.length > len(value)
 
     @classmethod
     def bounded(cls, record: RawRecord, reason: str, detail: str, max_bytes: int,
@@ -146,6 +149,8 @@ class DeadLetter:
         (b'xxxx', 10, True, 1024)
         >>> letter.record.origin["key.length"], letter.record.origin["key.sha256"][:12]
         (2000, '1c8123314be7')
+        >>> DeadLetter.bounded(RawRecord(None, {"offset": 8}), "tombstone", "no value", max_bytes=4).length is None
+        True
         """
         if len(detail) > max_detail:
             detail = detail[:max_detail] + "..."
@@ -160,13 +165,15 @@ class DeadLetter:
         if origin is not None:
             record = replace(record, origin=origin)
         value = record.value
+        if value is None:
+            return cls(record, reason, detail)
         return cls(record, reason, detail, len(value), hashlib.sha256(value).hexdigest()).shortened(max_bytes)
 
     def shortened(self, max_bytes: int) -> "DeadLetter":
         """This letter with its value cut to ``max_bytes``; ``length`` and ``sha256`` keep
         describing the original value (computed here if the letter had none)."""
         value = self.record.value
-        if len(value) <= max_bytes:
+        if value is None or len(value) <= max_bytes:
             return self
         length, digest = ((self.length, self.sha256) if self.length is not None
                           else (len(value), hashlib.sha256(value).hexdigest()))

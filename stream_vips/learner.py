@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from stream_vips import messages
+from stream_vips import messages, records
 from stream_vips.decoding import DecodedBatch, decode_batch
 from stream_vips.engine import PrivateEngine, StepResult, allocation_diameter
 from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
@@ -459,7 +459,7 @@ class PrivateLearner:
         """
         n = len(values)
         self._fed += n
-        bytes_in = bool(n) and isinstance(values[0], (bytes, bytearray))
+        bytes_in = records.undecoded(values)
         ok = np.zeros(n, dtype=bool)
         rejected: list[tuple[int, str, str]] = []
         decoded = 0
@@ -662,10 +662,9 @@ def _as_records(data: Any, arrays: tuple[np.ndarray, np.ndarray | None] | None,
 
 def _field_keys(values: Sequence[Any], field: str) -> list[Any]:
     """The ``field`` of each record (``None`` where it cannot be read): the configured key field
-    wins over any other key (privacy rule 12)."""
-    if len(values) and isinstance(values[0], (bytes, bytearray)):
-        from stream_vips import records
-
+    wins over any other key (privacy rule 12). ``values`` are decoded records (dicts) or raw
+    ones (bytes, or ``None`` for a record without a value)."""
+    if records.undecoded(values):
         decoded = records.decode_json(values)
         out: list[Any] = [None] * len(values)
         for i, obj in zip(decoded.index, decoded.values):

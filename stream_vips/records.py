@@ -49,6 +49,8 @@ _FRACTION_RUN = b"." + _LONG_RUN
 _DOT = ord(".")
 
 INVALID_JSON = "invalid_json"
+#: A record with no value at all (a Kafka tombstone: compaction and any producer can make one).
+TOMBSTONE = "tombstone"
 EMPTY_DOCUMENT = "empty_document"
 TOO_LARGE = "too_large"
 NOT_OBJECT = "not_object"
@@ -60,6 +62,7 @@ OUT_OF_RANGE = "out_of_range"
 
 REASONS = (
     INVALID_JSON,
+    TOMBSTONE,
     EMPTY_DOCUMENT,
     TOO_LARGE,
     NOT_OBJECT,
@@ -96,7 +99,20 @@ class Decoded(NamedTuple):
     rejected: list[tuple[int, str, str]]
 
 
-def _too_large(raw: bytes | str, max_bytes: int | None) -> RecordRejected | None:
+def undecoded(values: Sequence[Any]) -> bool:
+    """Whether a batch holds raw documents (bytes or text, ``None`` for a record without a value)
+    rather than decoded records; a batch is one or the other, so its first item tells.
+
+    >>> undecoded([None, b"{}"]), undecoded([{"x": [1.0]}]), undecoded([])
+    (True, False, False)
+    """
+    return bool(len(values)) and (values[0] is None or isinstance(values[0], (bytes, bytearray, str)))
+
+
+def _refused_unread(raw: bytes | str | None, max_bytes: int | None) -> RecordRejected | None:
+    """Why ``raw`` is refused before it is parsed (no value at all, or too large), or ``None``."""
+    if raw is None:
+        return RecordRejected(TOMBSTONE, "the record has no value (a tombstone)")
     if max_bytes is not None and len(raw) > max_bytes:
         return RecordRejected(TOO_LARGE, f"record of {len(raw)} bytes exceeds the limit of {max_bytes}")
     return None
@@ -115,11 +131,12 @@ def _decode_failure(raw: bytes | str, exc: Exception) -> RecordRejected:
     return RecordRejected(INVALID_JSON, str(exc)[:200])
 
 
-def decode_one(raw: bytes | str, max_bytes: int | None = None) -> Any:
-    """Decode one JSON document or raise :class:`RecordRejected`."""
-    too_large = _too_large(raw, max_bytes)
-    if too_large is not None:
-        raise too_large
+def decode_one(raw: bytes | str | None, max_bytes: int | None = None) -> Any:
+    """Decode one JSON document or raise :class:`RecordRejected` (``None``, a record without a
+    value, is rejected as ``tombstone``)."""
+    refused = _refused_unread(raw, max_bytes)
+    if refused is not None:
+        raise refused
     try:
         return _loads(raw)
     except _DECODE_ERRORS as exc:
@@ -141,7 +158,7 @@ def _no_long_integer(text: bytes) -> bool:
     return text.count(_LONG_RUN) == text.count(_FRACTION_RUN)
 
 
-def decode_json(raws: Sequence[bytes | str], max_bytes: int | None = None) -> Decoded:
+def decode_json(raws: Sequence[bytes | str | None], max_bytes: int | None = None) -> Decoded:
     """Decode a batch of JSON documents; failures become ``(position, reason, detail)``.
 
     The results are those of :func:`decode_one` applied to each document alone. Documents that

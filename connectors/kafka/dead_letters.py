@@ -32,12 +32,14 @@ _BUDGET = MAX_REQUEST_BYTES - SIZE_MARGIN
 _POSITION = ("topic", "partition", "offset")
 
 
-def fitted(letter: DeadLetter, budget: int = _BUDGET) -> tuple[bytes, bytes | None, list[tuple[str, bytes]]]:
+def fitted(letter: DeadLetter, budget: int = _BUDGET) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
     """``(value, key, headers)`` of ``letter``'s Kafka record, at most ``budget`` bytes by
     kafka-python's estimate of a one-record batch (see ``SIZE_MARGIN``), so a send never fails
     for size. :meth:`DeadLetter.bounded` keeps letters well inside; past the budget (a source
     with many large origin fields) the value is cut further, and if the headers alone pass it
-    only the record's position stays of its origin.
+    only the record's position stays of its origin. A letter without a value (a tombstone) is
+    a record without one too; it then always has a key (empty when the origin has no position),
+    since a Kafka record needs a key or a value.
 
     >>> from stream_vips.io import RawRecord
     >>> value, key, headers = fitted(DeadLetter.bounded(RawRecord(b"v" * 5000, {"topic": "t", "partition": 0,
@@ -49,12 +51,14 @@ def fitted(letter: DeadLetter, budget: int = _BUDGET) -> tuple[bytes, bytes | No
     key = None
     if {"topic", "partition", "offset"} <= set(origin):
         key = f"{origin['topic']}/{origin['partition']}/{origin['offset']}".encode()
-    source = [(f"source.{k}", v if isinstance(v, bytes) else str(v).encode())
+    elif letter.record.value is None:
+        key = b""
+    source = [(f"source.{k}", v if isinstance(v, bytes) else str(v).encode("utf-8", "replace"))
               for k, v in origin.items() if v is not None]
     headers = _headers(letter) + source
     excess = _size(key, letter.record.value, headers) - budget
     if excess > 0:  # the cut may add length, sha256 and truncated headers: ~100 bytes, 128 kept free
-        cut = letter.shortened(max(0, len(letter.record.value) - excess - 128))
+        cut = letter.shortened(max(0, len(letter.record.value or b"") - excess - 128))
         headers = _headers(cut) + source
         if _size(key, cut.record.value, headers) > budget:
             headers = _headers(cut) + [h for h in source if h[0][len("source."):] in _POSITION]
@@ -71,7 +75,7 @@ def _headers(letter: DeadLetter) -> list[tuple[str, bytes]]:
     return headers
 
 
-def _size(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
     return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
 
 

@@ -96,6 +96,8 @@ class KafkaSource:
         self._next: dict[Any, int] = {}  # (topic, partition) -> offset after the last returned record
         self._seek: dict[Any, int] = {}  # applied once, at the partition's next assignment
         self.duplicates_dropped = 0
+        self.unexpected_dropped = 0  # records of topics this source does not read (never returned)
+        self._warned_topics: set[str] = set()
         self._done: dict[Any, int] = {}  # offsets marked processed by commit()
         self._committed: dict[Any, int] = {}  # offsets the broker acknowledged
         self._last_commit = float("-inf")
@@ -127,6 +129,9 @@ class KafkaSource:
                 client.pause(client.assignment())
             segments = []
             for tp, recs in batches:
+                if tp[0] not in self.topics:
+                    self._unexpected(tp, len(recs))
+                    continue
                 floor = self._next.get(tp)
                 if recs and floor is not None and offset_of(recs[0]) < floor:
                     recs = self._above_floor(tp, recs, floor)
@@ -141,6 +146,15 @@ class KafkaSource:
                     self._caught_up = self._at_end()
             self._last_poll = time.monotonic()
             return out if out else []
+
+    def _unexpected(self, tp: Any, n: int) -> None:
+        """Records of a topic this source was not given are never returned (the client should
+        not deliver them; if one does, they are no arrivals of this stream: the topic is public,
+        so skipping them moves no reservoir decision). Counted and logged, once per topic."""
+        self.unexpected_dropped += n
+        if tp[0] not in self._warned_topics:
+            self._warned_topics.add(tp[0])
+            log.warning("skipped %d records of topic %r, which this source does not read", n, tp[0])
 
     def _above_floor(self, tp: Any, recs: list, floor: int) -> list:
         """Drop records this process already returned (a partition given back after a rebalance,
