@@ -132,20 +132,22 @@ def test_inspect_prints_the_latest_model_with_its_privacy_report(e2e, capsys):
                                              "--model-id", "absent"])) == 1
 
 
-def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka_bootstrap):
+@each_client
+def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka_bootstrap, client):
     names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
     create_topic(kafka_bootstrap, names["in"], partitions=2)
     good = linreg_records(3000, seed=3)
-    bad = [b"{not json", b'{"x": [1, 2, 3, 4]}', b"\xff\xfe", b'{"x": [1, 2], "y": 0}', b'[1, 2]']
+    # None: a tombstone (no value), which once stopped the service at every restart
+    bad = [b"{not json", b'{"x": [1, 2, 3, 4]}', b"\xff\xfe", b'{"x": [1, 2], "y": 0}', b'[1, 2]', None]
     values = good[:1000] + bad + good[1000:]
-    placed = produce(kafka_bootstrap, names["in"], values, partitions=2)
+    placed = produce(kafka_bootstrap, names["in"], values, partitions=2, key_fn=lambda i: b"k%d" % i)
     spec = {"config": pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
                                       dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=1000,
                                       batch_size=100, every_records=1000, source_options={"until_end": True},
-                                      noise_multiplier=2.0, epsilon=5.0),
+                                      noise_multiplier=2.0, epsilon=5.0, client=client),
             "ledger_topic": names["ledger"], "ledger_id": "dl"}
     stats = build_app(spec).run()
-    assert stats.records == 3005 and stats.accepted == 3000 and stats.updates == 3
+    assert stats.records == 3006 and stats.accepted == 3000 and stats.updates == 3
     letters = [dead_letter_from_record(r) for r in read_topic(kafka_bootstrap, names["dlq"])]
     by_value = {d["value"]: d for d in letters}
     assert set(by_value) == set(bad)
@@ -153,6 +155,7 @@ def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka
     assert by_value[b'{"x": [1, 2, 3, 4]}']["reason"] == "missing_field"
     assert by_value[b'{"x": [1, 2], "y": 0}']["reason"] == "wrong_shape"
     assert by_value[b"[1, 2]"]["reason"] == "not_object"
+    assert by_value[None]["reason"] == "tombstone" and "length" not in by_value[None]
     for i, value in enumerate(values):
         if value in by_value:
             src = by_value[value]["source"]
