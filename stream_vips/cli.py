@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted or signalled); 1 a model could not be
+EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted for the budget, or signalled); 1 a model could not be
 published (the run retried it with its input paused and no new step until it was stopped); 2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
 the port is busy; checked before anything is spent, except a --json-summary file that cannot be
 written at the end, e.g. a full disk: the summary is then on stderr only); 3 the privacy state
@@ -58,7 +58,9 @@ that the checkpoint or the published model reflect: restore it, or start a new b
 `stream-vips reset`); 4 a dead letter was not delivered (nothing was committed past it); 5 a connector
 failed past its retry deadline (e.g. the Kafka broker unreachable); 6 the privacy ledger could not
 be written (e.g. a full disk at privacy.ledger.path): no step was released without its ledger line;
-free space and restart"""
+free space and restart; 8 updates halted because the reservoir holds mostly rejected arrivals
+(sampling.max_rejected_fraction: the input is wrong; the summary names the top rejection reasons).
+A run that ends because the privacy budget is spent ends with 0: that is how such a run is meant to end"""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         elif problem := write_summary(args.json_summary, text):
             say(problem)
             return 2
+    if stats.halt_cause == "rejected_data":
+        say(f"halted on rejected data: {stats.halt_reason}")
+        return 8
     return 0
 
 

@@ -268,7 +268,10 @@ class RuntimeConfig:
     with a Kafka broker it measured no faster); 0 decodes in the pipeline's process.
     ``dead_letter_max_bytes``: a dead letter carries at most this many bytes of the rejected
     record (plus its full length and sha256), so delivering it never fails for size; keep it
-    below the dead-letter topic's ``max.message.bytes``."""
+    below the dead-letter topic's ``max.message.bytes``.
+    ``source_check_s``: how often a partitioned source (Kafka) is asked which partitions it
+    holds and which of its topics are missing (a metadata request); a problem is logged as a
+    WARNING at each check while it lasts and exported as metrics."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000
@@ -280,6 +283,7 @@ class RuntimeConfig:
     publish_interval_s: float = 1.0
     decode_workers: int = 0
     dead_letter_max_bytes: int = 65_536
+    source_check_s: float = 30.0
 
 
 def _default_source() -> ConnectorConfig:
@@ -531,6 +535,7 @@ def _validate(cfg: Config) -> None:
         ("runtime.poll_timeout_s", rt.poll_timeout_s >= 0, "must be >= 0"),
         ("runtime.checkpoint_interval_s", rt.checkpoint_interval_s >= 0, "must be >= 0"),
         ("runtime.publish_interval_s", rt.publish_interval_s >= 0, "must be >= 0"),
+        ("runtime.source_check_s", rt.source_check_s > 0, "must be > 0"),
         ("runtime.decode_workers", rt.decode_workers in (0, 1), "must be 0 or 1"),
         ("runtime.decode_workers", s.validation == "all" or rt.decode_workers == 0,
          "must be 0 with sampling.validation: admitted (admitted records are decoded when the reservoir "

@@ -115,18 +115,22 @@ def budget_warnings(app: Application, config: Any) -> list[str]:
 
 class Progress:
     """Progress while running: a line redrawn in place on a terminal, a plain line every
-    ``every_s`` seconds otherwise (logs)."""
+    ``every_s`` seconds otherwise (logs). The rate is over the time since the previous line, so
+    an idle source shows 0/s rather than a lifetime average that decays slowly."""
 
     def __init__(self, stream: TextIO | None = None, every_s: float = 10.0) -> None:
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every_s = float(every_s)
-        self._started = time.monotonic()
         self._last = float("-inf")
+        self._since: tuple[float, int] = (time.monotonic(), 0)  # (time, records) of the previous line
 
     def line(self, app: Application) -> str:
         s = app.stats
-        rate = s.records / max(time.monotonic() - self._started, 1e-9)
+        now = time.monotonic()
+        then, records = self._since
+        rate = (s.records - records) / max(now - then, 1e-9)
+        self._since = (now, s.records)
         eps = app.engine.epsilon_spent()
         budget = "" if app.engine.non_private else f" of {app.engine.monitor.epsilon_budget:g}"
         return (f"{s.records} records ({sum(s.rejected.values())} rejected), {rate:,.0f}/s, "
@@ -173,6 +177,7 @@ def summary(app: Application, stats: RunStats, seconds: float) -> dict[str, Any]
         "ledger_id": app.ledger.ledger_id if private else None,
         "halted": stats.halted,
         "halt_reason": stats.halt_reason,
+        "halt_cause": stats.halt_cause,
         "stopped_by_signal": stats.stopped_by_signal,
         "metrics_port": app.metrics_port,
         "seconds": round(seconds, 3),

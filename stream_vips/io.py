@@ -251,6 +251,44 @@ class LagReporting(Protocol):
     def lag(self) -> dict[tuple[str, int], int]: ...
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """What a partitioned source reads right now: of the ``topics`` it was given, it holds
+    ``held`` of the ``partitions`` that the existing ones have, and ``missing`` names those that
+    do not exist (or that its user may not see). Public: topic metadata, no record.
+
+    >>> Coverage(held=0, partitions=3, missing=()).problem()
+    'holds none of the 3 partitions of its topics, so nothing is consumed'
+    >>> Coverage(held=2, partitions=2, missing=()).problem() is None
+    True
+    """
+
+    held: int
+    partitions: int
+    topics: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+    def problem(self) -> str | None:
+        """Why records that arrive may not be consumed, in one line; ``None`` when all is read."""
+        if self.missing:
+            names = ", ".join(repr(t) for t in self.missing)
+            return (f"input topic{'s' if len(self.missing) > 1 else ''} {names} "
+                    f"{'do' if len(self.missing) > 1 else 'does'} not exist (or this user may not describe "
+                    "it), so nothing is consumed from it")
+        if not self.held:
+            return f"holds none of the {self.partitions} partitions of its topics, so nothing is consumed"
+        return None
+
+
+@runtime_checkable
+class PartitionedSource(Protocol):
+    """A source that reads partitions of named topics (Kafka) and can say which it holds."""
+
+    def coverage(self) -> Coverage:
+        """The partitions held and the topics missing now (asks the broker for metadata)."""
+        ...
+
+
 @runtime_checkable
 class Sink(Protocol):
     """Publishes model messages (keyed by model id)."""

@@ -220,6 +220,15 @@ class PrivateLearner:
         return self.engine.monitor.halt_reason if self.engine.halted else None
 
     @property
+    def halt_cause(self) -> str | None:
+        """``"budget"`` (the planned end: no further step fits the privacy budget),
+        ``"rejected_data"`` (the reservoir holds mostly rejected arrivals: the input is wrong)
+        or ``None`` while updates go on."""
+        if self._refused is not None:
+            return "rejected_data"
+        return "budget" if self.engine.halted else None
+
+    @property
     def epsilon_spent(self) -> float:
         """epsilon of everything in the ledger (infinite for a non-private learner)."""
         return self.engine.epsilon_spent()

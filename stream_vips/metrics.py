@@ -77,7 +77,18 @@ class Metrics:
         self.epsilon_spent = Gauge(f"{PREFIX}_epsilon_spent", "Privacy loss epsilon spent so far (from the ledger).", registry=r)
         self.epsilon_budget = Gauge(f"{PREFIX}_epsilon_budget", "Configured epsilon budget.", registry=r)
         self.delta = Gauge(f"{PREFIX}_delta", "Configured delta.", registry=r)
-        self.halted = Gauge(f"{PREFIX}_halted", "1 when updates halted because the budget is spent.", registry=r)
+        self.halted = Gauge(f"{PREFIX}_halted", "1 when updates halted for good (why: stream_vips_halt_cause).",
+                            registry=r)
+        self.halt_cause = Gauge(
+            f"{PREFIX}_halt_cause", "1 for the reason updates halted: budget (the planned end: no further step "
+            "fits the privacy budget) or rejected_data (the reservoir holds mostly rejected arrivals).", ["cause"],
+            registry=r)
+        self.source_partitions = Gauge(
+            f"{PREFIX}_source_partitions", "Input partitions the source holds (Kafka; checked every "
+            "runtime.source_check_s): 0 means nothing is consumed.", registry=r)
+        self.source_topic_missing = Gauge(
+            f"{PREFIX}_source_topic_missing", "1 for an input topic that does not exist (or that the source's user "
+            "may not describe): nothing is consumed from it.", ["topic"], registry=r)
         self.model_version = Gauge(f"{PREFIX}_model_version", "Version (ledger step) of the last published model.", registry=r)
         self.last_update_timestamp = Gauge(
             f"{PREFIX}_last_update_timestamp_seconds", "Unix time of the last released update. " + TIMING_CAVEAT,

@@ -42,8 +42,8 @@ from stream_vips.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, 
                                   make_decoder)
 from stream_vips.engine import StepResult
 from stream_vips.errors import StreamVipsError
-from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, RawRecord, RebalancingSource, RecordBatch,
-                            SeekableSource, Sink, Source, values_of)
+from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, PartitionedSource, RawRecord, RebalancingSource,
+                            RecordBatch, SeekableSource, Sink, Source, values_of)
 from stream_vips.learner import PrivateLearner, reject_keyless
 from stream_vips.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
@@ -73,6 +73,7 @@ class RunStats:
     published: int = 0
     halted: bool = False
     halt_reason: str | None = None
+    halt_cause: str | None = None  # "budget" (the planned end) or "rejected_data" (the input is wrong)
     stopped_by_signal: bool = False
     last_message: dict[str, Any] | None = None
 
@@ -106,6 +107,7 @@ class Application:
         decode_workers: int = 0,
         model_params: dict[str, Any] | None = None,
         dead_letter_max_bytes: int = 65536,
+        source_check_s: float = 30.0,
     ) -> None:
         if on_halt not in ("stay", "exit"):
             raise ValueError(f"on_halt must be 'stay' or 'exit', got {on_halt!r}")
@@ -129,6 +131,8 @@ class Application:
         self.decode_workers = decode_workers
         self.model_params = model_params
         self.dead_letter_max_bytes = int(dead_letter_max_bytes)
+        self.source_check_s = float(source_check_s)
+        self._source_check_at: float | None = None  # monotonic time of the next coverage check
         self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
         self._dead_letter_failure: Exception | None = None
         self._decoder: InlineDecoder | ProcessDecoder | DeferredDecoder = InlineDecoder(learner.model)
@@ -195,6 +199,7 @@ class Application:
                 on_halt=cfg.runtime.on_halt, blas_threads=cfg.runtime.blas_threads,
                 publish_interval_s=cfg.runtime.publish_interval_s, decode_workers=cfg.runtime.decode_workers,
                 model_params=cfg.model.params, dead_letter_max_bytes=cfg.runtime.dead_letter_max_bytes,
+                source_check_s=cfg.runtime.source_check_s,
                 **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
@@ -239,7 +244,9 @@ class Application:
                     raise bind_error(*self.metrics_address, exc) from exc
                 self._metrics_port = self._server.port
             if not self.engine.non_private and not self.halted:
-                self.engine.monitor.prepare(self.engine.event())  # the accountant's search, before consuming
+                # the accountant's search, before consuming; a ledger with no room left halts now
+                self.engine.monitor.check_room(self.engine.event())
+            self._after_steps()
             if on_start is not None:
                 on_start(self)
             self._decoder = make_decoder(self.decode_workers, self.model, self.model.family, self.model_params or {},
@@ -257,6 +264,7 @@ class Application:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.metrics.tick()
+            self._check_source()
             if self.halted:
                 if self.on_halt == "exit":
                     break
@@ -387,6 +395,33 @@ class Application:
         except DeadLetterError:  # recorded: the loop raises it at its next commit
             return None
         return self._applied
+
+    def _check_source(self) -> None:
+        """At start and every ``source_check_s``: the partitions a partitioned source (Kafka)
+        holds and the input topics that are missing, as metrics and, while a problem lasts, a
+        WARNING at each check. Holding no partition is only a problem from the second check on
+        (joining the group takes a moment)."""
+        if not isinstance(self.source, PartitionedSource):
+            return
+        now = time.monotonic()
+        if self._source_check_at is not None and now < self._source_check_at:
+            return
+        first = self._source_check_at is None
+        self._source_check_at = now + self.source_check_s
+        try:
+            cover = self.source.coverage()
+        except Exception as exc:  # metadata unavailable right now: the next poll reports real failures
+            log.warning("could not check the source's partitions: %s", exc)
+            return
+        m = self.metrics
+        m.source_partitions.set(cover.held)
+        for topic in cover.topics:
+            m.source_topic_missing.labels(topic=topic).set(int(topic in cover.missing))
+        problem = cover.problem()
+        if problem is not None and (cover.missing or not first):
+            log.warning("the source %s; runbook: docs/deploy.md#%s", problem,
+                        "streamvipsinputtopicmissing" if cover.missing else "streamvipsnoinputpartitions")
+        self._export_lag()
 
     def _export_lag(self) -> None:
         """Set ``consumer_lag_records`` for sources that know their lag (Kafka); a count only."""
@@ -530,9 +565,12 @@ class Application:
         the last model stays published, marked halted."""
         self.stats.halted = True
         self.stats.halt_reason = self.learner.halt_reason
+        self.stats.halt_cause = self.learner.halt_cause
         self.metrics.halted.set(1)
+        self.metrics.halt_cause.labels(cause=self.stats.halt_cause).set(1)
         self.metrics.epsilon_spent.set(self.engine.epsilon_spent())
-        log.warning("updates halted: %s", self.stats.halt_reason)
+        if self.stats.halt_cause == "budget":  # the planned end (the learner logged a data halt itself)
+            log.info("privacy budget spent, updates halted for good: %s", self.stats.halt_reason)
         self.source.pause()
         if self.engine.last_step is not None:
             self._publish_latest(halted=True)

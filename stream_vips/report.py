@@ -15,7 +15,8 @@ the published models (a JSONL model file, or a model topic) and writes
   (``created_at``, and ``version`` is the ledger step of the model's last release). A compacted
   topic keeps little history; a model file keeps all of it;
 * the noise multiplier z and the sampling rate q of every step (from the ledger's events);
-* dead letters per reason (``--dead-letters``: a JSONL dead-letter file);
+* dead letters per reason (``--dead-letters``: a JSONL dead-letter file, or ``--dead-letter-topic``:
+  a Kafka dead-letter topic, read from its start, counting the ``reason`` headers);
 * the latest model: its predictive summary (posterior mean and standard deviation of the
   coefficients for linreg and logistic, top words per topic for lda, hyperparameters and
   natural-parameter shapes otherwise) and its privacy report.
@@ -82,7 +83,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "models are read from --topic")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers of the model and ledger topics")
     p.add_argument("--topic", default="stream-vips-models", help="model topic with --bootstrap (default: %(default)s)")
-    p.add_argument("--dead-letters", metavar="FILE", help="JSONL dead-letter file, for the counts per reason")
+    dead = p.add_mutually_exclusive_group()
+    dead.add_argument("--dead-letters", metavar="FILE", help="JSONL dead-letter file, for the counts per reason")
+    dead.add_argument("--dead-letter-topic", metavar="TOPIC", help="Kafka dead-letter topic (with --bootstrap), "
+                      "for the counts per reason (read from its start, reason headers only)")
     p.add_argument("--model-id", help="the model id (needed when the models hold several)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.png and report.html")
     p.add_argument("--points", type=int, default=DEFAULT_POINTS, metavar="N",
@@ -244,6 +248,16 @@ def models_from_topic(bootstrap: str, topic: str, model_id: str | None, timeout_
     if chosen is None:
         return None
     return Models(chosen, latest[chosen], history.get(chosen, []), f"topic {topic!r} on {bootstrap}")
+
+
+def dead_letter_counts_topic(bootstrap: str, topic: str, timeout_s: float) -> Counter:
+    """Dead letters per reason on a Kafka dead-letter topic (its ``reason`` headers)."""
+    from connectors.kafka import dead_letter_reasons, security_options
+    from stream_vips.inspect import deadline_options, within
+
+    security = {**security_options(), **deadline_options(timeout_s)}
+    return within(timeout_s * 2, lambda: dead_letter_reasons(bootstrap, topic, security=security, timeout_s=timeout_s),
+                  f"reading the dead-letter topic {topic!r}")
 
 
 def dead_letter_counts(path: str | os.PathLike[str]) -> Counter:
@@ -539,7 +553,7 @@ def render_png(report: Report) -> bytes:
     else:
         ax.axis("off")
         ax.set_title("dead letters per reason")
-        ax.text(0.5, 0.5, "no dead letters" if report.dead_letters is not None else "no dead-letter file given",
+        ax.text(0.5, 0.5, "no dead letters" if report.dead_letters is not None else "no dead letters given",
                 ha="center", va="center", transform=ax.transAxes, fontsize=11)
 
     ax = axes[1, 1]
@@ -632,9 +646,9 @@ def render_html(report: Report, png: bytes) -> str:
     notes = "".join(f"<p>{e(n)}</p>" for n in s["notes"])
     privacy_rows = [(k, json.dumps(v)) for k, v in p.items()]
     if report.dead_letters is None:
-        dead = "<p>No dead-letter file was given.</p>"
+        dead = "<p>No dead letters were given (<code>--dead-letters FILE</code> or <code>--dead-letter-topic TOPIC</code>).</p>"
     elif not report.dead_letters:
-        dead = "<p>The dead-letter file holds no dead letters.</p>"
+        dead = "<p>There are no dead letters.</p>"
     else:
         dead = _table(sorted(report.dead_letters.items(), key=lambda kv: -kv[1]), ("reason", "records"))
     curve_rows = [(k, f"{eps:.6g}") for k, eps in report.curve]
@@ -721,9 +735,11 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--points must be >= 2, got {args.points}", 2)
     if not args.timeout_s > 0:
         return fail(f"--timeout-s must be > 0, got {args.timeout_s!r}", 2)
-    if args.bootstrap is None and (args.ledger_topic is not None or args.models is None):
-        return fail("--bootstrap is needed to read " + ("--ledger-topic" if args.ledger_topic else "the model topic "
-                                                        "(or give --models FILE)"), 2)
+    if args.bootstrap is None and (args.ledger_topic is not None or args.models is None
+                                   or args.dead_letter_topic is not None):
+        needs = ("--ledger-topic" if args.ledger_topic else "--dead-letter-topic" if args.dead_letter_topic
+                 else "the model topic (or give --models FILE)")
+        return fail(f"--bootstrap is needed to read {needs}", 2)
     try:
         _check_matplotlib()
         if args.ledger_topic is None:
@@ -734,6 +750,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.ledger_topic is not None:
                 ledger = read_ledger_topic(args.bootstrap, args.ledger_topic, args.ledger_name, args.timeout_s)
+            if args.dead_letter_topic is not None:
+                dead = dead_letter_counts_topic(args.bootstrap, args.dead_letter_topic, args.timeout_s)
             if args.models is not None:
                 models = models_from_file(args.models, args.model_id)
                 where = f"the model file {args.models}"

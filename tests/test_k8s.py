@@ -58,6 +58,10 @@ REQUIRED_ALERTS = {
     "StreamVipsDeadLetterRateHigh",
     "StreamVipsPublishFailures",
     "StreamVipsConsumerLagGrowing",
+    "StreamVipsHaltedOnRejectedData",
+    "StreamVipsInputTopicMissing",
+    "StreamVipsNoInputPartitions",
+    "StreamVipsRecordsNotConsumed",
 }
 # Grafana's variables, replaced by a value of the same syntactic kind before promtool parses a query.
 GRAFANA_VARIABLES = {
@@ -204,6 +208,8 @@ def exported_metric_names() -> set[str]:
     m = Metrics(family="linreg", sampling="poisson", accountant="pld")
     m.records_rejected.labels(reason="x").inc()
     m.consumer_lag.labels(topic="t", partition="0").set(1)
+    m.halt_cause.labels(cause="budget").set(1)
+    m.source_topic_missing.labels(topic="t").set(0)
     m.update_duration.observe(0.1)
     return {s.name for metric in m.registry.collect() for s in metric.samples}
 
@@ -773,6 +779,10 @@ def test_alert_unit_tests_pass(overlay: str, tmp_path: Path) -> None:
         ("StreamVipsUpdatesStalled", "> 0\n", ">= 0\n"),
         ("StreamVipsConsumerLagGrowing", "unless ignoring (topic) stream_vips_halted == 1", ""),
         ("StreamVipsDeadLetterRateHigh", "sum without (reason) ", ""),
+        ("StreamVipsBudgetExhausted", '{cause="budget"}', ""),
+        ("StreamVipsNoInputPartitions", " unless stream_vips_halted == 1", ""),
+        ("StreamVipsRecordsNotConsumed", "unless stream_vips_halted == 1", ""),
+        ("StreamVipsRecordsNotConsumed", "== 0\n", ">= 0\n"),
     ],
 )
 def test_alert_unit_tests_catch_a_broken_rule(alert: str, old: str, new: str, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from connectors.kafka import KafkaLedger, dead_letter_from_record, read_topic
+from connectors.kafka import KafkaLedger, dead_letter_from_record, dead_letter_reasons, read_topic
 from kafka_broker import (
     CLIENTS, KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
 )
@@ -156,6 +157,8 @@ def test_malformed_records_go_to_dead_letters_and_the_pipeline_keeps_going(kafka
     assert by_value[b'{"x": [1, 2], "y": 0}']["reason"] == "wrong_shape"
     assert by_value[b"[1, 2]"]["reason"] == "not_object"
     assert by_value[None]["reason"] == "tombstone" and "length" not in by_value[None]
+    # what `stream-vips report --dead-letter-topic` counts
+    assert dead_letter_reasons(kafka_bootstrap, names["dlq"]) == collections.Counter(d["reason"] for d in letters)
     for i, value in enumerate(values):
         if value in by_value:
             src = by_value[value]["source"]
@@ -350,3 +353,45 @@ def test_a_rebalance_mid_run_with_the_decode_worker_hands_over_each_record_once(
     assert positions == after_in_flight == committed_at_revocation  # ... and was handed over applied
     assert got > 0 and app.stats.records > 1000
     assert sum(_committed(kafka_bootstrap, names["g"]).values()) == app.stats.records + got
+
+
+@each_client
+def test_an_input_topic_created_after_a_static_member_started_is_consumed(kafka_bootstrap, client, caplog):
+    """A static member started before its input topic existed, stopped, and started again after
+    the topic was created used to keep the group's empty assignment for ever (kafka-python: 0
+    records for minutes, no warning). Now both lives say the topic is missing or unassigned, and
+    the second consumes everything within a few source checks."""
+    import logging
+
+    names = {k: unique_topic(k) for k in ("in", "models", "dlq", "ledger", "g")}
+    cfg = pipeline_config(kafka_bootstrap, input_topic=names["in"], model_topic=names["models"],
+                          dead_letter_topic=names["dlq"], group_id=names["g"], reservoir=500, batch_size=50,
+                          every_records=500, noise_multiplier=2.0, epsilon=50.0, client=client,
+                          source_options={"group_instance_id": f"{names['g']}-0", "until_end": True})
+    cfg["runtime"] = {**cfg["runtime"], "source_check_s": 1.0, "on_halt": "exit"}
+    spec = {"config": cfg, "ledger_topic": names["ledger"], "ledger_id": "late"}
+
+    def run_for(app, seconds: float):
+        thread = threading.Thread(target=app.run, daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            app.stop()
+            thread.join(30)
+        return not thread.is_alive() and app.source.exhausted
+
+    with caplog.at_level(logging.WARNING, logger="stream_vips.pipeline"):
+        early = build_app(spec)
+        assert not run_for(early, 4.0)
+    assert early.metrics.source_topic_missing.labels(topic=names["in"])._value.get() == 1
+    assert any("does not exist" in r.getMessage() for r in caplog.records)
+    assert early.stats.records == 0
+
+    create_topic(kafka_bootstrap, names["in"], partitions=2)
+    produce(kafka_bootstrap, names["in"], linreg_records(2000, seed=5), partitions=2)
+    late = build_app(spec)
+    started = time.monotonic()
+    assert run_for(late, 60.0), "the restarted static member consumed nothing"
+    assert late.stats.records == 2000 and late.stats.updates >= 1
+    assert time.monotonic() - started < 60
+    assert late.metrics.source_topic_missing.labels(topic=names["in"])._value.get() == 0

@@ -27,7 +27,7 @@ loggers (:func:`stream_vips.logsafety.guard_client_logging`).
 from connectors.kafka.admin import ensure_topic, read_topic
 from connectors.kafka.connection import (ENV_PREFIX, SECURITY_KEYS, KafkaConnection, KafkaConnectorError,
                                          KafkaPublishError, _servers, security_options)
-from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record
+from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record, dead_letter_reasons
 from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
 from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
                                    Reassembler, chunk_info, chunk_payload)
@@ -51,6 +51,7 @@ __all__ = [
     "chunk_info",
     "chunk_payload",
     "dead_letter_from_record",
+    "dead_letter_reasons",
     "ensure_topic",
     "read_ledger_topic",
     "read_topic",

@@ -67,6 +67,14 @@ class ConsumerClient(Protocol):
 
     def keepalive(self) -> None: ...
 
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Partitions of each topic from the cluster's metadata (0: missing, or not visible)."""
+        ...
+
+    def rejoin(self) -> None:
+        """Ask the group for a new assignment (see :meth:`KafkaPythonConsumer.rejoin`)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -191,6 +199,25 @@ class KafkaPythonConsumer:
 
     def keepalive(self) -> None:
         self.raw.poll(timeout_ms=0)  # paused: fetches nothing, keeps the member alive
+
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        from kafka.errors import TopicAuthorizationFailedError, UnknownTopicOrPartitionError
+
+        out = {}
+        for topic in topics:
+            try:
+                out[topic] = len(self.raw.partitions_for_topic(topic))
+            except (UnknownTopicOrPartitionError, TopicAuthorizationFailedError):
+                out[topic] = 0
+        return out
+
+    def rejoin(self) -> None:
+        """A static member (``group_instance_id``) that rejoins is handed the assignment the group
+        already had, empty if its topics did not exist when it was made, and kafka-python
+        recomputes an assignment only in the member that made it: without a new join it would
+        hold nothing for as long as the group lives. A requested rejoin makes the group assign
+        again (verified on Kafka 4)."""
+        self.raw._coordinator.request_rejoin()
 
     def close(self) -> None:
         self.raw.close(autocommit=False)

@@ -70,6 +70,8 @@ _TRANSIENT = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROK
 MAX_CONSUME = 1_000_000
 #: How long a transaction call (init, commit, abort) may block, like kafka-python's max_block_ms.
 TRANSACTION_TIMEOUT_S = 60.0
+#: How long a metadata request of the source's coverage check may wait.
+METADATA_TIMEOUT_S = 5.0
 
 
 def librdkafka_config(connection: KafkaConnection, client_id: str, settings: Mapping[str, Any],
@@ -255,6 +257,14 @@ class ConfluentConsumer:
 
     def keepalive(self) -> None:
         self._kept.extend(self.raw.consume(1000, 0))  # paused: fetches nothing, counts as a poll
+
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        found = self.raw.list_topics(timeout=METADATA_TIMEOUT_S).topics
+        return {t: len(found[t].partitions) if t in found and found[t].error is None else 0 for t in topics}
+
+    def rejoin(self) -> None:
+        """Nothing to do: librdkafka assigns a static member's new topics by itself (verified on
+        Kafka 4 with a topic created between two lives of one static member)."""
 
     def close(self) -> None:
         self.raw.close()

@@ -4,13 +4,15 @@ headers; :func:`dead_letter_from_record` reads one back."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import time
+from collections import Counter
+from typing import Any, Mapping, Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import KafkaConnection, takes_connection
+from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, _servers, takes_connection
 from stream_vips.io import DeadLetter
 
 
@@ -146,3 +148,37 @@ def dead_letter_from_record(record: Any) -> dict[str, Any]:
         out.update(length=int(h["length"]), sha256=h.get("sha256"), truncated=h.get("truncated") == "true")
     return out
 
+
+
+def dead_letter_reasons(bootstrap_servers: str | Sequence[str], topic: str, *,
+                        security: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Counter:
+    """Letters per ``reason`` header on a dead-letter topic, from its start to the end it had
+    when the count began (``stream-vips report --dead-letter-topic``). Records are counted as
+    they arrive and not kept, so a topic of any length fits in memory; ``timeout_s`` bounds a
+    stall (no record for that long), not the whole count."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+                             **dict(security or {}))
+    counts: Counter = Counter()
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise KafkaConnectorError(f"dead-letter topic {topic!r} does not exist (or this user may not describe it)")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise KafkaConnectorError(f"reading dead-letter topic {topic!r} stalled: no record for {timeout_s}s")
+            for recs in consumer.poll(timeout_ms=500).values():
+                for rec in recs:
+                    reason = dict(rec.headers or []).get("reason")
+                    counts[reason.decode("utf-8", "replace") if reason else "(unreadable)"] += 1
+                deadline = time.monotonic() + timeout_s
+    finally:
+        consumer.close(autocommit=False)
+    return counts

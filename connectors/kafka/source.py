@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from connectors.kafka.admin import _retriable
 from connectors.kafka.clients import CommitRefused, consumer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
-from stream_vips.io import RawRecord, RecordBatch
+from stream_vips.io import Coverage, RawRecord, RecordBatch
 
 
 class KafkaSource:
@@ -97,6 +97,7 @@ class KafkaSource:
         self._seek: dict[Any, int] = {}  # applied once, at the partition's next assignment
         self.duplicates_dropped = 0
         self.unexpected_dropped = 0  # records of topics this source does not read (never returned)
+        self._held_nothing = False  # the last coverage check found no partition held
         self._warned_topics: set[str] = set()
         self._done: dict[Any, int] = {}  # offsets marked processed by commit()
         self._committed: dict[Any, int] = {}  # offsets the broker acknowledged
@@ -283,6 +284,24 @@ class KafkaSource:
                 if high is not None:
                     out[(tp[0], tp[1])] = max(0, high - self._next.get(tp, 0))
             return out
+
+    def coverage(self) -> Coverage:
+        """The partitions this member holds and the topics it was given that do not exist (a
+        metadata request). A member that holds none of the partitions its topics have, at two
+        checks in a row, asks the group to assign again (:meth:`ConsumerClient.rejoin`): a
+        restarted static member otherwise keeps an empty assignment made while its topic was
+        missing. The service is the group's only member, so holding nothing is never right."""
+        with self._lock:
+            counts = self._client.partition_counts(self.topics)
+            held = len(self._client.assignment())
+            cover = Coverage(held=held, partitions=sum(counts.values()), topics=tuple(self.topics),
+                             missing=tuple(t for t, n in counts.items() if not n))
+            if not held and cover.partitions and self._held_nothing and not self._halted:
+                log.warning("holding none of the %d partitions of %s: asking the group to assign them again",
+                            cover.partitions, ", ".join(self.topics))
+                self._client.rejoin()
+            self._held_nothing = not held and bool(cover.partitions)
+            return cover
 
     def paused_partitions(self) -> set[tuple[str, int]]:
         with self._lock:

@@ -133,6 +133,20 @@ class BudgetMonitor:
         self._fit_window_full = self._fit_left == HEADROOM_WINDOW
         self._fit_unit = unit
 
+    def check_room(self, event) -> bool:
+        """Halt now if not even one more ``event`` fits the budget (a restart on a spent ledger:
+        nothing can ever be released again, so a run should end the way a halt ends instead of
+        waiting for a step to be refused); whether a step still fits. Under window accounting
+        the budget renews as steps leave the window, so this never halts there."""
+        if self.halted or self.window:
+            return not self.halted
+        self.prepare(event)
+        if event.count > self._fit_left and not self._prepaid:
+            self._halt(f"the ledger's {self._steps} steps leave no room for another: step {self._steps} would "
+                       f"spend epsilon {self.would_spend(event):.6g} > budget {self.epsilon_budget:g} at delta "
+                       f"{self.delta:g}")
+        return not self.halted
+
     def admit(self, event, position: int | None = None) -> int | None:
         """Check ``event``, append it durably if it fits and return its step index; else halt.
 
