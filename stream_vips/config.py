@@ -141,18 +141,31 @@ class LedgerConfig:
     the ledger before its noise, as always; a crash charges at most ``prepay_steps - 1`` unused
     steps). ``null`` chooses ``planned_steps // 100`` clamped to [1, 64] for durable ledgers, so
     a restart wastes at most 1% of the planned steps, and 1 for memory. Steps are prepaid only
-    with a pure ``schedule.every_records`` schedule, whose step positions are known ahead."""
+    with a pure ``schedule.every_records`` schedule, whose step positions are known ahead.
+
+    ``pay_ahead`` (the service, ``stream-vips run``): once the prepaid steps are used up, write
+    the next ones on a background thread while records keep arriving, so a ledger write (an
+    fsync, a Kafka transaction) does not stall ingestion; each step still waits until its own
+    event is durable before its noise is drawn, and a crash charges at most ``prepay_steps``
+    unused steps. Nothing is paid ahead past the end of a source of known length. ``null``
+    turns it on for durable ledgers under stream accounting with a pure
+    ``schedule.every_records`` schedule; ``PrivateLearner`` and ``fit`` never pay ahead."""
 
     type: Literal["file", "memory", "kafka"] = "file"
     path: str = "ledger.jsonl"
     options: dict[str, Any] = field(default_factory=dict)
     prepay_steps: int | None = None
+    pay_ahead: bool | None = None
 
     def prepay(self, planned_steps: int) -> int:
         """The effective ``prepay_steps``."""
         if self.prepay_steps is not None:
             return self.prepay_steps
         return 1 if self.type == "memory" else min(64, max(1, planned_steps // 100))
+
+    def paying_ahead(self) -> bool:
+        """The effective ``pay_ahead`` of a service (it also needs stream accounting and a stride)."""
+        return self.type != "memory" if self.pay_ahead is None else self.pay_ahead
 
 
 @dataclass

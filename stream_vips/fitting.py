@@ -618,7 +618,8 @@ def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private:
         "epsilon": 1.0 if non_private else settings.epsilon,
         "delta": settings.delta, "planned_steps": settings.steps, "accountant": settings.accountant, "seed": seed,
         "calibration_rtol": rtol, "block_weights": settings.block_weights,
-        "ledger": {"type": "file", "path": str(ledger_path), "prepay_steps": 1} if ledger_path else {"type": "memory"},
+        "ledger": {"type": "file", "path": str(ledger_path), "prepay_steps": 1, "pay_ahead": False} if ledger_path
+                   else {"type": "memory"},
     }
     return {
         "model": {"family": settings.family, "id": model_id, "params": {**settings.model_params, **model_params}},

@@ -605,8 +605,24 @@ class PrivateLearner:
             return min(remaining, max(1, every - self.trigger.pending))
         return remaining
 
+    def pay_ahead(self, source_records: int | None) -> None:
+        """Write the ledger's next steps in the background from now on (a service: see
+        ``privacy.ledger.pay_ahead``), but none past the end of a source that delivers
+        ``source_records`` more arrivals (``None``: no known end), which would leave it unused."""
+        if self.engine.non_private or not self.engine.monitor.start_paying_ahead():
+            return
+        if source_records is not None:
+            self.engine.monitor.last_position = self.reservoir.seen + source_records
+
+    def settle(self) -> None:
+        """Wait for a ledger write paid ahead to finish (before the ledger is closed)."""
+        monitor = getattr(getattr(self, "engine", None), "monitor", None)
+        if monitor is not None:
+            monitor.settle()
+
     def close(self) -> None:
         """Release the ledger this learner opened (its file lock or its producer)."""
+        self.settle()
         if self._owns_ledger and self.ledger is not None:
             self.ledger.close()
             self._owns_ledger = False

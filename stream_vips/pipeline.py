@@ -42,8 +42,8 @@ from stream_vips.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, 
                                   make_decoder)
 from stream_vips.engine import StepResult
 from stream_vips.errors import StreamVipsError
-from stream_vips.io import (DeadLetter, DeadLetterSink, LagReporting, PartitionedSource, RawRecord, RebalancingSource,
-                            RecordBatch, SeekableSource, Sink, Source, values_of)
+from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
+                            RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
 from stream_vips.learner import PrivateLearner, reject_keyless
 from stream_vips.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
@@ -210,6 +210,8 @@ class Application:
                 except CheckpointError as exc:
                     raise ConfigError(f"runtime.checkpoint_path: {exc}") from exc
             learner.check_window_position()  # after the checkpoint's restore, before anything is read
+            if cfg.privacy.ledger.paying_ahead():
+                learner.pay_ahead(app.source.total() if isinstance(app.source, FiniteSource) else None)
             app.check_published()
             return app
         except BaseException:
@@ -597,6 +599,11 @@ class Application:
 
         return restore
 
+    def _close_ledger(self) -> None:
+        self.learner.settle()  # a write paid ahead lands (or fails) before the ledger closes
+        if self.ledger is not None:
+            self.ledger.close()
+
     def _shutdown(self) -> None:
         self.metrics.set_ready(False)
         errors = []
@@ -607,7 +614,7 @@ class Application:
             ("sink close", self.sink.close),
             ("dead-letter close", self.dead_letter.close),
             ("decoder close", self._decoder.close),
-            ("ledger close", self.ledger.close if self.ledger is not None else lambda: None),
+            ("ledger close", self._close_ledger),
         ):
             try:
                 action()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
 from .accountant import Accountant
@@ -51,11 +52,14 @@ class BudgetMonitor:
     ``window`` (window accounting) and ``unit`` (``"key"``: per-person steps) are checked against
     what the ledger's steps were paid under; a ledger they would under-count raises
     ``LedgerMismatch`` before anything is appended.
+
+    ``pay_ahead`` (stream accounting with a ``stride``; :meth:`start_paying_ahead` turns it on
+    later): see :meth:`admit`. Call :meth:`settle` before closing the ledger.
     """
 
     def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger,
                  prepay: int = 1, stride: int | None = None, window: int | None = None,
-                 unit: str = "record") -> None:
+                 unit: str = "record", pay_ahead: bool = False) -> None:
         if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
             raise ValueError(f"epsilon budget must be finite and > 0, got {epsilon_budget!r}")
         if not 0 < delta < 1:
@@ -69,6 +73,12 @@ class BudgetMonitor:
         self.stride = stride
         self._prepaid: deque[tuple[int, int | None]] = deque()  # (step, planned position)
         self._prepaid_unit = None
+        self.pay_ahead = False
+        if pay_ahead:
+            self.start_paying_ahead()
+        self.last_position: int | None = None  # a finite source's end: no step is paid ahead past it
+        self._ahead: tuple[Future, Any, list, int] | None = None  # (write, unit, positions, copies) in flight
+        self._writer: ThreadPoolExecutor | None = None
         self.epsilon_budget = float(epsilon_budget)
         self.delta = float(delta)
         self.accountant = accountant
@@ -95,6 +105,12 @@ class BudgetMonitor:
         if spent > self.epsilon_budget:
             self._halt(f"the ledger already holds epsilon {spent:.6g} > budget {self.epsilon_budget:g} "
                        f"at delta {self.delta:g} after {self._steps} steps")
+
+    def start_paying_ahead(self) -> bool:
+        """Pay ahead from now on where positions are known (stream accounting with a stride);
+        whether it does."""
+        self.pay_ahead = bool(self.stride and not self.window)
+        return self.pay_ahead
 
     @property
     def steps(self) -> int:
@@ -142,9 +158,9 @@ class BudgetMonitor:
             return not self.halted
         self.prepare(event)
         if event.count > self._fit_left and not self._prepaid:
-            self._halt(f"the ledger's {self._steps} steps leave no room for another: step {self._steps} would "
-                       f"spend epsilon {self.would_spend(event):.6g} > budget {self.epsilon_budget:g} at delta "
-                       f"{self.delta:g}")
+            self._halt(f"step {self._steps} would spend epsilon {self.would_spend(event):.6g} > budget "
+                       f"{self.epsilon_budget:g} at delta {self.delta:g} (the ledger's {self._steps} steps leave no "
+                       "room for another)")
         return not self.halted
 
     def admit(self, event, position: int | None = None) -> int | None:
@@ -164,6 +180,16 @@ class BudgetMonitor:
         its prepaid one pays afresh there (the prepaid steps stay charged, unused): the window
         bound reads positions.
 
+        **Paying ahead** (``pay_ahead``). Once a step has used the last prepaid entry, the write of
+        the next ``prepay`` steps (as far as the budget allows) starts on a background thread, so
+        it overlaps the arrivals until the next step instead of stalling them. The next
+        admission waits for that write and uses its entries only once it is durable, so privacy
+        rule 7 holds as before: no noise is drawn for a step whose event is not in the ledger. A
+        failed write raises at that admission, before any noise. Spent epsilon counts a write
+        once it is durable. A crash charges at most ``prepay`` unused steps (one more than
+        without paying ahead); with the default ``prepay_steps`` that is at most 1% of the
+        planned steps, or one step.
+
         Returns None when halted (now or before). An event the accountant cannot bound raises
         ``UnsupportedEvent`` (a configuration error, not a budget decision).
         """
@@ -172,8 +198,10 @@ class BudgetMonitor:
         if self.window:
             return self._admit_windowed(event, position)
         unit = event.unit()
+        self._land_ahead()
         prepaid = self._take_prepaid(unit, None)  # every release has its own entry: positions only save replays
         if prepaid is not None:
+            self._pay_ahead(event, position)
             return prepaid
         self.prepare(event)
         if event.count > self._fit_left:
@@ -188,7 +216,58 @@ class BudgetMonitor:
         self._fit_left -= k * event.count
         self._steps += k
         self._keep_prepaid(unit, first, positions)
+        self._pay_ahead(event, position)
         return first
+
+    def _pay_ahead(self, event, position: int | None) -> None:
+        """With ``pay_ahead``, once no prepaid step is left: start the durable write of the next
+        ``prepay`` steps after ``position`` (as far as the budget allows) on the writer thread.
+        Their epsilon is reserved now (``_fit_left``) and counted as spent once written."""
+        if not self.pay_ahead or self._prepaid or self._ahead is not None or position is None:
+            return
+        self.prepare(event)
+        k = min(self.prepay, self._fit_left // event.count)
+        if k < 1:
+            return  # nothing more fits: the next admission halts
+        positions = [p for p in (position + j * self.stride for j in range(1, k + 1))
+                     if self.last_position is None or p <= self.last_position]
+        if not positions:
+            return  # the source ends before the next step
+        k = len(positions)
+        self._fit_left -= k * event.count
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-ahead")
+        write = self._writer.submit(self.ledger.append_many, [(event, p) for p in positions])
+        self._ahead = (write, event.unit(), positions, k * event.count)
+
+    def _land_ahead(self) -> None:
+        """Wait for the write in flight (if any) and take its steps as prepaid; its error (a full
+        disk, a lost broker) is raised here, before this step draws any noise."""
+        if self._ahead is None:
+            return
+        write, unit, positions, count = self._ahead
+        self._ahead = None
+        try:
+            first = write.result()
+        except BaseException:
+            self._fit_unit = None  # the reserved epsilon was not spent: search the headroom again
+            raise
+        self._counts[unit] = self._counts.get(unit, 0) + count
+        self._steps += len(positions)
+        self._prepaid.clear()
+        self._prepaid.extend(zip(range(first, first + len(positions)), positions))
+        self._prepaid_unit = unit
+
+    def settle(self) -> None:
+        """Wait for a write in flight and stop the writer thread (before the ledger is closed);
+        a failed write is left unreported here: nothing was released on it."""
+        try:
+            self._land_ahead()
+        except Exception:
+            pass
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
 
     def _keep_prepaid(self, unit, first: int, positions: list) -> None:
         """Remember steps ``first + 1, ...`` as paid ahead, at the planned ``positions[1:]``."""
