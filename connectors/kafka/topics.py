@@ -94,12 +94,14 @@ def connection_of(options: Mapping[str, Any]) -> KafkaConnection:
 
 
 def describe_cluster(servers: str | Sequence[str], security: Mapping[str, Any]) -> tuple[int, set[str]]:
-    """``(brokers, topic names)`` of the cluster at ``servers``."""
+    """``(brokers, topic names)`` of the cluster at ``servers``; fenced brokers (which take no new
+    replicas) are not counted."""
     from kafka import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=_servers(servers), **dict(security))
     try:
-        return len(admin.describe_cluster().get("brokers") or ()), set(admin.list_topics())
+        brokers = [b for b in admin.describe_cluster().get("brokers") or () if not b.get("is_fenced")]
+        return len(brokers), set(admin.list_topics())
     finally:
         admin.close()
 
