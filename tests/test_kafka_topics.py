@@ -4,6 +4,8 @@ start and by ``stream-vips topics``; the Kafka ledger on one broker with allow_w
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +14,8 @@ import stream_vips.cli as cli
 from connectors.kafka import KafkaConnectorError, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaSource
 from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec, spec_of
 from kafka_broker import create_topic, unique_topic
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _describe(bootstrap, topic):
@@ -216,3 +220,13 @@ def test_without_weak_durability_the_ledger_error_names_the_keys_that_fix_it(kaf
                 "stream-vips topics create --config FILE --single-broker"):
         assert fix in message
 
+
+def test_the_production_kafka_ledger_of_the_deploy_guide_is_valid_and_durable():
+    from stream_vips.config import config_from_dict
+
+    snippet = re.search(r"```yaml\n(  ledger:\n.*?)```", (ROOT / "docs" / "deploy.md").read_text(), flags=re.S)
+    config = yaml.safe_load((ROOT / "k8s" / "base" / "app" / "config.yaml").read_text())
+    config["privacy"]["ledger"] = yaml.safe_load(snippet.group(1))["ledger"]
+    options = config_from_dict(config, env={}).privacy.ledger.options
+    (spec,) = spec_of(KafkaLedger, options)
+    assert (spec.min_replication, spec.fits_cluster, spec.configs["min.insync.replicas"]) == (3, False, "2")
