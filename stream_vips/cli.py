@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("stream_vips.fitting", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
     "report": ("stream_vips.report", "write a privacy and model report (PNG and HTML) from a ledger and the published models"),
     "config": ("stream_vips.config_cmd", "print the effective configuration after environment overrides (secrets redacted)"),
+    "topics": ("stream_vips.topics_cmd", "create or check every Kafka topic a configuration names"),
 }
 
 

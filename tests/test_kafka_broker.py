@@ -51,3 +51,17 @@ def test_sasl_listener_accepts_the_configured_user_only(kafka_broker):
         admin.close()
     with pytest.raises(KafkaError):
         _sasl_admin(kafka_broker, "wrong-password", bootstrap_timeout_ms=3000).describe_cluster()
+
+
+def test_a_broker_on_a_port_another_cluster_serves_is_refused_not_taken_for_ready(kafka_broker):
+    """Started on the session broker's port, a second broker cannot bind it; the first one
+    answering there must not count as the second being ready (the README walkthrough's
+    ``serve --port 9092`` next to another Kafka on the machine)."""
+    from kafka_broker import BrokerError, KafkaBroker
+
+    other = KafkaBroker(port=kafka_broker.port)
+    try:
+        with pytest.raises(BrokerError, match=f"port {kafka_broker.port} is taken by another Kafka cluster"):
+            other.start(timeout_s=60)
+    finally:
+        other.cleanup()

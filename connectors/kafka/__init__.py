@@ -10,6 +10,9 @@ kafka-python (the default) or confluent-kafka (``client: confluent``).
   (librdkafka names, rebalance callbacks, delivery reports, the guarded librdkafka logger).
 * :mod:`.admin` -- :func:`ensure_topic` (create, or check an existing topic's settings and
   replication), :func:`read_topic` (every committed record).
+* :mod:`.topics` -- :class:`~connectors.kafka.topics.TopicSpec`: what each connector requires of
+  its topic, stated once by the connector's ``topic_spec`` and used by its constructor and by
+  ``stream-vips topics``.
 * :mod:`.source` -- :class:`KafkaSource`, a consumer-group member with manual offset commits,
   bounded polls and a keep-alive during long updates.
 * :mod:`.sink` -- :class:`KafkaModelSink`, model messages on a compacted topic keyed by model id,

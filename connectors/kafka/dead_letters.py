@@ -10,9 +10,9 @@ from typing import Any, Mapping, Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, _servers, takes_connection
+from connectors.kafka.topics import TopicSpec
 from stream_vips.io import DeadLetter
 
 
@@ -111,12 +111,18 @@ class KafkaDeadLetterSink:
     ) -> None:
         self.topic = topic
         self.send_timeout_s = float(send_timeout_s)
-        ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
-                     create=create_topic, security=connection.security)
+        self.topic_spec(topic, partitions, replication_factor).ensure(connection.servers, connection.security,
+                                                                     create_topic)
         self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
             acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES))
         self._pending: list[Any] = []
+
+    @staticmethod
+    def topic_spec(topic: str, partitions: int, replication_factor: int) -> TopicSpec:
+        """The dead-letter topic: no settings required (retention is the operator's choice)."""
+        return TopicSpec(topic, "dead letters", partitions, replication_factor,
+                         risk="a lost broker disk loses the rejected records not yet read")
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:

@@ -9,11 +9,16 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.admin import _retriable, ensure_topic, read_topic
+from connectors.kafka.admin import _retriable, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
+from connectors.kafka.topics import TopicSpec, describe_cluster, too_few_brokers
 from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
+
+
+#: The ledger topic's durable minimum: replicas, and ``min.insync.replicas`` (one broker may be lost).
+DURABLE_REPLICAS, DURABLE_INSYNC = 3, 2
 
 
 class KafkaLedger(LedgerSteps):
@@ -31,8 +36,10 @@ class KafkaLedger(LedgerSteps):
 
     **Durability.** The topic is created with ``replication_factor`` (default 3) and
     ``min.insync.replicas`` = ``min_insync_replicas`` (default 2), and an existing topic with
-    weaker settings is refused: with one replica, a lost broker disk resets the budget. Only
-    ``allow_weak_durability: true`` (single-broker tests and development) accepts less. ``name``
+    weaker settings is refused: with one replica, a lost broker disk makes the spent budget
+    unrecoverable. Only ``allow_weak_durability: true`` (single-broker tests and development)
+    accepts less: the topic then gets what the cluster can hold (at most one replica per broker,
+    ``min.insync.replicas`` at most the replicas), and a WARNING says what is weakened. ``name``
     was called ``ledger_id`` before ledgers had a genesis id; both spellings are accepted.
     Connection settings come flat or as one ``connection``; the client id is
     ``<prefix>-ledger-<name>``, the transactional id always ``stream-vips-ledger-<name>`` (it is
@@ -58,20 +65,31 @@ class KafkaLedger(LedgerSteps):
         name = name or ledger_id or "default"
         if "/" in name:
             raise KafkaConnectorError(f"ledger name must not contain '/', got {name!r}")
-        if not allow_weak_durability and (replication_factor < 3 or min_insync_replicas < 2):
+        if not allow_weak_durability and (replication_factor < DURABLE_REPLICAS
+                                          or min_insync_replicas < DURABLE_INSYNC):
             raise KafkaConnectorError(
                 f"ledger topic {topic!r}: replication_factor {replication_factor} / min_insync_replicas "
-                f"{min_insync_replicas} is weaker than 3 / 2; a lost broker would reset the budget "
-                "(allow_weak_durability: true accepts it for tests and development)")
+                f"{min_insync_replicas} is weaker than 3 / 2; a lost broker disk would lose the record of the spent "
+                "budget (allow_weak_durability: true accepts it for tests and development)")
         self.append_timeout_s = float(append_timeout_s)
         self.topic = topic
         self.name = name
         self.send_timeout_s = float(send_timeout_s)
         self._connection = connection
-        ensure_topic(connection.servers, topic, partitions=1, replication_factor=replication_factor,
-                     configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
-                     create=create_topic, security=connection.security,
-                     min_replication=1 if allow_weak_durability else 3)
+        spec = self.topic_spec(topic, replication_factor, min_insync_replicas, allow_weak_durability)
+        if spec.fits_cluster:
+            spec = self._weakened(spec)
+        try:
+            spec.ensure(connection.servers, connection.security, create_topic)
+        except KafkaConnectorError as exc:
+            if too_few_brokers(exc):
+                raise KafkaConnectorError(
+                    f"{exc} (the cluster has fewer than {replication_factor} brokers). On one broker (development) set "
+                    "allow_weak_durability: true in the ledger options: the topic is then created with the replicas "
+                    "the cluster has (or with replication_factor and min_insync_replicas given next to it); "
+                    "`stream-vips topics create --config FILE --single-broker` creates every configured topic for "
+                    "one broker") from exc
+            raise
         self._producer = producer_client(connection, connection.client_id(f"ledger-{name}"), dict(
             acks="all", enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0))
         self._producer.init_transactions()  # fences an older writer and aborts its open transaction
@@ -84,6 +102,31 @@ class KafkaLedger(LedgerSteps):
         elif supersedes:
             raise LedgerCorrupt(f"ledger {topic!r}/{name!r} already has records; a reset needs a new ledger name")
         self._genesis = genesis
+
+    @staticmethod
+    def topic_spec(topic: str, replication_factor: int, min_insync_replicas: int,
+                   allow_weak_durability: bool) -> TopicSpec:
+        """The ledger topic: one partition, compacted (one key per step, never expired), and
+        replicated so that a lost broker loses no step (at least 3 replicas unless
+        ``allow_weak_durability``)."""
+        return TopicSpec(topic, "privacy ledger", 1, replication_factor,
+                         {"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
+                         min_replication=1 if allow_weak_durability else DURABLE_REPLICAS,
+                         fits_cluster=allow_weak_durability,
+                         risk="a lost broker disk loses the record of the spent budget for good (a restart is then "
+                              "refused where a checkpoint or the model topic names the lost ledger, and starts again "
+                              "at zero where nothing does)")
+
+    def _weakened(self, spec: TopicSpec) -> TopicSpec:
+        """``spec`` within the brokers the cluster has (allow_weak_durability), with a WARNING
+        when that is below the durable 3 replicas / min.insync.replicas 2."""
+        brokers, _ = describe_cluster(self._connection.servers, self._connection.security)
+        fitted = spec.within(brokers)
+        if (fitted.replication_factor < DURABLE_REPLICAS
+                or int(fitted.configs["min.insync.replicas"]) < DURABLE_INSYNC):
+            log.warning("ledger topic %r with %s on %d broker(s) (allow_weak_durability: true): %s",
+                        spec.topic, fitted.durability(spec), brokers, spec.risk)
+        return fitted
 
     def _replay(self) -> tuple[dict | None, list, list, list]:
         return read_ledger_topic(self._connection.servers, self.topic, self.name,

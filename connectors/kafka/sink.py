@@ -14,10 +14,11 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.admin import _retriable, ensure_topic, read_topic
+from connectors.kafka.admin import _retriable, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
                                          takes_connection)
+from connectors.kafka.topics import TopicSpec
 
 #: Headers of a chunked model message (all chunks of one message share ``message_id``).
 CHUNK_HEADER = "stream-vips-chunk"  # "<index>/<count>"
@@ -80,9 +81,8 @@ class KafkaModelSink:
         self.chunk_bytes = self.max_message_bytes - RECORD_OVERHEAD
         self.send_timeout_s = float(send_timeout_s)
         self.publish_timeout_s = float(publish_timeout_s)
-        ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
-                     configs={"cleanup.policy": "compact", "max.message.bytes": str(self.max_message_bytes)},
-                     create=create_topic, security=connection.security)
+        self.topic_spec(topic, partitions, replication_factor, max_message_bytes).ensure(
+            connection.servers, connection.security, create_topic)
         self._client_id = client_id or connection.client_id("model-sink")
         self._producer_options = dict(
             acks="all", enable_idempotence=True,
@@ -94,6 +94,15 @@ class KafkaModelSink:
         self._producer = self._new_producer()
         self._partitions = self._producer.partitions(topic) or partitions
         self.chunked_messages = 0
+
+    @staticmethod
+    def topic_spec(topic: str, partitions: int, replication_factor: int, max_message_bytes: int) -> TopicSpec:
+        """The model topic: compacted (the latest message per model id is kept for good) and
+        taking records of ``max_message_bytes``."""
+        return TopicSpec(topic, "model topic", partitions, replication_factor,
+                         {"cleanup.policy": "compact", "max.message.bytes": str(int(max_message_bytes))},
+                         risk="a lost broker disk loses the published models: readers have none until the next "
+                              "release, and a restart cannot check the last release against the ledger")
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
         payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8")

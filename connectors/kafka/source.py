@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from connectors.kafka.admin import _retriable
 from connectors.kafka.clients import CommitRefused, consumer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
+from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec
 from stream_vips.io import Coverage, RawRecord, RecordBatch
 
 
@@ -112,6 +113,15 @@ class KafkaSource:
         self._client.subscribe(self.topics, self)
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
         self._keepalive.start()
+
+    @staticmethod
+    def topic_specs(topics: str | list[str], partitions: int) -> list[TopicSpec]:
+        """The input topics: nothing required of their settings (they are the producers'; the
+        source only reads them), so they are created with ``partitions`` (the creator's choice)
+        and the broker's default replication."""
+        return [TopicSpec(t, "input", partitions, BROKER_DEFAULT,
+                          risk="a lost broker disk loses the records not yet read")
+                for t in ([topics] if isinstance(topics, str) else topics)]
 
     # -- the Source protocol -------------------------------------------------------------------
 

@@ -117,6 +117,10 @@ class KafkaBroker:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise BrokerError(f"kafka storage format failed ({out.returncode}): {out.stderr[-2000:]}")
+        meta = self.data_dir / "log" / "meta.properties"  # a data dir formatted before keeps its cluster id
+        for line in meta.read_text().splitlines() if meta.exists() else ():
+            if line.startswith("cluster.id="):
+                self.cluster_id = line.split("=", 1)[1].strip()
         self._formatted = True
 
     def start(self, timeout_s: float = 90.0) -> "KafkaBroker":
@@ -133,7 +137,8 @@ class KafkaBroker:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll with a kafka-python metadata request until the broker lists itself."""
+        """Poll with a kafka-python metadata request until the broker lists itself; a broker of
+        another cluster on the port (this one then cannot bind it) is an error, not readiness."""
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaConfigurationError, KafkaError
 
@@ -150,10 +155,14 @@ class KafkaBroker:
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000,
                                          bootstrap_timeout_ms=3000, reconnect_backoff_max_ms=200)
                 try:
-                    if admin.describe_cluster().get("brokers"):
-                        return
+                    cluster = admin.describe_cluster()
                 finally:
                     admin.close()
+                if cluster.get("cluster_id") not in (None, self.cluster_id):
+                    raise BrokerError(f"port {self.port} is taken by another Kafka cluster "
+                                      f"({cluster['cluster_id']}); choose another port")
+                if cluster.get("brokers"):
+                    return
             except KafkaConfigurationError:
                 raise
             except (KafkaError, OSError) as exc:
@@ -211,15 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     broker = KafkaBroker(getattr(args, "data_dir", None), getattr(args, "port", None))
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # also while starting: the JVM is stopped below
     try:
         broker.start()
         print(f"kafka broker ready at {broker.bootstrap} in {time.monotonic() - t0:.1f}s", flush=True)
         if args.cmd == "serve":
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             while broker.proc is not None and broker.proc.poll() is None:
                 time.sleep(1)
     except KeyboardInterrupt:
         pass
+    except BrokerError as exc:
+        print(f"kafka broker failed: {exc}", file=sys.stderr)
+        return 1
     finally:
         broker.cleanup()
     return 0
