@@ -223,8 +223,10 @@ def test_broker_outage_of_10_seconds_is_survived(tmp_path):
         assert down_at < 20_000 and app.stats.records == 20_000
         spent, n_events = _ledger_epsilon(bs, names["ledger"], "outage")
         msgs = [messages.loads(r.value) for r in read_topic(bs, names["models"])]
-        assert _versions(msgs) == list(range(n_events)) == list(range(app.stats.updates))
-        assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
+        assert _versions(msgs) == list(range(app.stats.updates))
+        # the topic has no end the source knows of: the next step was paid ahead, unused
+        assert n_events == app.stats.updates + app.engine.monitor.prepay
+        assert msgs[-1]["privacy"]["epsilon_spent"] < spent
 
 
 @each_client
@@ -288,8 +290,9 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     versions = _versions(msgs)
     assert len(versions) == len(set(versions)) and versions == sorted(versions)  # never repeated
     spent, n_events = _ledger_epsilon(bs, names["ledger"], "kill")
-    assert versions[-1] == n_events - 1
-    assert msgs[-1]["privacy"]["epsilon_spent"] == pytest.approx(spent, rel=1e-12)
+    # the last life's last step, and the one it paid ahead (the topic has no end the source knows of)
+    assert versions[-1] == n_events - 2
+    assert msgs[-1]["privacy"]["epsilon_spent"] < spent
 
 
 @each_client
