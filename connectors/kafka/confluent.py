@@ -46,7 +46,7 @@ guard_client_logging()  # the logger above exists now, so it gets the floor and 
 SECURITY_NAMES = {"security_protocol": "security.protocol", "sasl_mechanism": "sasl.mechanism",
                   "sasl_plain_username": "sasl.username", "sasl_plain_password": "sasl.password",
                   "ssl_cafile": "ssl.ca.location", "ssl_certfile": "ssl.certificate.location",
-                  "ssl_keyfile": "ssl.key.location"}
+                  "ssl_keyfile": "ssl.key.location", "ssl_password": "ssl.key.password"}
 #: The consumer settings the source uses, kafka-python name -> librdkafka property.
 CONSUMER_NAMES = {"group_id": "group.id", "group_instance_id": "group.instance.id",
                   "enable_auto_commit": "enable.auto.commit", "auto_offset_reset": "auto.offset.reset",

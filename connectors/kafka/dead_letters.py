@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from connectors.kafka.access import Grant
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, takes_connection
@@ -106,11 +107,23 @@ class KafkaDeadLetterSink:
         self.topic = topic
         self.send_timeout_s = float(send_timeout_s)
         ensure_topic(connection.servers, topic, partitions=partitions, replication_factor=replication_factor,
-                     create=create_topic, security=connection.security)
+                     create=create_topic, security=connection.security, grants=self.grants(topic, create_topic))
         self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
             acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES))
         self._pending: list[Any] = []
+
+    @staticmethod
+    def grants(topic: str = "stream-vips-dead-letters", create_topic: bool = True) -> list[Grant]:
+        """The ACLs the dead-letter sink needs (checked at start; :mod:`connectors.kafka.access`)."""
+        out = [Grant("topic", topic, "Write", "the dead-letter sink sends rejected records "
+                                              "(connectors.kafka.dead_letters.KafkaDeadLetterSink.send)"),
+               Grant("topic", topic, "DescribeConfigs", "the dead-letter sink checks min.insync.replicas against "
+                                                        "the replicas at start (connectors.kafka.admin.ensure_topic)")]
+        if create_topic:
+            out.append(Grant("topic", topic, "Create", "the dead-letter sink creates the topic when it is missing "
+                                                       "(create_topic: true)"))
+        return out
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:

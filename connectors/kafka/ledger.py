@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
+from connectors.kafka.access import Grant, _grant, denial
 from connectors.kafka.admin import _retriable, ensure_topic, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
@@ -39,6 +40,27 @@ class KafkaLedger(LedgerSteps):
     what fences an older writer).
     """
 
+    #: Every ledger's transactional id is this prefix plus its name (a reset starts a new name).
+    TRANSACTIONAL_PREFIX = "stream-vips-ledger-"
+
+    @staticmethod
+    def grants(topic: str = "stream-vips-ledger", create_topic: bool = True) -> list[Grant]:
+        """The ACLs the ledger needs (checked at start; :mod:`connectors.kafka.access`)."""
+        out = [Grant("topic", topic, "Read", "the Kafka ledger replays its events at start "
+                                             "(connectors.kafka.ledger.read_ledger_topic)"),
+               Grant("topic", topic, "Write", "the Kafka ledger appends each step in a transaction "
+                                              "(KafkaLedger.append_many)"),
+               Grant("topic", topic, "DescribeConfigs", "the Kafka ledger checks cleanup.policy, "
+                                                        "min.insync.replicas and the replicas at start "
+                                                        "(connectors.kafka.admin.ensure_topic)"),
+               Grant("transactionalId", KafkaLedger.TRANSACTIONAL_PREFIX, "Write",
+                     "the Kafka ledger's transactions, one id per ledger name (KafkaLedger: init_transactions, "
+                     "commit_transaction)", "prefix")]
+        if create_topic:
+            out.append(Grant("topic", topic, "Create", "the Kafka ledger creates the topic when it is missing "
+                                                       "(create_topic: true)"))
+        return out
+
     @takes_connection
     def __init__(
         self,
@@ -68,13 +90,21 @@ class KafkaLedger(LedgerSteps):
         self.name = name
         self.send_timeout_s = float(send_timeout_s)
         self._connection = connection
+        self._grants = self.grants(topic, create_topic)
         ensure_topic(connection.servers, topic, partitions=1, replication_factor=replication_factor,
                      configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_insync_replicas)},
                      create=create_topic, security=connection.security,
-                     min_replication=1 if allow_weak_durability else 3)
+                     min_replication=1 if allow_weak_durability else 3, grants=self._grants)
         self._producer = producer_client(connection, connection.client_id(f"ledger-{name}"), dict(
-            acks="all", enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0))
-        self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+            acks="all", enable_idempotence=True, transactional_id=f"{self.TRANSACTIONAL_PREFIX}{name}", linger_ms=0))
+        try:
+            self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+        except Exception as exc:
+            denied = denial(exc, connection.security, _grant(self._grants, "transactionalId"))
+            if denied is None:
+                raise
+            self._producer.close(0)
+            raise denied from None
         self._failed: Exception | None = None
         genesis, self._events, self._positions, self._windows = self._replay()
         if genesis is None:
@@ -87,7 +117,8 @@ class KafkaLedger(LedgerSteps):
 
     def _replay(self) -> tuple[dict | None, list, list, list]:
         return read_ledger_topic(self._connection.servers, self.topic, self.name,
-                                 security=self._connection.security, timeout_s=self.send_timeout_s)
+                                 security=self._connection.security, timeout_s=self.send_timeout_s,
+                                 why=_grant(self._grants, "topic", "Read").why)
 
     def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
@@ -163,7 +194,9 @@ def _fenced(exc: BaseException | None) -> bool:
 
 
 def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
-                      timeout_s: float = 30.0) -> tuple[dict | None, list, list, list]:
+                      timeout_s: float = 30.0,
+                      why: str = "reading the ledger (connectors.kafka.ledger.read_ledger_topic)"
+                      ) -> tuple[dict | None, list, list, list]:
     """The committed steps of ledger ``name`` on ``topic``, read-only: ``(genesis, events,
     positions, windows)``, ``(None, [], [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap
     or a bad checksum. What :class:`KafkaLedger` replays on open, and what ``stream-vips report``
@@ -171,7 +204,7 @@ def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, securi
     prefix = f"{name}/".encode()
     genesis_key = prefix + b"genesis"
     genesis_line, lines = None, []
-    for rec in read_topic(servers, topic, security=security, timeout_s=timeout_s):
+    for rec in read_topic(servers, topic, security=security, timeout_s=timeout_s, why=why):
         if rec.key == genesis_key:
             genesis_line = rec.value
         elif rec.key is not None and rec.key.startswith(prefix):
