@@ -168,8 +168,8 @@ class ModelReader:
         """The ACL a reader needs (:class:`connectors.kafka.Grant`): Read on the model topic, no group."""
         from connectors.kafka import Grant
 
-        return [Grant("topic", topic, "Read", "the model reader reads every model message "
-                                              "(stream_vips.client.ModelReader, stream-vips inspect)")]
+        return [Grant("topic", topic, "Read", "the model reader reads every model message",
+                      "stream_vips.client.ModelReader.poll, used by stream-vips inspect")]
 
     def poll(self, timeout_s: float = 1.0, until_end: bool = True) -> int:
         """Read new messages; returns how many complete messages were read. A missing Read ACL

@@ -37,12 +37,13 @@ COORDINATOR_WAIT_S = 10.0
 @dataclass(frozen=True)
 class Grant:
     """One ACL a connector needs: ``operation`` (a Kafka ACL operation: Read, Write, Describe,
-    DescribeConfigs, Create) on a resource, and ``why``, the code path that needs it."""
+    DescribeConfigs, Create) on a resource, ``why`` in words and ``code``, the code path that needs it."""
 
     resource_type: Literal["topic", "group", "transactionalId"]
     name: str
     operation: str
     why: str
+    code: str = ""
     pattern: Literal["literal", "prefix"] = "literal"
 
     @property
@@ -69,8 +70,13 @@ def not_authorized(who: str, operations: Sequence[str], resource: str, why: str)
     """The refusal of ``operations`` on ``resource`` to principal ``who``, naming the grant."""
     ops = ", ".join(operations)
     return KafkaAccessDenied(f"not authorized: {who} needs {ops} on {resource} ({why}); add it to the "
-                             "user's ACLs (docs/deploy.md, 'Access')",
+                             "user's ACLs (docs/deploy.md, Access)",
                              principal=who, operations=operations, resource=resource)
+
+
+def _because(grants: Sequence[Grant]) -> str:
+    """Why ``grants`` are needed, with their code paths."""
+    return "; ".join(dict.fromkeys(f"{g.why}, in {g.code}" if g.code else g.why for g in grants))
 
 
 def authentication_failed(security: Mapping[str, Any], servers: Sequence[str], reason: str) -> KafkaAccessDenied:
@@ -111,7 +117,7 @@ def authenticate(servers: str | Sequence[str], security: Mapping[str, Any], time
             return
     errors: list[KafkaError] = []
     conf = {"bootstrap.servers": ",".join(servers), "client.id": "stream-vips-login-check",
-            "logger": LIBRDKAFKA_LOGGER, "log_level": 3, "error_cb": errors.append,
+            "logger": LIBRDKAFKA_LOGGER, "log_level": 0, "error_cb": errors.append,
             **{SECURITY_NAMES[k]: v for k, v in security.items() if k in SECURITY_NAMES}}
     probe = Producer(conf)
     deadline = time.monotonic() + timeout_s
@@ -185,8 +191,7 @@ def check_grants(admin: Any, security: Mapping[str, Any], grants: Iterable[Grant
             continue
         missing = [g for g in needed if _op_name(g.operation) not in allowed]
         if missing:
-            raise not_authorized(who, [g.operation for g in missing], missing[0].resource,
-                                 "; ".join(dict.fromkeys(g.why for g in missing)))
+            raise not_authorized(who, [g.operation for g in missing], missing[0].resource, _because(missing))
 
 
 def _group_operations(admin: Any, group: str) -> set[str] | None:
@@ -250,7 +255,7 @@ def denial(exc: BaseException | None, security: Mapping[str, Any], grant: Grant 
         if code in kinds:
             who = principal(security)
             if grant is not None and grant.resource_type == kinds[code]:
-                return not_authorized(who, [grant.operation], grant.resource, grant.why)
+                return not_authorized(who, [grant.operation], grant.resource, _because([grant]))
             names = [a for a in exc.args if isinstance(a, str)] + [n for a in exc.args if isinstance(a, (set, list))
                                                                    for n in a]
             resource = f"{kinds[code]} {names[0]!r}" if names and code != CLUSTER_AUTHORIZATION_FAILED else kinds[code]

@@ -40,8 +40,8 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
 
     security = dict(security or {})
     wanted = {k: str(v) for k, v in (configs or {}).items()}
-    reading = Grant("topic", topic, "DescribeConfigs", "checking the topic's settings at start "
-                    "(connectors.kafka.admin.ensure_topic)")
+    reading = Grant("topic", topic, "DescribeConfigs", "checking the topic's settings at start",
+                    "connectors.kafka.admin.ensure_topic")
     needed = list({(g.resource_type, g.name, g.operation): g for g in (reading, *grants)}.values())
     admin = open_admin(bootstrap_servers, security)
     try:
@@ -55,7 +55,8 @@ def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitio
             except TopicAlreadyExistsError:
                 pass  # created concurrently: check its settings below
             except KafkaError as exc:
-                creating = Grant("topic", topic, "Create", "creating the missing topic (create_topic: true)")
+                creating = Grant("topic", topic, "Create", "creating the missing topic with create_topic: true",
+                                 "connectors.kafka.admin.ensure_topic")
                 denied = denial(exc, security, creating)
                 if denied is not None:
                     raise denied from None
@@ -114,7 +115,7 @@ def _config_values(response: Any, topic: str) -> dict[str, str]:
 
 def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapping[str, Any] | None = None,
                timeout_s: float = 30.0, settle_s: float = 5.0,
-               why: str = "reading the whole topic (connectors.kafka.admin.read_topic)") -> list[Any]:
+               why: str = "reading the whole topic") -> list[Any]:
     """Every committed record of ``topic`` from the beginning to the current end, per partition
     in offset order (partitions one after another).
 
@@ -132,7 +133,7 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
     from kafka import KafkaConsumer
 
     security = dict(security or {})
-    reading = Grant("topic", topic, "Read", why)
+    reading = Grant("topic", topic, "Read", why, "connectors.kafka.admin.read_topic")
     authenticate(bootstrap_servers, security)
     consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None,
                              enable_auto_commit=False, isolation_level="read_committed", **security)

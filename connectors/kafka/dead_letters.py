@@ -116,13 +116,13 @@ class KafkaDeadLetterSink:
     @staticmethod
     def grants(topic: str = "stream-vips-dead-letters", create_topic: bool = True) -> list[Grant]:
         """The ACLs the dead-letter sink needs (checked at start; :mod:`connectors.kafka.access`)."""
-        out = [Grant("topic", topic, "Write", "the dead-letter sink sends rejected records "
-                                              "(connectors.kafka.dead_letters.KafkaDeadLetterSink.send)"),
+        out = [Grant("topic", topic, "Write", "the dead-letter sink sends rejected records",
+                     "connectors.kafka.dead_letters.KafkaDeadLetterSink.send"),
                Grant("topic", topic, "DescribeConfigs", "the dead-letter sink checks min.insync.replicas against "
-                                                        "the replicas at start (connectors.kafka.admin.ensure_topic)")]
+                     "the replicas at start", "connectors.kafka.admin.ensure_topic")]
         if create_topic:
             out.append(Grant("topic", topic, "Create", "the dead-letter sink creates the topic when it is missing "
-                                                       "(create_topic: true)"))
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
         return out
 
     def send(self, letters: Sequence[DeadLetter]) -> None:

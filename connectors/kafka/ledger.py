@@ -46,19 +46,18 @@ class KafkaLedger(LedgerSteps):
     @staticmethod
     def grants(topic: str = "stream-vips-ledger", create_topic: bool = True) -> list[Grant]:
         """The ACLs the ledger needs (checked at start; :mod:`connectors.kafka.access`)."""
-        out = [Grant("topic", topic, "Read", "the Kafka ledger replays its events at start "
-                                             "(connectors.kafka.ledger.read_ledger_topic)"),
-               Grant("topic", topic, "Write", "the Kafka ledger appends each step in a transaction "
-                                              "(KafkaLedger.append_many)"),
-               Grant("topic", topic, "DescribeConfigs", "the Kafka ledger checks cleanup.policy, "
-                                                        "min.insync.replicas and the replicas at start "
-                                                        "(connectors.kafka.admin.ensure_topic)"),
+        out = [Grant("topic", topic, "Read", "the Kafka ledger replays its events at start",
+                     "connectors.kafka.ledger.read_ledger_topic"),
+               Grant("topic", topic, "Write", "the Kafka ledger appends each step in a transaction",
+                     "connectors.kafka.ledger.KafkaLedger.append_many"),
+               Grant("topic", topic, "DescribeConfigs", "the Kafka ledger checks cleanup.policy, min.insync.replicas "
+                     "and the replicas at start", "connectors.kafka.admin.ensure_topic"),
                Grant("transactionalId", KafkaLedger.TRANSACTIONAL_PREFIX, "Write",
-                     "the Kafka ledger's transactions, one id per ledger name (KafkaLedger: init_transactions, "
-                     "commit_transaction)", "prefix")]
+                     "the Kafka ledger writes in transactions, one id per ledger name, and a reset starts a new name",
+                     "connectors.kafka.ledger.KafkaLedger.__init__ and ._commit", pattern="prefix")]
         if create_topic:
             out.append(Grant("topic", topic, "Create", "the Kafka ledger creates the topic when it is missing "
-                                                       "(create_topic: true)"))
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
         return out
 
     @takes_connection
@@ -195,7 +194,7 @@ def _fenced(exc: BaseException | None) -> bool:
 
 def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
                       timeout_s: float = 30.0,
-                      why: str = "reading the ledger (connectors.kafka.ledger.read_ledger_topic)"
+                      why: str = "reading the ledger"
                       ) -> tuple[dict | None, list, list, list]:
     """The committed steps of ledger ``name`` on ``topic``, read-only: ``(genesis, events,
     positions, windows)``, ``(None, [], [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap

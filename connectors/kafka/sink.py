@@ -103,19 +103,19 @@ class KafkaModelSink:
     def grants(topic: str = "stream-vips-models", transactional_id: str | None = None,
                create_topic: bool = True) -> list[Grant]:
         """The ACLs the sink needs (checked at start; :mod:`connectors.kafka.access`)."""
-        out = [Grant("topic", topic, "Write", "the model sink publishes each model in a transaction "
-                                              "(connectors.kafka.sink.KafkaModelSink.publish)"),
-               Grant("topic", topic, "Read", "the model sink reads the latest model back at start "
-                                             "(KafkaModelSink.latest, from Application.check_published)"),
+        out = [Grant("topic", topic, "Write", "the model sink publishes each model in a transaction",
+                     "connectors.kafka.sink.KafkaModelSink.publish"),
+               Grant("topic", topic, "Read", "the model sink reads the latest model back at start",
+                     "connectors.kafka.sink.KafkaModelSink.latest via stream_vips.pipeline.Application.check_published"),
                Grant("topic", topic, "DescribeConfigs", "the model sink checks cleanup.policy, max.message.bytes "
-                                                        "and min.insync.replicas at start "
-                                                        "(connectors.kafka.admin.ensure_topic)"),
+                     "and min.insync.replicas at start", "connectors.kafka.admin.ensure_topic"),
                Grant("transactionalId", transactional_id or TRANSACTIONAL_PREFIX, "Write",
-                     "the model sink's transactions (KafkaModelSink: init_transactions, commit_transaction)",
-                     "literal" if transactional_id else "prefix")]
+                     "the model sink writes in transactions under a fixed id",
+                     "connectors.kafka.sink.KafkaModelSink._new_producer and ._send_transaction",
+                     pattern="literal" if transactional_id else "prefix")]
         if create_topic:
             out.append(Grant("topic", topic, "Create", "the model sink creates the topic when it is missing "
-                                                       "(create_topic: true)"))
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
         return out
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:

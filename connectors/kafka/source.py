@@ -116,10 +116,10 @@ class KafkaSource:
     def grants(topics: str | list[str], group_id: str = "stream-vips") -> list[Grant]:
         """The ACLs the source needs (checked at start; :mod:`connectors.kafka.access`)."""
         names = [topics] if isinstance(topics, str) else list(topics)
-        return [*(Grant("topic", t, "Read", "the source consumes the records (connectors.kafka.source.KafkaSource.poll)")
+        return [*(Grant("topic", t, "Read", "the source consumes the records", "connectors.kafka.source.KafkaSource.poll")
                   for t in names),
-                Grant("group", group_id, "Read", "the source joins its consumer group and commits offsets "
-                                                 "(KafkaSource.poll, KafkaSource.commit)")]
+                Grant("group", group_id, "Read", "the source joins its consumer group and commits offsets",
+                      "connectors.kafka.source.KafkaSource.poll and .commit")]
 
     # -- the Source protocol -------------------------------------------------------------------
 
