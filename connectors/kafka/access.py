@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from connectors.kafka.connection import KafkaAccessDenied, _servers, principal
+from connectors.kafka.connection import KafkaAccessDenied, _servers, log, principal
 
 #: Kafka error codes (the protocol's, shared by both client libraries).
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -56,6 +56,15 @@ class Grant:
 def _grant(grants: Iterable[Grant], resource_type: str, operation: str = "Write") -> Grant:
     """The one grant of ``grants`` for ``operation`` on a resource of ``resource_type``."""
     return next(g for g in grants if g.resource_type == resource_type and g.operation == operation)
+
+
+def _discard(producer: Any) -> None:
+    """Close a producer the broker refused (a refused transactional id leaves librdkafka's producer
+    in a fatal state in which even the flush on close fails: that failure says nothing new)."""
+    try:
+        producer.close(0)
+    except Exception as exc:
+        log.debug("closing a refused producer: %s", exc)
 
 
 def connector_grants(cls: type, options: Mapping[str, Any]) -> list[Grant]:
@@ -175,11 +184,10 @@ def check_grants(admin: Any, security: Mapping[str, Any], grants: Iterable[Grant
         if rtype == "topic":
             found = described.get(name, {})
             if found.get("error_code") == TOPIC_AUTHORIZATION_FAILED:
-                allowed = set()
-            elif found.get("error_code") == 0 and found.get("authorized_operations") is not None:
-                allowed = set(found["authorized_operations"])
-            else:  # missing (the caller decides), or a broker too old to say
-                continue
+                raise _undescribable(who, needed)
+            if found.get("error_code") != 0 or found.get("authorized_operations") is None:
+                continue  # missing (the caller decides), or a broker too old to say
+            allowed = set(found["authorized_operations"])
         elif rtype == "group":
             try:
                 allowed = _group_operations(admin, name)
@@ -192,6 +200,21 @@ def check_grants(admin: Any, security: Mapping[str, Any], grants: Iterable[Grant
         missing = [g for g in needed if _op_name(g.operation) not in allowed]
         if missing:
             raise not_authorized(who, [g.operation for g in missing], missing[0].resource, _because(missing))
+
+
+#: The operations that imply Describe (Kafka's ACL rules): a principal granted none of them on a
+#: topic may not even describe it, and the broker then reports no operations at all.
+IMPLY_DESCRIBE = ("Read", "Write", "Delete", "Alter", "Describe")
+
+
+def _undescribable(who: str, needed: Sequence[Grant]) -> KafkaAccessDenied:
+    """The refusal for a topic the principal may not describe: of the operations needed, those
+    that imply Describe are all missing (any one of them would allow it); the others cannot be
+    judged then. Needing none of them, it lacks Describe itself."""
+    missing = [g for g in needed if g.operation in IMPLY_DESCRIBE]
+    if missing:
+        return not_authorized(who, [g.operation for g in missing], missing[0].resource, _because(missing))
+    return not_authorized(who, ["Describe"], needed[0].resource, _because(needed))
 
 
 def _group_operations(admin: Any, group: str) -> set[str] | None:

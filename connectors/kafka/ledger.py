@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _grant, denial
+from connectors.kafka.access import Grant, _discard, _grant, denial
 from connectors.kafka.admin import _retriable, ensure_topic, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
@@ -102,7 +102,7 @@ class KafkaLedger(LedgerSteps):
             denied = denial(exc, connection.security, _grant(self._grants, "transactionalId"))
             if denied is None:
                 raise
-            self._producer.close(0)
+            _discard(self._producer)
             raise denied from None
         self._failed: Exception | None = None
         genesis, self._events, self._positions, self._windows = self._replay()

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _grant, denial
+from connectors.kafka.access import Grant, _discard, _grant, denial
 from connectors.kafka.admin import _retriable, ensure_topic, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
@@ -153,7 +153,7 @@ class KafkaModelSink:
             denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId"))
             if denied is None:
                 raise
-            producer.close(0)
+            _discard(producer)
             raise denied from None
         return producer
 
