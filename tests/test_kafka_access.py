@@ -387,6 +387,8 @@ def _acls_visible_to(admin: Any) -> bool:
 
 
 def test_anonymous_and_wrong_credentials_are_refused_and_named(secured, tmp_path, monkeypatch, capsys):
+    """Anonymous clients may do nothing; a wrong password or an unknown user is named as a failed
+    login (not as a broker that is down), and run, inspect and report each say so in one line."""
     from kafka import KafkaAdminClient
 
     from connectors.kafka import KafkaAccessDenied
@@ -430,6 +432,11 @@ def test_anonymous_and_wrong_credentials_are_refused_and_named(secured, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("not authorized: User:stream-vips-reader needs Read on topic "
                                      "'stream-vips.records'") in err, err
+    assert cli.main(["report", "--bootstrap", broker.sasl_bootstrap, "--ledger-topic", "stream-vips.ledger",
+                     "--topic", "stream-vips.models", "--out", str(tmp_path / "report")]) == 7
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("not authorized: User:stream-vips-reader needs Read on topic "
+                                     "'stream-vips.ledger'") in err, err
 
 
 def test_kcat_cannot_log_in_with_scram_so_the_secured_reader_is_confluent_kafka(secured):

@@ -258,12 +258,20 @@ def _code(exc: BaseException) -> int | None:
     return error.code() if isinstance(error, KafkaError) else None
 
 
+#: The resource type an authorization error code is about.
+_REFUSED_RESOURCE = {TOPIC_AUTHORIZATION_FAILED: "topic", GROUP_AUTHORIZATION_FAILED: "group",
+                     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactionalId", CLUSTER_AUTHORIZATION_FAILED: "cluster"}
+#: What the connectors do with a group or a transactional id needs this one operation.
+_ONLY_OPERATION = {"group": "Read", "transactionalId": "Write"}
+
+
 def denial(exc: BaseException | None, security: Mapping[str, Any], grant: Grant | None = None,
            servers: Sequence[str] = ()) -> KafkaAccessDenied | None:
     """``exc`` (or an exception in its cause chain) as :class:`KafkaAccessDenied` when it is the
     broker refusing a login or an operation, else ``None``. ``grant`` names what the failed call
     needed; without it the resource is read from the error (kafka-python names the topics or the
-    group)."""
+    group) and the operation is named where the connectors use only one (Read on a group, Write on
+    a transactional id)."""
     from confluent_kafka import KafkaError
 
     while exc is not None:
@@ -272,17 +280,18 @@ def denial(exc: BaseException | None, security: Mapping[str, Any], grant: Grant 
         code = _code(exc)
         if code in (SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION):
             return authentication_failed(security, servers, str(exc))
-        kinds = {TOPIC_AUTHORIZATION_FAILED: "topic", GROUP_AUTHORIZATION_FAILED: "group",
-                 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactionalId",
-                 CLUSTER_AUTHORIZATION_FAILED: "cluster"}
-        if code in kinds:
+        kind = _REFUSED_RESOURCE.get(code)
+        if kind is not None:
             who = principal(security)
-            if grant is not None and grant.resource_type == kinds[code]:
+            if grant is not None and grant.resource_type == kind:
                 return not_authorized(who, [grant.operation], grant.resource, _because([grant]))
             names = [a for a in exc.args if isinstance(a, str)] + [n for a in exc.args if isinstance(a, (set, list))
                                                                    for n in a]
-            resource = f"{kinds[code]} {names[0]!r}" if names and code != CLUSTER_AUTHORIZATION_FAILED else kinds[code]
-            return not_authorized(who, [grant.operation if grant else "the operation refused"], resource,
-                                  f"refused by the broker: {type(exc).__name__}")
+            resource = f"{kind} {sorted(names)[0]!r}" if names and kind != "cluster" else kind
+            operation = _ONLY_OPERATION.get(kind)
+            return KafkaAccessDenied(
+                f"not authorized: the broker refused {who} {operation or 'an operation'} on {resource} "
+                f"({type(exc).__name__}); compare the user's ACLs with docs/deploy.md, Access",
+                principal=who, operations=[operation] if operation else [], resource=resource)
         exc = exc.__cause__ or exc.__context__
     return None
