@@ -39,7 +39,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from stream_vips.errors import ConfigError
-from stream_vips.logsafety import REDACTED, SECRET_KEY, is_secret  # noqa: F401  -- the one rule, re-exported
+from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, MIN_NOISE_MULTIPLIER
 from stream_vips.models import MODEL_FAMILIES, model_class
 
