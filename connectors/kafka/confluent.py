@@ -10,7 +10,8 @@ The connectors' rules are shared with kafka-python; only the library calls diffe
   or its keep-alive), where a synchronous commit is allowed: the revocation commits directly;
   checkpoint offsets are applied by assigning the partitions at them;
 * librdkafka logs through the ``kafka.librdkafka`` logger, inside the ``kafka`` hierarchy that
-  :func:`stream_vips.logsafety.guard_client_logging` floors at INFO and filters, and at
+  :func:`stream_vips.logsafety.guard_client_logging` floors (WARNING; INFO when the run logs at
+  DEBUG) and filters, and at
   ``log_level`` 6 (no debug contexts are ever set, so no protocol dumps are produced);
 * a send's handle is a delivery report filled in by ``flush()``.
 
