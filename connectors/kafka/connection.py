@@ -29,6 +29,7 @@ import logging
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from stream_vips.errors import ConfigError, StreamVipsError
@@ -84,7 +85,7 @@ class KafkaAccessDenied(KafkaConnectorError):
 def _secret_from_file(path: str, where: str) -> str:
     """The content of the secret file ``path`` (one trailing newline dropped); ConfigError naming ``where``."""
     try:
-        value = open(path, encoding="utf-8").read()
+        value = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
