@@ -53,7 +53,7 @@ class Grant:
         return f"{self.resource_type}{prefix} {self.name!r}"
 
 
-def _grant(grants: Iterable[Grant], resource_type: str, operation: str = "Write") -> Grant:
+def _grant(grants: Iterable[Grant], resource_type: str, operation: str) -> Grant:
     """The one grant of ``grants`` for ``operation`` on a resource of ``resource_type``."""
     return next(g for g in grants if g.resource_type == resource_type and g.operation == operation)
 

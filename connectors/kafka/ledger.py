@@ -99,7 +99,7 @@ class KafkaLedger(LedgerSteps):
         try:
             self._producer.init_transactions()  # fences an older writer and aborts its open transaction
         except Exception as exc:
-            denied = denial(exc, connection.security, _grant(self._grants, "transactionalId"))
+            denied = denial(exc, connection.security, _grant(self._grants, "transactionalId", "Write"))
             if denied is None:
                 raise
             _discard(self._producer)

@@ -150,7 +150,7 @@ class KafkaModelSink:
         try:
             producer.init_transactions()
         except Exception as exc:
-            denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId"))
+            denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId", "Write"))
             if denied is None:
                 raise
             _discard(producer)
