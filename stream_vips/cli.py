@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from stream_vips import __version__
 
@@ -59,9 +59,11 @@ that the checkpoint or the published model reflect: restore it, or start a new b
 `stream-vips reset`); 4 a dead letter was not delivered (nothing was committed past it); 5 a connector
 failed past its retry deadline (e.g. the Kafka broker unreachable); 6 the privacy ledger could not
 be written (e.g. a full disk at privacy.ledger.path): no step was released without its ledger line;
-free space and restart; 8 updates halted because the reservoir holds mostly rejected arrivals
-(sampling.max_rejected_fraction: the input is wrong; the summary names the top rejection reasons).
-A run that ends because the privacy budget is spent ends with 0: that is how such a run is meant to end"""
+free space and restart; 7 the Kafka broker refused access: authentication failed, or an operation
+is not authorized (the message names the principal, operation and resource to grant); 8 updates
+halted because the reservoir holds mostly rejected arrivals (sampling.max_rejected_fraction: the
+input is wrong; the summary names the top rejection reasons). A run that ends because the privacy
+budget is spent ends with 0: that is how such a run is meant to end"""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"stream-vips: {line}", file=sys.stderr)
 
     started = time.monotonic()
+    config = None
     if args.json_summary and (problem := output_file_problem(args.json_summary, "--json-summary")):
         say(problem)
         return 2
@@ -99,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"cannot start: {exc}")
         return 6
     except Exception as exc:
+        if (denied := _refusal(exc, config)) is not None:
+            say(f"cannot start: {denied}")
+            return 7
         if _connector_failure(exc):
             say(f"cannot start: {type(exc).__name__}: {exc}")
             return 5
@@ -126,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"stopped: {exc}")
         return 6
     except (StreamVipsError, Exception) as exc:
+        if (denied := _refusal(exc, config)) is not None:
+            say(f"stopped: {denied}")
+            return 7
         if _connector_failure(exc):
             say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
             return 5
@@ -179,6 +188,23 @@ def output_file_problem(path: str, flag: str) -> str | None:
     if not os.access(target if target.exists() else parent, os.W_OK):
         return f"{flag} {path}: not writable"
     return None
+
+
+def _refusal(exc: BaseException, config: Any) -> Any:
+    """The broker's refusal behind ``exc`` (a :class:`~connectors.kafka.KafkaAccessDenied`), or
+    ``None``. Connectors raise it themselves; a refusal that reaches here as the client library's
+    own error (the source's consumer, mid-run) is named with the source's principal."""
+    try:
+        from connectors.kafka import security_options
+        from connectors.kafka.access import denial
+    except ImportError:  # no Kafka client installed: no Kafka refusal either
+        return None
+    kafka_source = config is not None and config.source.type == "kafka"
+    try:
+        security = security_options(config.source.options) if kafka_source else {}
+    except Exception:  # the source's settings are not where this failed
+        security = {}
+    return denial(exc, security)
 
 
 def _connector_failure(exc: BaseException) -> bool:

@@ -139,15 +139,20 @@ class ModelReader:
         from kafka import KafkaConsumer
 
         from connectors.kafka import Reassembler, _servers, security_options as _security
+        from connectors.kafka.access import authenticate, check_access
 
         self.topic = topic
+        servers = _servers(bootstrap_servers)
+        self._security = dict(security or _security(security_options))
+        (self._reading,) = self.grants(topic)
+        authenticate(servers, self._security)  # a refused login is named, not taken for a broker that is down
         self._consumer = KafkaConsumer(
-            bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
-            isolation_level="read_committed", auto_offset_reset="earliest",
-            **dict(security or _security(security_options)))
+            bootstrap_servers=servers, group_id=None, enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest", **self._security)
         parts = self._consumer.partitions_for_topic(topic)
-        if parts is None:
+        if not parts:  # unknown to this principal: not authorized, or missing
             self._consumer.close()
+            check_access(servers, self._security, [self._reading])
             raise ValueError(f"model topic {topic!r} does not exist")
         from kafka.structs import TopicPartition
 
@@ -158,8 +163,28 @@ class ModelReader:
         self._latest: dict[str, dict[str, Any]] = {}
         self.invalid: list[tuple[str, str]] = []
 
+    @staticmethod
+    def grants(topic: str = "stream-vips-models") -> list[Any]:
+        """The ACL a reader needs (:class:`connectors.kafka.Grant`): Read on the model topic, no group."""
+        from connectors.kafka import Grant
+
+        return [Grant("topic", topic, "Read", "the model reader reads every model message",
+                      "stream_vips.client.ModelReader.poll, used by stream-vips inspect")]
+
     def poll(self, timeout_s: float = 1.0, until_end: bool = True) -> int:
-        """Read new messages; returns how many complete messages were read."""
+        """Read new messages; returns how many complete messages were read. A missing Read ACL
+        raises :class:`~connectors.kafka.KafkaAccessDenied`."""
+        from connectors.kafka.access import denial
+
+        try:
+            return self._poll(timeout_s, until_end)
+        except Exception as exc:
+            denied = denial(exc, self._security, self._reading)
+            if denied is None:
+                raise
+            raise denied from None
+
+    def _poll(self, timeout_s: float, until_end: bool) -> int:
         n = 0
         deadline = time.monotonic() + timeout_s
         ends = self._consumer.end_offsets(self._tps) if until_end else {}

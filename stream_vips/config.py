@@ -39,6 +39,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from stream_vips.errors import ConfigError
+from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, MIN_NOISE_MULTIPLIER
 from stream_vips.models import MODEL_FAMILIES, model_class
 
@@ -54,24 +55,6 @@ MAX_EPSILON = 1e4
 
 #: Model parameters that make the default configuration run (merged under the configured ones).
 DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
-
-#: Key names whose values are secrets (matched case-insensitively against one key name): names
-#: containing password, secret, token or credential, and ``key`` or ``*_key`` (``api_key``); a
-#: count "per key" (``max_records_per_key``) is not a key. Their values are never printed: not
-#: by ``stream-vips config`` and not in a :class:`ConfigError`.
-SECRET_KEY = re.compile(r"password|secret|token|credential|(^|(?<!_per)_)key$", re.IGNORECASE)
-
-REDACTED = "<redacted>"
-
-
-def is_secret(key: str) -> bool:
-    """Whether a value under the key name ``key`` is a secret (:data:`SECRET_KEY`).
-
-    >>> is_secret("sasl_password"), is_secret("api_key"), is_secret("max_records_per_key")
-    (True, True, False)
-    """
-    return bool(SECRET_KEY.search(key))
-
 
 def _secret_path(key: str) -> bool:
     """Whether any part of the dotted ``key`` (``source.sasl_password``, ``a.tokens[0]``) names a

@@ -7,11 +7,12 @@ naming the overrides that came from the environment and the ``STREAM_VIPS_KAFKA_
 variables that are set (the Kafka connectors fall back to them).
 
 Secrets are never printed. A value is replaced by ``<redacted>`` when its key, at any depth,
-matches :data:`stream_vips.config.SECRET_KEY` (the one rule; configuration errors follow it too):
-it contains ``password``, ``secret``, ``token`` or ``credential``, or is ``key`` or ends in
-``_key`` (``api_key``, ``private_key``). Paths to files that hold secrets (``ssl_keyfile``,
-``ssl_certfile``, ``ssl_cafile``) and user names are shown: they name where a secret is, not the
-secret. The same rule applies to the environment variables listed in the comments.
+matches :data:`stream_vips.logsafety.SECRET_KEY` (the one rule; configuration errors and the Kafka
+client's log lines follow it too): it contains ``password``, ``secret``, ``token`` or
+``credential``, or is ``key`` or ends in ``_key`` (``api_key``, ``private_key``). Paths to files
+that hold secrets (``ssl_keyfile``, ``ssl_certfile``, ``ssl_cafile``, ``sasl_password_file`` and
+every other ``*_file``) and user names are shown: they name where a secret is, not the secret.
+The same rule applies to the environment variables listed in the comments.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def redact(data: Any) -> Any:
     """``data`` with the value of every secret key replaced by ``<redacted>`` (a copy), at any
     depth; ``None`` (not set) stays ``None`` so that an unset secret is visible as unset."""
-    from stream_vips.config import REDACTED, is_secret  # on use: --help stays free of numpy
+    from stream_vips.logsafety import REDACTED, is_secret
 
     if isinstance(data, Mapping):
         return {k: (REDACTED if is_secret(str(k)) and v is not None else redact(v)) for k, v in data.items()}
@@ -57,7 +58,8 @@ def redact(data: Any) -> Any:
 def environment_notes(env: Mapping[str, str]) -> list[str]:
     """Comment lines: which overrides and Kafka security variables the environment sets."""
     from connectors.kafka.connection import ENV_PREFIX as KAFKA_PREFIX
-    from stream_vips.config import ENV_PREFIX, REDACTED, is_secret
+    from stream_vips.config import ENV_PREFIX
+    from stream_vips.logsafety import REDACTED, is_secret
 
     notes = []
     for name in sorted(env):

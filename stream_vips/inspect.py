@@ -8,8 +8,10 @@ only: the arrays stay where they were published).
 A topic is read with :class:`~stream_vips.client.ModelReader` (read_committed, chunked messages
 reassembled, schema checked) up to its current end. The broker must answer within
 ``--timeout-s`` seconds (default 10); an unreachable broker is one line on stderr and exit code
-5, as for ``stream-vips run``. Security settings come from ``STREAM_VIPS_KAFKA_*`` environment
-variables, as for the connectors.
+5, a refused login or a user without Read on the topic ("not authorized") exit code 7, as for
+``stream-vips run``. Security settings come from ``STREAM_VIPS_KAFKA_*`` environment
+variables (the password also from a file: ``STREAM_VIPS_KAFKA_SASL_PASSWORD_FILE``), as for the
+connectors.
 
 A file is read from its end backwards: the latest model of an id is its last line that passes
 the schema (the line the pipeline itself resumes from), so a file that has grown for months
@@ -39,7 +41,8 @@ DEFAULT_TIMEOUT_S = 10.0
 
 EXIT_CODES = """exit codes: 0 at least one model was found; 1 no model (for --model-id, if given);
 2 the file cannot be read or holds a schema version this reader does not know; 5 the broker
-did not answer within --timeout-s seconds"""
+did not answer within --timeout-s seconds; 7 the broker refused access (authentication failed, or
+the user may not read the topic: the message names the grant)"""
 
 PROG = "stream-vips inspect"
 
@@ -273,10 +276,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{PROG}: skipped {len(skipped)} invalid line(s) in {args.file} (latest: {skipped[0]})",
                       file=sys.stderr)
         else:
-            from connectors.kafka import KafkaConnectorError
+            from connectors.kafka import KafkaAccessDenied, KafkaConnectorError
 
             try:
                 latest = latest_on_topic(args.bootstrap, args.topic, args.timeout_s)
+            except KafkaAccessDenied as exc:
+                return fail(str(exc), 7)
             except KafkaConnectorError as exc:
                 return fail(str(exc), 2)
     except BrokerUnreachable as exc:

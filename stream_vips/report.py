@@ -57,7 +57,9 @@ MATPLOTLIB_MISSING = "the report needs matplotlib: pip install 'stream_vips[repo
 EXIT_CODES = """exit codes: 0 both files written; 1 no model (for --model-id, if given) in the model
 file or topic; 2 bad input (a ledger, model or dead-letter file that cannot be read or is
 corrupt, several model ids without --model-id, a model without a privacy guarantee, or
-matplotlib not installed); 5 the broker did not answer within --timeout-s seconds"""
+matplotlib not installed); 5 the broker did not answer within --timeout-s seconds; 7 the broker
+refused access (authentication failed, or the user may not read a topic: the message names the
+grant)"""
 
 
 class ReportError(StreamVipsError, ValueError):
@@ -745,7 +747,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ledger_topic is None:
             ledger = read_ledger(args.ledger)
         dead = dead_letter_counts(args.dead_letters) if args.dead_letters else None
-        from connectors.kafka import KafkaConnectorError
+        from connectors.kafka import KafkaAccessDenied, KafkaConnectorError
 
         try:
             if args.ledger_topic is not None:
@@ -758,6 +760,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 models = models_from_topic(args.bootstrap, args.topic, args.model_id, args.timeout_s)
                 where = f"topic {args.topic!r}"
+        except KafkaAccessDenied as exc:
+            return fail(str(exc), 7)
         except KafkaConnectorError as exc:
             return fail(str(exc), 2)
         if models is None:

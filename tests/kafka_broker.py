@@ -23,6 +23,8 @@ KafkaBroker = broker_mod.KafkaBroker
 BrokerError = broker_mod.BrokerError
 SASL_USER = broker_mod.SASL_USER
 SASL_PASSWORD = broker_mod.SASL_PASSWORD
+ADMIN_USER = broker_mod.ADMIN_USER
+ADMIN_PASSWORD = broker_mod.ADMIN_PASSWORD
 
 
 #: Kafka ledger options for the single-broker test cluster (one replica; production needs 3 / 2).

@@ -57,7 +57,7 @@ def test_the_client_is_chosen_in_the_connector_options_of_a_config_file():
 
 def test_librdkafka_logs_reach_only_the_guarded_client_logger(debug_logging, monkeypatch):
     """librdkafka's lines (here: a refused connection) arrive on ``kafka.librdkafka``, which the
-    log-safety guard floors at INFO and filters like kafka-python's loggers."""
+    log-safety guard floors (INFO here: the root is at DEBUG) and filters like kafka-python's loggers."""
     from confluent_kafka import Consumer
 
     monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)

@@ -534,18 +534,15 @@ def test_dockerfile_builds_on_any_python_base_as_non_root() -> None:
     assert dockerfile_instruction("USER") == "10001:10001"
 
 
-def _env_with_placeholder_secrets(c: dict[str, Any], pod_name: str = "stream-vips-0") -> dict[str, str]:
-    """The container's environment as the kubelet would set it, secrets replaced by placeholders."""
+def _pod_env(c: dict[str, Any], pod_name: str = "stream-vips-0") -> dict[str, str]:
+    """The container's environment as the kubelet would set it (values and the pod's name)."""
     env = {}
     for e in c.get("env", []):
         if "value" in e:
             env[e["name"]] = e["value"]
-        elif "fieldRef" in e["valueFrom"]:
-            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-            env[e["name"]] = pod_name
         else:
-            ref = e["valueFrom"]["secretKeyRef"]
-            env[e["name"]] = f"placeholder-{ref['name']}-{ref['key']}"
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", e["name"]
+            env[e["name"]] = pod_name
     return env
 
 
@@ -558,7 +555,7 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     cm_name = next(v["configMap"]["name"] for v in workload(docs)["spec"]["template"]["spec"]["volumes"]
                    if "configMap" in v)
     text = one(docs, "ConfigMap", cm_name)["data"]["config.yaml"]
-    env = _env_with_placeholder_secrets(c)
+    env = _pod_env(c)
     cfg = config_from_dict(yaml.safe_load(text), env=env)
     assert cfg.metrics.enabled and cfg.metrics.port == 9108
     assert cfg.runtime.on_halt == "stay", "a halted pod keeps serving metrics instead of crash-looping"
@@ -567,25 +564,52 @@ def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
     assert cfg.source.options["group_instance_id"] == "stream-vips-0"  # static membership, per pod
     # a fixed transactional id (not the sink's random default): a restarted pod's sink aborts the
     # transaction a crash left open instead of leaving read-committed readers blocked until it times out
-    restarted = config_from_dict(yaml.safe_load(text), env=_env_with_placeholder_secrets(c))
+    restarted = config_from_dict(yaml.safe_load(text), env=_pod_env(c))
     assert cfg.sink.options["transactional_id"] and \
         cfg.sink.options["transactional_id"] == restarted.sink.options["transactional_id"]
     assert cfg.runtime.checkpoint_path, "a restart restores the reservoir and offsets"
 
 
+def _secret_mounts(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """mount path -> Secret volume source, for the container's read-only Secret mounts."""
+    volumes = {v["name"]: v for v in workload(docs)["spec"]["template"]["spec"]["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]]["secret"] for m in container(docs)["volumeMounts"]
+            if "secret" in volumes.get(m["name"], {}) and m.get("readOnly")}
+
+
+KAFKA_SECTIONS = ("source", "sink", "dead_letter")
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_kafka_credentials_come_from_secrets(overlay: str) -> None:
+def test_kafka_credentials_come_from_a_mounted_secret(overlay: str) -> None:
+    """The password is a file from the Secret volume (sasl_password_file), never an environment
+    variable or a ConfigMap value."""
+    from stream_vips.logsafety import is_secret
+
     docs = render(overlay)
     c = container(docs)
     _, cfg = mounted_config(docs)
-    secret_env = [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
-    assert secret_env, "Kafka credentials are referenced from a Secret"
     for e in c.get("env", []):
-        if re.search(r"PASSWORD|SECRET|TOKEN|JAAS", e["name"]):
-            assert "secretKeyRef" in e.get("valueFrom", {}), e["name"]
-    flat = json.dumps(cfg).lower()
-    assert "password" not in flat or re.search(r'"[a-z_]*password[a-z_]*": null', flat), "no password in the ConfigMap"
+        assert not re.search(r"PASSWORD|SECRET|TOKEN|JAAS", e["name"]), f"{e['name']}: a secret in the environment"
+        assert "secretKeyRef" not in e.get("valueFrom", {}), e["name"]
+    mounts = _secret_mounts(docs)
+    for section in KAFKA_SECTIONS:
+        path = cfg[section]["sasl_password_file"]
+        (mount,) = [m for m in mounts if path.startswith(m.rstrip("/") + "/")]
+        secret = mounts[mount]
+        assert secret["secretName"] == "stream-vips-kafka", section
+        assert [i["path"] for i in secret["items"]] == [path[len(mount.rstrip("/")) + 1:]]
+        # owner root, group fsGroup: readable by the pipeline's group, by nobody else
+        assert secret["defaultMode"] & 0o007 == 0 and secret["defaultMode"] & 0o040, oct(secret["defaultMode"])
+
+    def secret_values(node: Any, key: str = "") -> list[str]:
+        if isinstance(node, dict):
+            return [v for k, item in node.items() for v in secret_values(item, str(k))]
+        return [key] if is_secret(key) and node is not None else []
+
+    assert secret_values(cfg) == [], "no secret in the ConfigMap"
     assert not of_kind(docs, "Secret"), "credentials are not committed as Secret manifests"
+    assert workload(docs)["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,6 +710,40 @@ def test_topics_match_the_config_and_their_roles(overlay: str) -> None:
     assert str(ledger[0]["spec"]["config"]["retention.ms"]) == "-1"
 
 
+def required_grants(docs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """user -> the grants (connectors.kafka.Grant) the code declares for the mounted config: the
+    pipeline's connectors, the Kafka ledger on the manifests' ledger topic (privacy.ledger.type:
+    kafka, topics owned by Strimzi), and the downstream reader of the model topic."""
+    from connectors.kafka import KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaSource, connector_grants
+    from stream_vips.client import ModelReader
+
+    _, cfg = mounted_config(docs)
+    (ledger_topic,) = [name for name in _topics(docs) if "ledger" in name]
+    (model_topic,) = kafka_topics_of(cfg, "sink")
+    pipeline = [*connector_grants(KafkaSource, cfg["source"]), *connector_grants(KafkaModelSink, cfg["sink"]),
+                *connector_grants(KafkaDeadLetterSink, cfg["dead_letter"]),
+                *connector_grants(KafkaLedger, {"topic": ledger_topic, "create_topic": False})]
+    users = {u["metadata"]["name"] for u in of_kind(docs, "KafkaUser")}
+    (reader,) = users - {cfg["source"]["sasl_username"]}
+    return {cfg["source"]["sasl_username"]: pipeline, reader: ModelReader.grants(model_topic)}
+
+
+def _as_acls(grants: list[Any]) -> set[tuple[str, str, str, str]]:
+    return {(g.resource_type, g.name, g.pattern, g.operation) for g in grants}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_acls_are_exactly_what_the_code_needs(overlay: str) -> None:
+    """users.yaml grants what the connectors declare (connectors.kafka.access), no more and no less."""
+    docs = render(overlay)
+    users = {u["metadata"]["name"]: _grants(u) for u in of_kind(docs, "KafkaUser")}
+    needed = required_grants(docs)
+    assert users.keys() == needed.keys()
+    for user, grants in needed.items():
+        assert users[user] == _as_acls(grants), user
+        assert not any(op == "Describe" for *_, op in users[user]), "Describe is implied by Read and Write"
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_acls_let_only_the_pipeline_read_raw_records(overlay: str) -> None:
     docs = render(overlay)
@@ -696,38 +754,56 @@ def test_acls_let_only_the_pipeline_read_raw_records(overlay: str) -> None:
     raw_topics = set(kafka_topics_of(cfg, "source")) | set(kafka_topics_of(cfg, "dead_letter"))
     assert raw_topics <= set(topics) and model_topic not in raw_topics
     pipeline = users.pop(cfg["source"]["sasl_username"])
-    for name in kafka_topics_of(cfg, "source"):
-        assert {("topic", name, "literal", op) for op in ("Read", "Describe")} <= pipeline
-    assert ("group", cfg["source"]["group_id"], "literal", "Read") in pipeline
     for section in ("sink", "dead_letter"):
         assert cfg[section]["sasl_username"] == cfg["source"]["sasl_username"]
-        for name in kafka_topics_of(cfg, section):
-            assert ("topic", name, "literal", "Write") in pipeline, section
-    # the model sink checks the topic's settings and writes in transactions under a fixed id
-    assert ("topic", model_topic, "literal", "DescribeConfigs") in pipeline
-    assert ("transactionalId", cfg["sink"]["transactional_id"], "literal", "Write") in pipeline
     assert all(op != "All" and rtype != "cluster" for rtype, _, _, op in pipeline)
     source_ops = {op for rtype, name, _, op in pipeline if rtype == "topic" and name in kafka_topics_of(cfg, "source")}
-    assert source_ops == {"Read", "Describe"}, "the pipeline never writes its input"
+    assert source_ops == {"Read"}, "the pipeline never writes its input"
+    dead_letter_ops = {op for rtype, name, _, op in pipeline if rtype == "topic" and name in kafka_topics_of(cfg, "dead_letter")}
+    assert "Read" not in dead_letter_ops, "dead letters are raw records: operators read them, not the pipeline"
     (reader,) = users.values()
-    assert reader == {("topic", model_topic, "literal", "Read"), ("topic", model_topic, "literal", "Describe")}
+    assert reader == {("topic", model_topic, "literal", "Read")}
+
+
+def _doc_table(heading: str) -> list[list[str]]:
+    """The cells of the first table under ``heading`` in docs/deploy.md."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_the_deploy_docs_list_every_grant_with_its_code_path() -> None:
+    """docs/deploy.md's access table is the code's declarations, row for row."""
+    docs = render("base")
+    expected = {(f"`{user}`", f"{g.resource_type}{' prefix' if g.pattern == 'prefix' else ''} `{g.name}`",
+                 g.operation, g.why, f"`{g.code}`") for user, grants in required_grants(docs).items() for g in grants}
+    rows = _doc_table("## Access: the ACLs and what needs them")
+    assert rows and all(len(r) == 5 for r in rows), rows[:2]
+    assert {tuple(r) for r in rows} == expected
+    assert len(rows) == len(expected)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_connectors_find_the_kafka_password_the_pod_gets(overlay: str) -> None:
-    """Each Kafka connector's security settings resolve from the config plus the pod's env."""
-    from connectors.kafka import SECURITY_KEYS, security_options
+def test_connectors_find_the_kafka_password_the_pod_gets(overlay: str, tmp_path: Path) -> None:
+    """Each Kafka connector's security settings resolve from the config plus the mounted Secret
+    (its mount point stood in for by a directory here); without the file, a one-line error names
+    the key."""
+    from connectors.kafka import SECURITY_KEYS, FILE_KEYS, security_options
+    from stream_vips.config import ConfigError
 
     docs = render(overlay)
     _, cfg = mounted_config(docs)
-    env = _env_with_placeholder_secrets(container(docs))
-    for section in ("source", "sink", "dead_letter"):
-        options = {k: v for k, v in cfg[section].items() if k in SECURITY_KEYS}
-        resolved = security_options(options, env=env)
+    (mount,) = [m for m, s in _secret_mounts(docs).items() if s["secretName"] == "stream-vips-kafka"]
+    for section in KAFKA_SECTIONS:
+        options = {k: v for k, v in cfg[section].items() if k in (*SECURITY_KEYS, *FILE_KEYS)}
+        stand_in = tmp_path / Path(options["sasl_password_file"]).relative_to(mount)
+        stand_in.write_text("placeholder-password\n")  # as kubectl create secret --from-file writes it
+        resolved = security_options({**options, "sasl_password_file": str(stand_in)}, env={})
         assert resolved["security_protocol"] == "SASL_SSL", section
-        assert resolved["sasl_plain_password"].startswith("placeholder-"), section
-        with pytest.raises(Exception, match="sasl_password"):
-            security_options(options, env={})
+        assert resolved["sasl_plain_password"] == "placeholder-password", section
+        with pytest.raises(ConfigError, match=r"^sasl_password_file: cannot read .*: No such file"):
+            security_options(options, env={})  # the real mount path does not exist here
     # the CA file is mounted where the config says
     mounts = [m["mountPath"] for m in container(docs)["volumeMounts"]]
     assert any(cfg["source"]["ssl_cafile"].startswith(m.rstrip("/") + "/") for m in mounts)

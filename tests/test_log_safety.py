@@ -1,4 +1,5 @@
-"""No record bytes in any log at DEBUG: canary records through a real broker, in process and via the CLI.
+"""No record bytes in any log at DEBUG: canary records through a real broker, in process and via the CLI;
+the client's floor follows the run's level, and credentials are redacted even with the unsafe switch.
 
 Two canaries go through a Kafka-to-Kafka pipeline with everything logged at DEBUG: a valid
 record whose x holds an unusual float, and a malformed record holding a marker string (it is
@@ -213,3 +214,85 @@ def test_a_child_logger_set_to_debug_stays_closed(debug_logging, monkeypatch):
     parser.error("Unable to decode %d-byte buffer: %r", 20, CANARY_TEXT.encode())
     lines = [line for name, line in debug_logging.lines if name == "kafka.protocol.parser"]
     assert len(lines) == 1 and _found(lines[0]) == [] and "bytes redacted" in lines[0]
+
+
+@pytest.fixture
+def client_loggers(monkeypatch) -> Iterator[None]:
+    """Put the client loggers' levels and filters, the guard's bookkeeping and the root level back
+    after a test."""
+    monkeypatch.setattr(logsafety, "_previous_levels", dict(logsafety._previous_levels))
+    root = logging.getLogger()
+    saved_root = root.level
+    saved = {n: (lg.level, list(lg.filters)) for n, lg in logging.root.manager.loggerDict.items()
+             if isinstance(lg, logging.Logger) and (n == "kafka" or n.startswith("kafka."))}
+    try:
+        yield
+    finally:
+        root.setLevel(saved_root)
+        for name, (level, filters) in saved.items():
+            logging.getLogger(name).setLevel(level)
+            logging.getLogger(name).filters[:] = filters
+
+
+@pytest.mark.parametrize("root_level, floor", [(logging.DEBUG, logging.INFO), (logging.INFO, logging.WARNING),
+                                               (logging.WARNING, logging.WARNING)])
+def test_the_client_floor_follows_the_run_level(root_level, floor, client_loggers, monkeypatch):
+    """The client's INFO lines are connection chatter: off unless the run logs at DEBUG."""
+    monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)
+    logging.getLogger().setLevel(logging.WARNING)
+    assert logsafety.guard_client_logging() is True  # as at import, before the CLI configures logging
+    assert logging.getLogger("kafka").level == logging.WARNING
+    logging.getLogger().setLevel(root_level)
+    assert logsafety.guard_client_logging() is True  # as the CLI, after configuring logging
+    assert logging.getLogger("kafka").level == floor
+    conn = logging.getLogger("kafka.net.connection")
+    assert conn.isEnabledFor(logging.INFO) is (floor == logging.INFO)
+    assert not conn.isEnabledFor(logging.DEBUG)
+
+
+def test_the_guard_keeps_a_higher_level_set_by_the_user(client_loggers, monkeypatch):
+    monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)
+    logging.getLogger().setLevel(logging.DEBUG)
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logsafety.guard_client_logging()
+    assert logging.getLogger("kafka").level == logging.ERROR
+
+
+def _admin_config_record(password: str) -> logging.LogRecord:
+    """The line kafka-python's admin client logs at DEBUG when it starts: its whole configuration."""
+    config = {"bootstrap_servers": ["b:9092"], "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+              "sasl_plain_username": "u", "sasl_plain_password": password, "ssl_password": password}
+    return logging.LogRecord("kafka.admin.client", logging.DEBUG, __file__, 1,
+                             "Starting KafkaAdminClient with configuration: %s", (config,), None)
+
+
+def test_secrets_are_redacted_by_key_and_by_value():
+    f = logsafety.ClientSecretFilter()
+    canary = f"pw-{uuid.uuid4().hex}"
+    rec = _admin_config_record(canary)
+    assert f.filter(rec)
+    text = rec.getMessage()
+    assert canary not in text and "'sasl_plain_password': '<redacted>'" in text and "'sasl_plain_username': 'u'" in text
+    # a registered secret is redacted wherever it shows, here inside an object's repr
+    logsafety.register_secret(canary)
+
+    class Conf:
+        def __repr__(self) -> str:
+            return f"Conf(jaas='username=u password={canary}')"
+
+    rec = logging.LogRecord("kafka.x", logging.WARNING, __file__, 1, "using %r", (Conf(),), None)
+    assert f.filter(rec) and canary not in rec.getMessage() and "password=<redacted>" in rec.getMessage()
+
+
+def test_the_unsafe_switch_keeps_secrets_redacted(debug_logging, monkeypatch):
+    """The opt-out lifts the floor and the payload filter, not the secret filter: the admin client's
+    configuration line gets through at DEBUG (so the control could see a leak) without its password."""
+    monkeypatch.setenv(logsafety.UNSAFE_ENV, "1")
+    assert logsafety.guard_client_logging() is False
+    canary = f"pw-{uuid.uuid4().hex}"
+    admin_log = logging.getLogger("kafka.admin.client")
+    rec = _admin_config_record(canary)
+    admin_log.handle(rec)
+    lines = [line for name, line in debug_logging.lines if name == "kafka.admin.client"]
+    assert lines and "Starting KafkaAdminClient" in lines[-1]
+    assert canary not in "\n".join(lines) and "<redacted>" in lines[-1]

@@ -277,3 +277,63 @@ def test_a_sink_write_that_fills_the_disk_leaves_whole_lines_and_the_next_line_i
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b"" and len(lines) == 3, lines  # two whole lines (0 and 2), no torn one
     assert [json.loads(line)["version" if kind == "models" else "origin"] for line in lines[:-1]]
+
+
+# -- secrets as mounted files ---------------------------------------------------------------------
+
+def _kafka_config(tmp_path: Path, extra: str) -> Path:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(KAFKA_SOURCE % extra)
+    return config
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "both"])
+def test_a_secret_file_that_cannot_be_used_stops_the_start_naming_the_key(tmp_path, monkeypatch, capsys, case):
+    """One line, exit 2, before any connection is made: the key, the path and why."""
+    monkeypatch.chdir(tmp_path)
+    path = {"missing": tmp_path / "absent", "directory": tmp_path, "empty": tmp_path / "empty"}.get(case, tmp_path / "pw")
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "pw").write_text(PASSWORD)
+    extra = f", sasl_password_file: '{path}'" + (f", sasl_password: '{PASSWORD}'" if case == "both" else "")
+    assert cli.main(["run", "--config", str(_kafka_config(tmp_path, extra))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and PASSWORD not in err
+    expected = {"missing": f"source: sasl_password_file: cannot read {path}: No such file or directory",
+                "directory": f"source: sasl_password_file: cannot read {path}: Is a directory",
+                "empty": f"source: sasl_password_file: {path} is empty",
+                "both": "source: sasl_password and sasl_password_file: give the secret or its file, not both"}[case]
+    assert f"stream-vips: configuration error: {expected}" in err, err
+
+
+def test_the_environment_fallback_may_name_a_secret_file_too(tmp_path, monkeypatch):
+    from connectors.kafka import security_options
+    from stream_vips import logsafety
+    from stream_vips.config import ConfigError
+
+    secret = tmp_path / "password"
+    secret.write_text(f"file-{PASSWORD}\n")  # the newline a pipe into --from-file=/dev/stdin leaves
+    env = {"STREAM_VIPS_KAFKA_SASL_PASSWORD_FILE": str(secret)}
+    options = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "u"}
+    assert security_options(options, env=env)["sasl_plain_password"] == f"file-{PASSWORD}"
+    assert f"file-{PASSWORD}" in logsafety._secrets  # redacted wherever the client would log it
+    # an option wins over the environment, and a key file's password is a secret file too
+    key_password = tmp_path / "key-password"
+    key_password.write_text("kp-secret")
+    resolved = security_options({**options, "sasl_password": "inline", "ssl_keyfile_password_file": str(key_password)},
+                                env=env)
+    assert resolved["sasl_plain_password"] == "inline" and resolved["ssl_password"] == "kp-secret"
+    with pytest.raises(ConfigError, match=r"^STREAM_VIPS_KAFKA_SASL_PASSWORD_FILE: cannot read .*absent"):
+        security_options(options, env={"STREAM_VIPS_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "absent")})
+
+
+def test_config_shows_where_a_secret_file_is_never_what_it_holds(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD)
+    monkeypatch.setenv("STREAM_VIPS_KAFKA_SSL_KEYFILE_PASSWORD_FILE", str(secret))
+    config = _kafka_config(tmp_path, f", sasl_password_file: '{secret}'")
+    assert cli.main(["config", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert PASSWORD not in out
+    assert f"sasl_password_file: {secret}" in out
+    assert f"STREAM_VIPS_KAFKA_SSL_KEYFILE_PASSWORD_FILE={secret}" in out

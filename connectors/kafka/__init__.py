@@ -4,7 +4,9 @@ kafka-python (the default) or confluent-kafka (``client: confluent``).
 * :mod:`.connection` -- :class:`KafkaConnection`: bootstrap servers, security settings (unset
   ones from ``STREAM_VIPS_KAFKA_<NAME>`` environment variables), reconnect backoff, client id
   prefix and client library, turned into kafka-python's keyword arguments in one place; the
-  connector errors.
+  connector errors (:class:`KafkaAccessDenied`: the broker refused a login or an operation).
+* :mod:`.access` -- :class:`Grant`, the ACLs each connector declares (``grants(...)``), checked at
+  start, and :func:`denial`, a broker refusal of either client library named as the grant it needs.
 * :mod:`.clients` -- the seam between the connectors' rules and a client library (consumer and
   producer), with the kafka-python side; :mod:`.confluent` -- the confluent-kafka side
   (librdkafka names, rebalance callbacks, delivery reports, the guarded librdkafka logger).
@@ -27,9 +29,11 @@ keys) or as one ``connection: KafkaConnection``. Importing the package guards th
 loggers (:func:`stream_vips.logsafety.guard_client_logging`).
 """
 
+from connectors.kafka.access import Grant, connector_grants
 from connectors.kafka.admin import ensure_topic, read_topic
-from connectors.kafka.connection import (ENV_PREFIX, SECURITY_KEYS, KafkaConnection, KafkaConnectorError,
-                                         KafkaPublishError, _servers, security_options)
+from connectors.kafka.connection import (ENV_PREFIX, FILE_KEYS, SECURITY_KEYS, KafkaAccessDenied, KafkaConnection,
+                                         KafkaConnectorError, KafkaPublishError, _servers, principal,
+                                         security_options)
 from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record, dead_letter_reasons
 from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
 from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
@@ -39,10 +43,13 @@ from connectors.kafka.source import KafkaSource, _SeekListener
 __all__ = [
     "CHUNK_HEADER",
     "ENV_PREFIX",
+    "FILE_KEYS",
+    "Grant",
     "MESSAGE_ID_HEADER",
     "RECORD_OVERHEAD",
     "SECURITY_KEYS",
     "SHA256_HEADER",
+    "KafkaAccessDenied",
     "KafkaConnection",
     "KafkaConnectorError",
     "KafkaDeadLetterSink",
@@ -53,9 +60,11 @@ __all__ = [
     "Reassembler",
     "chunk_info",
     "chunk_payload",
+    "connector_grants",
     "dead_letter_from_record",
     "dead_letter_reasons",
     "ensure_topic",
+    "principal",
     "read_ledger_topic",
     "read_topic",
     "security_options",

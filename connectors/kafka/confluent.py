@@ -10,7 +10,8 @@ The connectors' rules are shared with kafka-python; only the library calls diffe
   or its keep-alive), where a synchronous commit is allowed: the revocation commits directly;
   checkpoint offsets are applied by assigning the partitions at them;
 * librdkafka logs through the ``kafka.librdkafka`` logger, inside the ``kafka`` hierarchy that
-  :func:`stream_vips.logsafety.guard_client_logging` floors at INFO and filters, and at
+  :func:`stream_vips.logsafety.guard_client_logging` floors (WARNING; INFO when the run logs at
+  DEBUG) and filters, and at
   ``log_level`` 6 (no debug contexts are ever set, so no protocol dumps are produced);
 * a send's handle is a delivery report filled in by ``flush()``.
 
@@ -46,7 +47,7 @@ guard_client_logging()  # the logger above exists now, so it gets the floor and 
 SECURITY_NAMES = {"security_protocol": "security.protocol", "sasl_mechanism": "sasl.mechanism",
                   "sasl_plain_username": "sasl.username", "sasl_plain_password": "sasl.password",
                   "ssl_cafile": "ssl.ca.location", "ssl_certfile": "ssl.certificate.location",
-                  "ssl_keyfile": "ssl.key.location"}
+                  "ssl_keyfile": "ssl.key.location", "ssl_password": "ssl.key.password"}
 #: The consumer settings the source uses, kafka-python name -> librdkafka property.
 CONSUMER_NAMES = {"group_id": "group.id", "group_instance_id": "group.instance.id",
                   "enable_auto_commit": "enable.auto.commit", "auto_offset_reset": "auto.offset.reset",

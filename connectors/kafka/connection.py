@@ -2,8 +2,14 @@
 backoff, client ids) and the errors the connectors raise.
 
 Security settings (``security_protocol``, ``sasl_mechanism``, ``sasl_username``,
-``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``) that are not given fall back
-to ``STREAM_VIPS_KAFKA_<NAME>`` environment variables (so secrets need not live in the YAML file).
+``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_keyfile_password``)
+that are not given fall back to ``STREAM_VIPS_KAFKA_<NAME>`` environment variables (so secrets
+need not live in the YAML file). The two secrets may also be files, e.g. a mounted Kubernetes
+Secret: ``sasl_password_file`` / ``ssl_keyfile_password_file`` (or ``STREAM_VIPS_KAFKA_SASL_PASSWORD_FILE``
+...) name a file whose content (without a trailing newline) is read once, when the connection is
+resolved; a missing, unreadable or empty file is a :class:`~stream_vips.errors.ConfigError`
+naming the key, the content is never logged (:func:`stream_vips.logsafety.register_secret`), and
+``stream-vips config`` shows the path. A value and a file for the same secret are refused.
 Every long-lived client reconnects with at most ``reconnect_backoff_max_ms`` (default 1 s, the
 Java client's default; kafka-python's own 30 s would stall recovery for half a minute after a
 broker restart).
@@ -23,17 +29,24 @@ import logging
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from stream_vips.errors import StreamVipsError
-from stream_vips.logsafety import guard_client_logging
+from stream_vips.errors import ConfigError, StreamVipsError
+from stream_vips.logsafety import guard_client_logging, register_secret
 
 #: One logger for the whole package: log lines keep the name ``connectors.kafka``.
 log = logging.getLogger(__package__)
 guard_client_logging()  # the client logs record bytes at DEBUG; every user of these connectors is guarded
 
 SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password",
-                 "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+                 "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_keyfile_password")
+#: The secret settings, each of which may instead name a file: ``<key>_file``.
+SECRET_KEYS = ("sasl_password", "ssl_keyfile_password")
+FILE_KEYS = tuple(f"{key}_file" for key in SECRET_KEYS)
+#: Our names -> kafka-python's, where they differ.
+_KAFKA_PYTHON_NAMES = {"sasl_username": "sasl_plain_username", "sasl_password": "sasl_plain_password",
+                       "ssl_keyfile_password": "ssl_password"}
 ENV_PREFIX = "STREAM_VIPS_KAFKA_"
 #: The client libraries a connection can use (``KafkaConnection.client``).
 ClientName = Literal["kafka-python", "confluent"]
@@ -48,20 +61,70 @@ class KafkaPublishError(KafkaConnectorError):
     """A send was not acknowledged by the broker; nothing is dropped silently."""
 
 
+class KafkaAccessDenied(KafkaConnectorError):
+    """The broker refused this client: its login failed, or its principal lacks an ACL.
+
+    ``principal`` (``User:<name>``), ``operations`` (Kafka ACL operation names, empty for a failed
+    login) and ``resource`` (``topic 'name'``, ``group 'name'``, ``transactionalId 'name'``, or the
+    bootstrap servers for a login) say what to fix; the message is one line and says the same.
+    ``stream-vips run``, ``inspect`` and ``report`` exit with code 7 on it.
+    """
+
+    def __init__(self, message: str, *, principal: str, operations: Sequence[str] = (), resource: str = "") -> None:
+        super().__init__(" ".join(message.split()))
+        self.principal = principal
+        self.operations = tuple(operations)
+        self.resource = resource
+
+    @property
+    def operation(self) -> str:
+        """The missing operations, comma-separated (empty for a failed login)."""
+        return ", ".join(self.operations)
+
+
+def _secret_from_file(path: str, where: str) -> str:
+    """The content of the secret file ``path`` (one trailing newline dropped); ConfigError naming ``where``."""
+    try:
+        value = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: {path} is not UTF-8 text") from None
+    value = value[:-1] if value.endswith("\n") else value
+    value = value[:-1] if value.endswith("\r") else value
+    if not value:
+        raise ConfigError(f"{where}: {path} is empty")
+    return value
+
+
+def _setting(key: str, given: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    """``key``'s value from the options, else the environment; a secret also from its ``_file``."""
+    for source, name_of in ((given, lambda k: k), (env, lambda k: ENV_PREFIX + k.upper())):
+        value = source.get(name_of(key))
+        path = source.get(name_of(f"{key}_file")) if key in SECRET_KEYS else None
+        if value is not None and path is not None:
+            raise ConfigError(f"{name_of(key)} and {name_of(key + '_file')}: give the secret or its file, not both")
+        if path is not None:
+            return _secret_from_file(str(path), name_of(f"{key}_file"))
+        if value is not None:
+            return value
+    return None
+
+
 def security_options(options: Mapping[str, Any] | None = None,
                      env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """kafka-python keyword arguments for the security settings (options, else environment)."""
+    """kafka-python keyword arguments for the security settings (options, else environment; the
+    secrets also from files). Resolved secrets are registered for redaction in the client's logs."""
     env = os.environ if env is None else env
     given = dict(options or {})
     out: dict[str, Any] = {}
     for key in SECURITY_KEYS:
-        value = given.get(key)
-        if value is None:
-            value = env.get(ENV_PREFIX + key.upper())
+        value = _setting(key, given, env)
         if value is None:
             continue
-        name = {"sasl_username": "sasl_plain_username", "sasl_password": "sasl_plain_password"}.get(key, key)
-        out[name] = value
+        if key in SECRET_KEYS:
+            register_secret(str(value))
+        out[_KAFKA_PYTHON_NAMES.get(key, key)] = value
     protocol = out.setdefault("security_protocol", "PLAINTEXT")
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
         raise KafkaConnectorError(f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {protocol!r}")
@@ -71,9 +134,26 @@ def security_options(options: Mapping[str, Any] | None = None,
         if out["sasl_mechanism"] in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
                 out.get("sasl_plain_username") and out.get("sasl_plain_password")):
             raise KafkaConnectorError(
-                f"sasl_mechanism {out['sasl_mechanism']} needs sasl_username and sasl_password "
-                f"(options or {ENV_PREFIX}SASL_USERNAME / {ENV_PREFIX}SASL_PASSWORD)")
+                f"sasl_mechanism {out['sasl_mechanism']} needs sasl_username and sasl_password or "
+                f"sasl_password_file (options or {ENV_PREFIX}SASL_USERNAME / {ENV_PREFIX}SASL_PASSWORD / "
+                f"{ENV_PREFIX}SASL_PASSWORD_FILE)")
     return out
+
+
+def principal(security: Mapping[str, Any]) -> str:
+    """The principal the broker sees for kafka-python ``security`` settings (the ACLs name it).
+
+    >>> principal({"security_protocol": "SASL_SSL", "sasl_plain_username": "stream-vips"})
+    'User:stream-vips'
+    >>> principal({})
+    'User:ANONYMOUS'
+    """
+    protocol = security.get("security_protocol", "PLAINTEXT")
+    if protocol.startswith("SASL") and security.get("sasl_plain_username"):
+        return f"User:{security['sasl_plain_username']}"
+    if protocol == "SSL" and security.get("ssl_certfile"):
+        return f"the client certificate's principal ({security['ssl_certfile']})"
+    return "User:ANONYMOUS"
 
 
 def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
@@ -101,6 +181,9 @@ class KafkaConnection:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    ssl_keyfile_password: str | None = field(default=None, repr=False)
+    sasl_password_file: str | None = None
+    ssl_keyfile_password_file: str | None = None
     reconnect_backoff_max_ms: int = 1000
     client_id_prefix: str = "stream-vips"
     client: ClientName = "kafka-python"
@@ -112,8 +195,13 @@ class KafkaConnection:
     def __post_init__(self) -> None:
         if self.client not in CLIENTS:
             raise KafkaConnectorError(f"client must be kafka-python or confluent, got {self.client!r}")
-        object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in SECURITY_KEYS}))
+        object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in (*SECURITY_KEYS, *FILE_KEYS)}))
         object.__setattr__(self, "servers", _servers(self.bootstrap_servers))
+
+    @property
+    def principal(self) -> str:
+        """The principal the broker sees for this connection (:func:`principal`)."""
+        return principal(self.security)
 
     def client_id(self, role: str) -> str:
         """The client id of a connector's client with this ``role`` (e.g. ``source``)."""
@@ -126,7 +214,7 @@ class KafkaConnection:
 
 
 #: Connection settings a connector takes as flat arguments after its own ones.
-_TRAILING = ("reconnect_backoff_max_ms", *SECURITY_KEYS, "client")
+_TRAILING = ("reconnect_backoff_max_ms", *SECURITY_KEYS, *FILE_KEYS, "client")
 
 
 def takes_connection(init: Callable[..., None]) -> Callable[..., None]:

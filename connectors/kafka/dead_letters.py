@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from connectors.kafka.access import Grant
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, _servers, takes_connection
 from connectors.kafka.topics import TopicSpec
@@ -112,7 +113,7 @@ class KafkaDeadLetterSink:
         self.topic = topic
         self.send_timeout_s = float(send_timeout_s)
         self.topic_spec(topic, partitions, replication_factor).ensure(connection.servers, connection.security,
-                                                                     create_topic)
+                                                                     create_topic, self.grants(topic, create_topic))
         self._producer = producer_client(connection, client_id or connection.client_id("dead-letters"), dict(
             acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES))
@@ -123,6 +124,18 @@ class KafkaDeadLetterSink:
         """The dead-letter topic: no settings required (retention is the operator's choice)."""
         return TopicSpec(topic, "dead letters", partitions, replication_factor,
                          risk="a lost broker disk loses the rejected records not yet read")
+
+    @staticmethod
+    def grants(topic: str = "stream-vips-dead-letters", create_topic: bool = True) -> list[Grant]:
+        """The ACLs the dead-letter sink needs (checked at start; :mod:`connectors.kafka.access`)."""
+        out = [Grant("topic", topic, "Write", "the dead-letter sink sends rejected records",
+                     "connectors.kafka.dead_letters.KafkaDeadLetterSink.send"),
+               Grant("topic", topic, "DescribeConfigs", "the dead-letter sink checks min.insync.replicas against "
+                     "the replicas at start", "connectors.kafka.admin.ensure_topic")]
+        if create_topic:
+            out.append(Grant("topic", topic, "Create", "the dead-letter sink creates the topic when it is missing "
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
+        return out
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:

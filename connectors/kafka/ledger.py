@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
+from connectors.kafka.access import Grant, _discard, _grant, denial
 from connectors.kafka.admin import _retriable, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
@@ -46,6 +47,26 @@ class KafkaLedger(LedgerSteps):
     what fences an older writer).
     """
 
+    #: Every ledger's transactional id is this prefix plus its name (a reset starts a new name).
+    TRANSACTIONAL_PREFIX = "stream-vips-ledger-"
+
+    @staticmethod
+    def grants(topic: str = "stream-vips-ledger", create_topic: bool = True) -> list[Grant]:
+        """The ACLs the ledger needs (checked at start; :mod:`connectors.kafka.access`)."""
+        out = [Grant("topic", topic, "Read", "the Kafka ledger replays its events at start",
+                     "connectors.kafka.ledger.read_ledger_topic"),
+               Grant("topic", topic, "Write", "the Kafka ledger appends each step in a transaction",
+                     "connectors.kafka.ledger.KafkaLedger.append_many"),
+               Grant("topic", topic, "DescribeConfigs", "the Kafka ledger checks cleanup.policy, min.insync.replicas "
+                     "and the replicas at start", "connectors.kafka.admin.ensure_topic"),
+               Grant("transactionalId", KafkaLedger.TRANSACTIONAL_PREFIX, "Write",
+                     "the Kafka ledger writes in transactions, one id per ledger name, and a reset starts a new name",
+                     "connectors.kafka.ledger.KafkaLedger.__init__ and ._commit", pattern="prefix")]
+        if create_topic:
+            out.append(Grant("topic", topic, "Create", "the Kafka ledger creates the topic when it is missing "
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
+        return out
+
     @takes_connection
     def __init__(
         self,
@@ -76,11 +97,12 @@ class KafkaLedger(LedgerSteps):
         self.name = name
         self.send_timeout_s = float(send_timeout_s)
         self._connection = connection
+        self._grants = self.grants(topic, create_topic)
         spec = self.topic_spec(topic, replication_factor, min_insync_replicas, allow_weak_durability)
         if spec.fits_cluster:
             spec = self._weakened(spec)
         try:
-            spec.ensure(connection.servers, connection.security, create_topic)
+            spec.ensure(connection.servers, connection.security, create_topic, self._grants)
         except KafkaConnectorError as exc:
             if too_few_brokers(exc):
                 raise KafkaConnectorError(
@@ -91,8 +113,15 @@ class KafkaLedger(LedgerSteps):
                     "one broker") from exc
             raise
         self._producer = producer_client(connection, connection.client_id(f"ledger-{name}"), dict(
-            acks="all", enable_idempotence=True, transactional_id=f"stream-vips-ledger-{name}", linger_ms=0))
-        self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+            acks="all", enable_idempotence=True, transactional_id=f"{self.TRANSACTIONAL_PREFIX}{name}", linger_ms=0))
+        try:
+            self._producer.init_transactions()  # fences an older writer and aborts its open transaction
+        except Exception as exc:
+            denied = denial(exc, connection.security, _grant(self._grants, "transactionalId", "Write"))
+            if denied is None:
+                raise
+            _discard(self._producer)
+            raise denied from None
         self._failed: Exception | None = None
         genesis, self._events, self._positions, self._windows = self._replay()
         if genesis is None:
@@ -130,7 +159,8 @@ class KafkaLedger(LedgerSteps):
 
     def _replay(self) -> tuple[dict | None, list, list, list]:
         return read_ledger_topic(self._connection.servers, self.topic, self.name,
-                                 security=self._connection.security, timeout_s=self.send_timeout_s)
+                                 security=self._connection.security, timeout_s=self.send_timeout_s,
+                                 why=_grant(self._grants, "topic", "Read").why)
 
     def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
@@ -206,7 +236,9 @@ def _fenced(exc: BaseException | None) -> bool:
 
 
 def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, security: Mapping[str, Any] | None = None,
-                      timeout_s: float = 30.0) -> tuple[dict | None, list, list, list]:
+                      timeout_s: float = 30.0,
+                      why: str = "reading the ledger"
+                      ) -> tuple[dict | None, list, list, list]:
     """The committed steps of ledger ``name`` on ``topic``, read-only: ``(genesis, events,
     positions, windows)``, ``(None, [], [], [])`` when the name has no records; :class:`LedgerCorrupt` on a gap
     or a bad checksum. What :class:`KafkaLedger` replays on open, and what ``stream-vips report``
@@ -214,7 +246,7 @@ def read_ledger_topic(servers: str | list[str], topic: str, name: str, *, securi
     prefix = f"{name}/".encode()
     genesis_key = prefix + b"genesis"
     genesis_line, lines = None, []
-    for rec in read_topic(servers, topic, security=security, timeout_s=timeout_s):
+    for rec in read_topic(servers, topic, security=security, timeout_s=timeout_s, why=why):
         if rec.key == genesis_key:
             genesis_line = rec.value
         elif rec.key is not None and rec.key.startswith(prefix):

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
+from connectors.kafka.access import Grant, _discard, _grant, denial
 from connectors.kafka.admin import _retriable, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
@@ -26,6 +27,8 @@ MESSAGE_ID_HEADER = "stream-vips-message-id"
 SHA256_HEADER = "stream-vips-sha256"  # of the whole reassembled payload, on every chunk
 #: Bytes reserved per record for key, headers and batch framing when chunking.
 RECORD_OVERHEAD = 4096
+#: A sink given no ``transactional_id`` takes a random one under this prefix.
+TRANSACTIONAL_PREFIX = "stream-vips-models-"
 
 
 def _partition_for(key: bytes, partitions: int) -> int:
@@ -81,12 +84,13 @@ class KafkaModelSink:
         self.chunk_bytes = self.max_message_bytes - RECORD_OVERHEAD
         self.send_timeout_s = float(send_timeout_s)
         self.publish_timeout_s = float(publish_timeout_s)
+        self._grants = self.grants(topic, transactional_id, create_topic)
         self.topic_spec(topic, partitions, replication_factor, max_message_bytes).ensure(
-            connection.servers, connection.security, create_topic)
+            connection.servers, connection.security, create_topic, self._grants)
         self._client_id = client_id or connection.client_id("model-sink")
         self._producer_options = dict(
             acks="all", enable_idempotence=True,
-            transactional_id=transactional_id or f"stream-vips-models-{uuid.uuid4().hex}",
+            transactional_id=transactional_id or f"{TRANSACTIONAL_PREFIX}{uuid.uuid4().hex}",
             compression_type=None if compression == "none" else compression,
             max_request_size=self.max_message_bytes, linger_ms=0,
         )
@@ -103,6 +107,25 @@ class KafkaModelSink:
                          {"cleanup.policy": "compact", "max.message.bytes": str(int(max_message_bytes))},
                          risk="a lost broker disk loses the published models: readers have none until the next "
                               "release, and a restart cannot check the last release against the ledger")
+
+    @staticmethod
+    def grants(topic: str = "stream-vips-models", transactional_id: str | None = None,
+               create_topic: bool = True) -> list[Grant]:
+        """The ACLs the sink needs (checked at start; :mod:`connectors.kafka.access`)."""
+        out = [Grant("topic", topic, "Write", "the model sink publishes each model in a transaction",
+                     "connectors.kafka.sink.KafkaModelSink.publish"),
+               Grant("topic", topic, "Read", "the model sink reads the latest model back at start",
+                     "connectors.kafka.sink.KafkaModelSink.latest via stream_vips.pipeline.Application.check_published"),
+               Grant("topic", topic, "DescribeConfigs", "the model sink checks cleanup.policy, max.message.bytes "
+                     "and min.insync.replicas at start", "connectors.kafka.admin.ensure_topic"),
+               Grant("transactionalId", transactional_id or TRANSACTIONAL_PREFIX, "Write",
+                     "the model sink writes in transactions under a fixed id",
+                     "connectors.kafka.sink.KafkaModelSink._new_producer and ._send_transaction",
+                     pattern="literal" if transactional_id else "prefix")]
+        if create_topic:
+            out.append(Grant("topic", topic, "Create", "the model sink creates the topic when it is missing "
+                             "and create_topic is true", "connectors.kafka.admin.ensure_topic"))
+        return out
 
     def publish(self, key: str, message: Mapping[str, Any]) -> None:
         payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8")
@@ -133,7 +156,14 @@ class KafkaModelSink:
 
     def _new_producer(self) -> Any:
         producer = producer_client(self._connection, self._client_id, self._producer_options)
-        producer.init_transactions()
+        try:
+            producer.init_transactions()
+        except Exception as exc:
+            denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId", "Write"))
+            if denied is None:
+                raise
+            _discard(producer)
+            raise denied from None
         return producer
 
     def _send_transaction(self, records: list[tuple[bytes, bytes, list]], partition: int, what: str) -> None:
@@ -163,7 +193,7 @@ class KafkaModelSink:
         found = None
         assembler = Reassembler()
         for rec in read_topic(self._connection.servers, self.topic, security=self._connection.security,
-                              timeout_s=self.publish_timeout_s):
+                              timeout_s=self.publish_timeout_s, why=_grant(self._grants, "topic", "Read").why):
             whole = assembler.add(rec.key, rec.value, rec.headers)
             if whole is not None and whole[0] == key:
                 found = whole[1]

@@ -15,6 +15,7 @@ import time
 from bisect import bisect_left
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from connectors.kafka.access import Grant, check_access
 from connectors.kafka.admin import _retriable
 from connectors.kafka.clients import CommitRefused, consumer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
@@ -81,6 +82,7 @@ class KafkaSource:
         if not commit_interval_s >= 0:
             raise KafkaConnectorError(f"commit_interval_s must be >= 0, got {commit_interval_s!r}")
         self.group_id = group_id
+        check_access(connection.servers, connection.security, self.grants(self.topics, group_id))
         self.until_end = bool(until_end)
         self.commit_timeout_ms = int(commit_timeout_s * 1000)
         self.commit_interval_s = float(commit_interval_s)
@@ -122,6 +124,15 @@ class KafkaSource:
         return [TopicSpec(t, "input", partitions, BROKER_DEFAULT,
                           risk="a lost broker disk loses the records not yet read")
                 for t in ([topics] if isinstance(topics, str) else topics)]
+
+    @staticmethod
+    def grants(topics: str | list[str], group_id: str = "stream-vips") -> list[Grant]:
+        """The ACLs the source needs (checked at start; :mod:`connectors.kafka.access`)."""
+        names = [topics] if isinstance(topics, str) else list(topics)
+        return [*(Grant("topic", t, "Read", "the source consumes the records", "connectors.kafka.source.KafkaSource.poll")
+                  for t in names),
+                Grant("group", group_id, "Read", "the source joins its consumer group and commits offsets",
+                      "connectors.kafka.source.KafkaSource.poll and .commit")]
 
     # -- the Source protocol -------------------------------------------------------------------
 

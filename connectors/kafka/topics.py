@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from connectors.kafka.access import Grant
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.connection import KafkaConnection, _servers
 
@@ -56,12 +57,14 @@ class TopicSpec:
         return ", ".join(f"{name} {value}" + (f" (instead of {before[name]})" if before.get(name, value) != value
                                               else "") for name, value in _durability(self).items())
 
-    def ensure(self, servers: str | Sequence[str], security: Mapping[str, Any], create: bool = True) -> dict[str, str]:
-        """Create the topic if ``create`` and it is missing, else check it; the effective values
-        of :attr:`configs`. :class:`KafkaConnectorError` names what is missing or incompatible."""
+    def ensure(self, servers: str | Sequence[str], security: Mapping[str, Any], create: bool = True,
+               grants: Sequence[Grant] = ()) -> dict[str, str]:
+        """Create the topic if ``create`` and it is missing, else check it (and the connector's
+        ``grants`` first); the effective values of :attr:`configs`. :class:`KafkaConnectorError`
+        names what is missing or incompatible, :class:`KafkaAccessDenied` the ACL missing."""
         return ensure_topic(servers, self.topic, partitions=self.partitions, replication_factor=self.replication_factor,
                             configs=self.configs, create=create, security=security,
-                            min_replication=self.min_replication)
+                            min_replication=self.min_replication, grants=grants)
 
 
 def _durability(spec: TopicSpec) -> dict[str, str]:
