@@ -174,6 +174,7 @@ class Application:
         if "metrics_address" not in parts and cfg.metrics.enabled:
             port_free(cfg.metrics.host, cfg.metrics.port)  # before anything is created: nothing left behind
         learner = PrivateLearner.from_config(cfg, ledger=parts.pop("ledger", None))
+        built: list[Any] = []  # connectors made here, closed here if the start fails
         try:
             if learner.window_steps and cfg.runtime.checkpoint_path is None:  # before any connector exists
                 raise ConfigError(
@@ -190,6 +191,7 @@ class Application:
                     connectors[kind] = build_connector(kind, conn.type, conn.options)
                 except (TypeError, ValueError, OSError) as exc:
                     raise ConfigError(f"{kind}: {exc}") from exc
+                built.append(connectors[kind])
             metrics_address = parts.pop(
                 "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None
             )
@@ -215,6 +217,11 @@ class Application:
             app.check_published()
             return app
         except BaseException:
+            for connector in reversed(built):  # a Kafka source left open stays a group member until its timeout
+                try:
+                    connector.close()
+                except Exception as exc:
+                    log.warning("closing %s after a failed start: %s", type(connector).__name__, exc)
             learner.close()  # release the ledger's lock when start-up fails
             raise
 

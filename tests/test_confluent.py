@@ -145,3 +145,21 @@ def test_lost_partitions_are_not_committed(caplog):
         assert consumer.assignment() == {("t", 4)}
     finally:
         consumer.raw.close()
+
+
+@pytest.mark.parametrize("code", ["GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"])
+def test_a_refused_group_or_topic_stops_the_consumer_instead_of_a_warning_for_ever(code):
+    """librdkafka reports a group or topic the user may not read as a non-fatal error event and
+    retries it for ever: the source raises it (the CLI names the grant, exit 7); other non-fatal
+    events (end of partition, a broker away) are only logged."""
+    from confluent_kafka import KafkaError, KafkaException, Message
+
+    from connectors.kafka.confluent import ConfluentConsumer
+
+    denied = Message(error=KafkaError(getattr(KafkaError, code)))
+    record = Message(topic="t", partition=0, offset=3, value=b"{}")
+    with pytest.raises(KafkaException) as info:
+        ConfluentConsumer._without_errors([record, denied])
+    assert info.value.args[0].code() == getattr(KafkaError, code)
+    transient = Message(error=KafkaError(KafkaError._TRANSPORT))
+    assert ConfluentConsumer._without_errors([record, transient]) == [record]

@@ -145,6 +145,7 @@ def served_polls(recs: list[tuple]) -> list[list[tuple[tuple[str, int], list]]]:
 def application(tmp_path: Any, monkeypatch: Any, mode: str) -> tuple[Application, KafkaSource]:
     client = ServedConsumer()
     monkeypatch.setattr(source_module, "consumer_client", lambda *args: client)
+    monkeypatch.setattr(source_module, "check_access", lambda *args, **kw: None)  # no broker to ask
     privacy: dict[str, Any] = {"epsilon": 10.0, "delta": 1e-5, "noise_multiplier": 4.0, "seed": 3,
                                "ledger": {"type": "memory"}}
     sampling: dict[str, Any] = {"method": "fixed", "reservoir": 20, "batch_size": 5}

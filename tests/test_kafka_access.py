@@ -502,10 +502,11 @@ def _row_id(acl: Any) -> str:
 
 
 def _missing_grant_cases() -> list[Any]:
-    """Every row on kafka-python; the transactional ids (refused by the producer library itself) also on confluent."""
+    """Every row on kafka-python; on confluent also the transactional ids (refused by the producer
+    library itself) and the group (librdkafka reports its refusal as an event it would retry for ever)."""
     cases = [pytest.param(acl, "kafka-python", id=_row_id(acl)) for acl in _rows()]
     cases += [pytest.param(acl, "confluent", id=f"{_row_id(acl)}-confluent") for acl in _rows()
-              if acl.resource_pattern.resource_type.name == "TRANSACTIONAL_ID"]
+              if acl.resource_pattern.resource_type.name in ("TRANSACTIONAL_ID", "GROUP")]
     return cases
 
 
@@ -533,6 +534,9 @@ def test_each_missing_grant_stops_the_service_naming_it(secured, tmp_path, acl, 
         acl.resource_pattern.resource_type.name]
     prefix = " prefix" if acl.resource_pattern.pattern_type.name == "PREFIXED" else ""
     operation = "".join(w.capitalize() for w in acl.operation.name.split("_"))
+    if kind == "group" and "stopped:" in line:  # a group that does not exist yet passes the start check
+        assert f"User:{PIPELINE} Read on group '{acl.resource_pattern.resource_name}'" in line, line
+        return
     assert line.startswith(f"stream-vips: cannot start: not authorized: User:{PIPELINE} needs {operation} on "
                            f"{kind}{prefix} '{acl.resource_pattern.resource_name}' ("), line
     assert PASSWORD not in proc.stderr

@@ -48,7 +48,7 @@ def test_a_connector_checks_its_topic_with_the_spec_the_topics_command_derives(m
     view of the same configuration options) gives."""
     seen = []
 
-    def record(spec, servers, security, create=True):
+    def record(spec, servers, security, create=True, grants=()):
         seen.append(spec)
         raise _Checked
 

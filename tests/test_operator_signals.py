@@ -188,6 +188,7 @@ def test_a_member_holding_nothing_of_existing_partitions_asks_to_be_assigned_aga
     the empty assignment made while its topic was missing, and kafka-python never recomputes it."""
     client = Assigner()
     monkeypatch.setattr(source_module, "consumer_client", lambda *args: client)
+    monkeypatch.setattr(source_module, "check_access", lambda *args, **kw: None)  # no broker to ask
     source = KafkaSource(topics="events", bootstrap_servers="127.0.0.1:1")
     try:
         assert source.coverage().missing == ("events",) and client.rejoins == 0  # missing: nothing to assign
@@ -215,3 +216,29 @@ def test_progress_shows_the_rate_since_the_last_line(tmp_path):
     idle = progress.line(app)  # no record since the last line
     assert " 0/s" in idle and " 0/s" not in busy
     app.learner.close()
+
+
+def test_a_failed_start_closes_the_connectors_it_built(tmp_path, monkeypatch):
+    """A Kafka source left open after a refused start stays a group member until its session
+    times out and holds up the next start: every connector built is closed again."""
+    import stream_vips.pipeline as pipeline
+    from stream_vips.config import ConfigError
+
+    closed: list[str] = []
+    real = pipeline.build_connector
+
+    def recording(kind: str, type_name: str, options: dict) -> Any:
+        connector = real(kind, type_name, options)
+        close = connector.close
+        connector.close = lambda: (closed.append(kind), close())[1]  # type: ignore[method-assign]
+        return connector
+
+    monkeypatch.setattr(pipeline, "build_connector", recording)
+    records = tmp_path / "records.jsonl"
+    records.write_bytes(b"\n".join(lines(10)) + b"\n")
+    (tmp_path / "ckpt").mkdir()
+    data = cfg(tmp_path, source={"type": "jsonl", "path": str(records)},
+               runtime={"checkpoint_path": str(tmp_path / "ckpt")})  # a directory: refused after the connectors
+    with pytest.raises(ConfigError, match="runtime.checkpoint_path"):
+        Application.from_config(config_from_dict(data, env={}))
+    assert sorted(closed) == ["dead_letter", "sink", "source"]

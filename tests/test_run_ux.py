@@ -83,7 +83,7 @@ def test_a_wrong_dim_halts_before_spending_and_says_why(tmp_path):
     write_data(tmp_path / "data.jsonl", 5000)
     config = (CONFIG % {"planned": 8, "port": 0}).replace("dim: 3", "dim: 4")
     out = run_cli(tmp_path, config, "--json-summary", "-", "--no-progress")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 8, out.stderr  # a halt on rejected data is not a clean end
     summary = json.loads(out.stdout)
     assert summary["updates"] == 0 and summary["halted"] and summary["epsilon_spent"] == 0.0
     assert "top rejection reasons: wrong_shape" in summary["halt_reason"]

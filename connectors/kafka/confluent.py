@@ -71,6 +71,8 @@ _TRANSIENT = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROK
 MAX_CONSUME = 1_000_000
 #: How long a transaction call (init, commit, abort) may block, like kafka-python's max_block_ms.
 TRANSACTION_TIMEOUT_S = 60.0
+#: Consumer error events that are the broker refusing access: raised, never retried silently.
+_DENIED = {KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED}
 #: How long a metadata request of the source's coverage check may wait.
 METADATA_TIMEOUT_S = 5.0
 
@@ -192,11 +194,12 @@ class ConfluentConsumer:
 
     @staticmethod
     def _without_errors(msgs: list[Message]) -> list[Message]:
-        """The records of a batch; its error events are raised when fatal, else logged (librdkafka
-        recovers from them by itself)."""
+        """The records of a batch; its error events are raised when fatal or a refused access
+        (librdkafka reports a group or topic the user may not read as a non-fatal event and
+        retries it for ever), else logged (librdkafka recovers from them by itself)."""
         for m in msgs:
             error = m.error()
-            if error is not None and error.fatal():
+            if error is not None and (error.fatal() or error.code() in _DENIED):
                 raise KafkaException(error)
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer: %s", error)
