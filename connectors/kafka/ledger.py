@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _discard, _grant, denial
+from connectors.kafka.access import Grant, _discard, _grant, check_access, denial
 from connectors.kafka.admin import _retriable, read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
@@ -99,7 +99,8 @@ class KafkaLedger(LedgerSteps):
         self._connection = connection
         self._grants = self.grants(topic, create_topic)
         spec = self.topic_spec(topic, replication_factor, min_insync_replicas, allow_weak_durability)
-        if spec.fits_cluster:
+        if spec.fits_cluster:  # the cluster is asked first: a refused login must say so, not time out
+            check_access(connection.servers, connection.security, self._grants)
             spec = self._weakened(spec)
         try:
             spec.ensure(connection.servers, connection.security, create_topic, self._grants)
