@@ -1,5 +1,14 @@
 """One private update step: sample, clip, check the budget, write the ledger, noise once, M-step.
 
+A step is two calls with a typed value between them, split at the privacy wall:
+:meth:`PrivateEngine.contribution` samples the reservoir and sums the sampled records' clipped
+per-block contributions (pure: no noise, no ledger; the :class:`Contribution` never leaves the
+process's trusted part), and :meth:`PrivateEngine.release` checks the budget, writes the ledger,
+draws the noise once, divides by the public normaliser and runs the M-step. Contributions of
+disjoint parts of a reservoir add up (:meth:`Contribution.plus`) to the contribution of the whole,
+so several machines can each sum their part and one place release the total.
+:meth:`PrivateEngine.step` is the two in one process.
+
 The order inside :meth:`PrivateEngine.step` is the privacy argument (privacy rules 3-7 in docs/privacy.md):
 
 1. refuse unless the reservoir is full (privacy rule 5: q and the normaliser assume exactly M records);
@@ -69,6 +78,22 @@ class StepResult:
     step: int
     rho: float
     duration_s: float
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What the sampled records contribute to one step, before any noise: per block, the sum of
+    their clipped contributions (``sums``, behind the privacy wall), and the stream position the
+    step is taken at (public). Summable over disjoint parts of the reservoir."""
+
+    sums: Mapping[str, np.ndarray]
+    position: int
+
+    def plus(self, other: "Contribution") -> "Contribution":
+        """The contribution of both parts together (the same step: equal positions)."""
+        if other.position != self.position or set(other.sums) != set(self.sums):
+            raise ValueError("contributions of different steps or blocks do not add up")
+        return Contribution({name: self.sums[name] + other.sums[name] for name in self.sums}, self.position)
 
 
 def allocation_weights(blocks: Sequence[Any], block_weights: Mapping[str, float] | None) -> dict[str, float]:
@@ -259,17 +284,26 @@ class PrivateEngine:
         return out
 
     def step(self) -> StepResult | None:
-        """Run one private step; ``None`` when the budget refuses it (the engine is then halted).
+        """Run one private step (:meth:`contribution`, then :meth:`release`); ``None`` when the
+        budget refuses it (the engine is then halted).
 
         Raises :class:`ReservoirNotFull` before the reservoir holds M records.
         """
         if self.halted:
             return None
+        started = time.perf_counter()
+        return self.release(self.contribution(), started)
+
+    def contribution(self) -> Contribution:
+        """Sample the reservoir and sum the sampled records' clipped contributions per block
+        (behind the wall: nothing here is noised, charged or released).
+
+        Raises :class:`ReservoirNotFull` before the reservoir holds M records (privacy rule 5).
+        """
         if not self.reservoir.full:
             raise ReservoirNotFull(
                 f"reservoir holds {self.reservoir.size} of {self.reservoir.capacity} records; no release until full"
             )
-        started = time.perf_counter()
         capacity = self.reservoir.capacity
         idx = self.sampler.sample(self.reservoir.size, self.rng, capacity=capacity)
         if self.unit == "key":  # privacy rule 12: idx are key slots; sum per key, clip, then add
@@ -279,14 +313,23 @@ class PrivateEngine:
             sums = self.model.clipped_sum(self.reservoir.take(idx))
         if set(sums) != {b.name for b in self.blocks}:
             raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, model declares {[b.name for b in self.blocks]}")
+        return Contribution(sums, self.reservoir.seen)
+
+    def release(self, contribution: Contribution, started: float | None = None) -> StepResult | None:
+        """Release one step of ``contribution``: the budget check and the durable ledger entry
+        first, then one noise draw per block, the public normaliser and the M-step
+        (post-processing). ``None`` when the budget refuses it (the engine is then halted)."""
+        if self.halted:
+            return None
+        started = time.perf_counter() if started is None else started
         if self.non_private:
             step = self._local_steps
             self._local_steps += 1
         else:
-            step = self.monitor.admit(self.event(), position=self.reservoir.seen)  # check + durable append, before noise
+            step = self.monitor.admit(self.event(), position=contribution.position)  # durable, before noise
             if step is None:
                 return None
         rho = max(self.rho_min, step_size(step, self.tau0, self.kappa))  # the floor follows drift
-        self.model.update(self._noisy_mean(sums), rho)
+        self.model.update(self._noisy_mean(contribution.sums), rho)
         self.last_step = step
         return StepResult(step=step, rho=rho, duration_s=time.perf_counter() - started)
