@@ -2,7 +2,7 @@
 
 For each epsilon in {0.5, 1, 2, 4} (delta 1e-5, Poisson sampling, PLD accountant, replace-one)
 and 5 seeds, the training rows are JSON-encoded and streamed through
-:class:`stream_vips.pipeline.Application` with in-memory connectors; the noise multiplier is
+:class:`stream_vips.service.app.Application` with in-memory connectors; the noise multiplier is
 calibrated by the pipeline for ``STEPS`` planned steps. The model is read back from the last
 published message (as a downstream reader would) and scored by test AUC. Peers in the same
 run: the non-private VIPS run (``privacy.mode: non_private``, same schedule and sampling) and
@@ -34,7 +34,7 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # 
 from stream_vips import messages  # noqa: E402
 from stream_vips.config import config_from_dict  # noqa: E402
 from stream_vips.models.logistic import BayesianLogisticRegression, log_loss, roc_auc  # noqa: E402
-from stream_vips.pipeline import Application  # noqa: E402
+from stream_vips.service.app import Application  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)

@@ -3,7 +3,7 @@
 Every case runs in a fresh Python process, so its peak RSS (``VmHWM`` from /proc/self/status,
 imports included: numpy, scipy and dp_accounting alone are ~110 MB) and wall time are its own:
 
-* ``plan``: ``stream-vips plan`` (the :func:`stream_vips.plan.plan` call) at 10^6 steps (for a
+* ``plan``: ``stream-vips plan`` (the :func:`stream_vips.cli.plan.plan` call) at 10^6 steps (for a
   target epsilon and for a noise multiplier) and for target epsilon 64, 1024 and 10^4 at 500
   steps (q = 0.1, delta = 1e-5). Target: each < 5 s and < 300 MB.
 * ``report``: one epsilon report of a 10^6-step Poisson ledger (z = 1, q = 0.01) by a fresh
@@ -99,7 +99,7 @@ def use_old_accountant() -> None:
 # --- child cases (each in its own process) ---------------------------------------------------
 
 def child_plan(steps: int, epsilon: float | None, z: float | None) -> dict:
-    from stream_vips.plan import plan
+    from stream_vips.cli.plan import plan
 
     t = time.perf_counter()
     rep = plan(steps=steps, epsilon=epsilon, noise_multiplier=z, **PLAN_ARGS)
@@ -157,7 +157,7 @@ def child_run_huge_budget(records: int) -> dict:
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     t = time.perf_counter()
     cfg = config_from_dict({"privacy": {"epsilon": 1e4, "seed": 0, "ledger": {"type": "memory"}},
@@ -174,7 +174,7 @@ def child_long_run(records: int) -> dict:
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     cfg = config_from_dict({
         "privacy": {"epsilon": 1e3, "planned_steps": records // 1000, "seed": 0, "ledger": {"type": "memory"}},

@@ -76,8 +76,8 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import machine, write_result  # noqa: E402
 from stream_vips import PrivateLearner  # noqa: E402
-from stream_vips.decoding import DecodedBatch  # noqa: E402
-from stream_vips.window import window_steps  # noqa: E402
+from stream_vips.core.data.decoding import DecodedBatch  # noqa: E402
+from stream_vips.core.data.window import window_steps  # noqa: E402
 
 DIM = 4
 M = 10_000  # reservoir (window) size

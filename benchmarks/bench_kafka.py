@@ -175,7 +175,7 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
 def pipeline(bootstrap: str, topic: str, n: int, name: str, client: str, round_no: int, tmp: Path) -> dict:
     """Consumption and end-to-end records/s of the pipeline in configuration ``name``."""
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     tag = f"bench-{name}-{client}-{round_no}-{os.getpid()}"
     cfg = config_from_dict(configuration(name, bootstrap, topic, tag, client, tmp), env={})

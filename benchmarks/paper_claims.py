@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 import lda_eval  # noqa: E402
 from datasets import load_adult  # noqa: E402
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.engine import PrivateEngine  # noqa: E402
+from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.baselines.dpvi import DPVI  # noqa: E402
 from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling  # noqa: E402
 from stream_vips.models.baselines.sgld import DPSGLD  # noqa: E402
@@ -63,8 +63,8 @@ from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.composition import StrongCompositionAccountant  # noqa: E402
 from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.reservoir import Reservoir  # noqa: E402
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler  # noqa: E402
+from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler  # noqa: E402
 
 DELTA = 1e-5
 SEEDS = [0, 1, 2, 3, 4]

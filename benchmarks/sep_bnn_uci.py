@@ -9,7 +9,7 @@ Computers, diamonds: :data:`benchmarks.datasets.REGRESSION_SETS`) can still be r
 Protocol (the paper's Section 6.2). For each set and seed: a random 90/10 split; inputs and
 targets standardised with the mean and std of the *training* split only, handed to the model as
 public configuration (``x_mean``/``x_std``/``y_mean``/``y_std``); then four fits on the training
-split, all through :class:`stream_vips.learner.PrivateLearner` with the training split as the
+split, all through :class:`stream_vips.core.learner.PrivateLearner` with the training split as the
 reservoir (streamed in once, then the planned steps, each a Poisson subsample, all paid in the
 ledger):
 
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import machine, write_result  # noqa: E402
 from benchmarks.datasets import REGRESSION_SETS, UCI_SETS, load_regression, load_uci  # noqa: E402
-from stream_vips.learner import PrivateLearner  # noqa: E402
+from stream_vips.core.learner import PrivateLearner  # noqa: E402
 from stream_vips.models.sep.bnn import fit_rule  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5

@@ -1,6 +1,6 @@
 """DP-SEP probit regression on UCI Adult, next to VIPS logistic regression at the same epsilon.
 
-Both models are streamed through :class:`stream_vips.pipeline.Application` with in-memory
+Both models are streamed through :class:`stream_vips.service.app.Application` with in-memory
 connectors, the same schedule, sampling (Poisson, q = 0.15, PLD accountant, replace-one),
 planned steps and seeds; the pipeline calibrates z for the planned steps. The VIPS runs reuse
 ``benchmarks/adult_logistic.py`` (its configuration and scoring) unchanged; the DP-SEP runs use

@@ -23,10 +23,10 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "PrivateLearner": "stream_vips.learner",
+    "PrivateLearner": "stream_vips.core.learner",
     "fit": "stream_vips.fitting",
     "FitResult": "stream_vips.fitting",
-    "Application": "stream_vips.pipeline",
+    "Application": "stream_vips.service.app",
     "load_config": "stream_vips.config",
     "config_from_dict": "stream_vips.config",
     "posterior_from_message": "stream_vips.client",

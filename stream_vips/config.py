@@ -253,14 +253,14 @@ class RuntimeConfig:
     """``on_halt``: ``stay`` keeps serving metrics and health after the budget is spent (a
     deployment); ``exit`` returns from the run loop (a batch job, the demo).
     ``checkpoint_path``: reservoir + offsets checkpoint written before each source commit (at
-    most every ``checkpoint_interval_s``) and restored at start (:mod:`stream_vips.checkpoint`;
+    most every ``checkpoint_interval_s``) and restored at start (:mod:`stream_vips.service.checkpoint`;
     needs a seekable source such as Kafka).
     ``publish_interval_s``: 0 publishes every step; > 0 publishes the newest step at most that
     often (plus on halt and shutdown). The default, 1 s, bounds the cost of epsilon reports:
     an exact PLD epsilon for a message is a fresh n-fold composition (10-60 ms), which would
     otherwise cap the update rate. Every step is in the ledger either way; versions may skip.
     ``decode_workers``: 1 decodes and validates each polled batch in a worker process while the
-    next is polled (:mod:`stream_vips.decoding`; it needs a spare core, and on two cores shared
+    next is polled (:mod:`stream_vips.core.data.decoding`; it needs a spare core, and on two cores shared
     with a Kafka broker it measured no faster); 0 decodes in the pipeline's process.
     ``dead_letter_max_bytes``: a dead letter carries at most this many bytes of the rejected
     record (plus its full length and sha256), so delivering it never fails for size; keep it

@@ -135,7 +135,7 @@ def accountant_for(q: float) -> str:
 
     At q = 1 every step is a plain Gaussian mechanism: the sum over all N records, whose
     replace-one L2 sensitivity is the model's proven diameter D (in units of the joint bound C,
-    :func:`stream_vips.engine.allocation_diameter`), plus N(0, (z C)^2) noise. Its Renyi DP is
+    :func:`stream_vips.core.engine.allocation_diameter`), plus N(0, (z C)^2) noise. Its Renyi DP is
     exactly alpha D^2 / (2 z^2) at every order alpha, which the ``autodp`` accountant uses
     (sigma = z / D; T steps compose to alpha T D^2 / (2 z^2), i.e. mu-GDP with mu = sqrt(T) D / z,
     and its conversion to (epsilon, delta) is within 0.1% of that exact curve: tests/test_fit.py).
@@ -501,7 +501,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
 
     ``data``: a list/iterable of dicts (or of bytes or str lines), numpy ``(X, y)`` or ``X``, or
     a pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all
-    the other columns; :func:`stream_vips.records.tabular`). A lone X (array, or a DataFrame
+    the other columns; :func:`stream_vips.core.data.records.tabular`). A lone X (array, or a DataFrame
     without y) fills the record ``field``: the family's vector (``x``, or ``y`` for sbn's images).
     For arrays and DataFrames d is the number of columns of X, part of the schema (replacing one
     row cannot change it); records carry no such schema, so d is ``None`` and must be given
@@ -516,7 +516,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
     [b'{"y":[0.0,1.0,1.0]}']
     """
     from stream_vips.errors import DataError
-    from stream_vips.records import tabular
+    from stream_vips.core.data.records import tabular
 
     try:
         arrays = tabular(data, x_columns=x_columns, y_column=y_column)
@@ -685,7 +685,7 @@ def _run_pipeline(config: dict[str, Any], encoded: list[bytes], steps: int,
     :class:`FitError` with nothing spent."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
     from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch
 
     sink = MemorySink()
@@ -950,7 +950,7 @@ def fit_warnings(family: str, n: int, stats: Any, planned_steps: int) -> list[st
     out = []
     total = sum(stats.rejected.values())
     if total > WARN_REJECTED_FRACTION * n:
-        from stream_vips.records import top_reasons
+        from stream_vips.core.data.records import top_reasons
 
         hints = [REJECTION_HINTS[family, reason] for reason, _ in stats.rejected.most_common(3)
                  if (family, reason) in REJECTION_HINTS]

@@ -122,7 +122,7 @@ def build_app(spec: dict):
     with the Kafka ledger configured as ``privacy.ledger`` (type kafka), and (when ``checkpoint``
     is given) the reservoir checkpoint attached."""
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     config = {**spec["config"]}
     if spec.get("ledger_path"):

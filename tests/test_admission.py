@@ -18,11 +18,11 @@ from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.io import RecordBatch
-from stream_vips.key_reservoir import KeyReservoir
-from stream_vips.pipeline import Application
+from stream_vips.core.data.key_reservoir import KeyReservoir
+from stream_vips.service.app import Application
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.window import WindowReservoir
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.window import WindowReservoir
 
 LAYOUT = {"pos": (np.int64, ())}
 DIM = 3
@@ -153,7 +153,7 @@ def _admitted_positions(policy: str, n: int, poll: int, keys: list | None) -> se
     """Positions an 'admitted' learner places in its reservoir on this stream in polls of
     ``poll``, replayed from the reservoir alone (admission reads no record), in the chunks the
     learner cuts."""
-    from stream_vips.learner import _arrival_keys
+    from stream_vips.core.learner import _arrival_keys
 
     lr = learner("admitted", **{k: dict(v) for k, v in POLICIES[policy].items()})
     ids, has = _arrival_keys(keys, n) if keys is not None else (None, None)

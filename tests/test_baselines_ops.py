@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from scipy.special import log_expit, logsumexp
 
-from stream_vips.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.composition import StrongCompositionAccountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler, ReservoirNotFull
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, ReservoirNotFull
 
 
 def test_scaled_likelihood_matches_the_target_epsilon_formula():

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from stream_vips.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.sgld import DPSGLD, SgldConditionError
 from stream_vips.privacy.accountant import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler
 
 PARAMS = dict(dim=3, dataset_size=2000, batch_size=100, step_size=1e-4, epsilon=1.0, delta=1e-5, passes=1.0)
 

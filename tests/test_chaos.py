@@ -26,8 +26,8 @@ import pytest
 
 from connectors.kafka import KafkaConnectorError, KafkaSource, dead_letter_from_record, read_topic
 from kafka_broker import CLIENTS, WEAK_LEDGER, build_app, create_topic, pipeline_config, produce, unique_topic
-from stream_vips.checkpoint import Checkpoint
-from stream_vips.pipeline import DeadLetterError
+from stream_vips.service.checkpoint import Checkpoint
+from stream_vips.service.app import DeadLetterError
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerMismatch
 
@@ -239,8 +239,7 @@ def test_a_lost_rolled_back_or_corrupt_ledger_refuses_the_start(kafka_bootstrap,
 
 
 def test_reset_is_explicit_and_keeps_the_old_ledger(kafka_bootstrap, tmp_path):
-    from stream_vips import reset as sv_reset
-
+    from stream_vips.cli import reset as sv_reset
     bs, n = kafka_bootstrap, names()
     create_topic(bs, n["in"], partitions=1)
     produce(bs, n["in"], id_records(1500))

@@ -13,7 +13,7 @@ import yaml
 
 from stream_vips.config import (DEFAULT_MODEL_PARAMS, Config, ConfigError, ConnectorConfig, config_from_dict,
                                  load_config)
-from stream_vips.pipeline import Application
+from stream_vips.service.app import Application
 
 
 def test_empty_configuration_is_the_shipped_default_file():

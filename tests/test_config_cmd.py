@@ -8,8 +8,7 @@ import json
 import yaml
 
 import stream_vips.cli as cli
-from stream_vips import config_cmd
-
+from stream_vips.cli import config_cmd
 KAFKA_SOURCE = """
 source:
   type: kafka

@@ -86,7 +86,7 @@ def test_guarded_debug_run_on_the_confluent_client_leaks_no_canary(kafka_bootstr
                                                                    monkeypatch):
     """The canary pipeline of test_log_safety.py with every connector on confluent-kafka."""
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)
     cfg = _config(kafka_bootstrap, tmp_path)

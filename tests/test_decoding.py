@@ -13,8 +13,8 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticLdaSource, SyntheticRegressionSource
 from stream_vips.config import ConfigError, config_from_dict, model_class
-from stream_vips.decoding import DecoderError, InlineDecoder, ProcessDecoder, make_decoder
-from stream_vips.pipeline import Application
+from stream_vips.core.data.decoding import DecoderError, InlineDecoder, ProcessDecoder, make_decoder
+from stream_vips.service.app import Application
 
 LINREG = {"dim": 3, "dataset_size": 1000}
 
@@ -148,8 +148,8 @@ def test_a_batch_with_one_percent_bad_records_gives_what_each_record_gives_alone
     """Whole-batch decoding and validation (orjson in one pass, per-document json only for the bad
     ones) gives the rows and the (arrival, reason, detail) rejections of the per-record reference:
     every record decoded by json and validated on its own."""
-    from stream_vips import records
-    from stream_vips.decoding import decode_batch
+    from stream_vips.core.data import records
+    from stream_vips.core.data.decoding import decode_batch
 
     rng = np.random.default_rng(seed)
     values = SyntheticRegressionSource(dimension=3, seed=seed, malformed_fraction=0.01).generate(5000)

@@ -17,9 +17,9 @@ from connectors.synthetic import (MALFORMED_DOCUMENTS, MALFORMED_KINDS, Syntheti
 from stream_vips import messages
 from stream_vips.cli import main
 from stream_vips.config import ConfigError, config_from_dict
-from stream_vips.demo import FAMILIES
+from stream_vips.cli.demo import FAMILIES
 from stream_vips.models.lda import topic_recovery
-from stream_vips.pipeline import Application
+from stream_vips.service.app import Application
 from stream_vips.privacy.accountant import PldAccountant
 from stream_vips.privacy.ledger import FileLedger
 
@@ -59,7 +59,7 @@ def test_every_lazy_demo_import_resolves():
     when that family's demo runs."""
     import importlib
 
-    import stream_vips.demo as demo
+    import stream_vips.cli.demo as demo
 
     targets = [f.target for f in vars(demo).values() if callable(f) and hasattr(f, "target")]
     assert len(targets) >= 8
@@ -69,7 +69,7 @@ def test_every_lazy_demo_import_resolves():
 
 def test_demo_help_describes_every_family():
     """Each --family choice has its line in the help text (sep_bnn was once a choice without one)."""
-    import stream_vips.demo as demo
+    import stream_vips.cli.demo as demo
 
     lines = demo.__doc__.splitlines()
     for family in FAMILIES:

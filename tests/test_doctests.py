@@ -18,7 +18,7 @@ MODULES = sorted(
 
 
 def test_the_examples_are_found():
-    assert {"stream_vips.io", "stream_vips.decoding", "stream_vips.privacy.budget"} <= set(MODULES)
+    assert {"stream_vips.io", "stream_vips.core.data.decoding", "stream_vips.privacy.budget"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

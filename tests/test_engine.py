@@ -10,16 +10,16 @@ import math
 import numpy as np
 import pytest
 
-import stream_vips.engine as engine_mod
-from stream_vips.engine import PrivateEngine
+import stream_vips.core.engine as engine_mod
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.privacy.mechanisms import effective_noise_multiplier
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull
 
 
 class FakeModel(Model):

@@ -695,7 +695,7 @@ def test_a_run_failing_before_any_step_was_paid_says_nothing_was_spent(tmp_path,
 
 
 def test_a_non_private_fit_failing_mid_run_does_not_speak_of_budget(tmp_path, capsys, monkeypatch):
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     original = Application.run
 

@@ -15,7 +15,7 @@ import pytest
 
 from stream_vips.cli import main
 from stream_vips.errors import FitError
-from stream_vips.report import dead_letter_counts
+from stream_vips.cli.report import dead_letter_counts
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, calibrate_noise_multiplier, make_accountant
 
 fitmod = importlib.import_module("stream_vips.fitting")

@@ -30,8 +30,8 @@ from connectors.kafka.source import KafkaSource
 from connectors.memory import MemorySink
 from stream_vips.config import config_from_dict
 from stream_vips.io import DeadLetter
-from stream_vips.pipeline import Application
-from stream_vips.records import REASONS
+from stream_vips.service.app import Application
+from stream_vips.core.data.records import REASONS
 
 TOPIC = "events"
 DIM = 2

@@ -9,7 +9,7 @@ validation, except where the CRD preserves unknown fields; their metadata with t
 schema. Alert rules with ``promtool check rules`` and the unit
 tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
 also held to the code they deploy: the mounted config loads with :func:`stream_vips.config.load_config`,
-metric names exist in :class:`stream_vips.metrics.Metrics`, ports, paths and topics agree.
+metric names exist in :class:`stream_vips.service.metrics.Metrics`, ports, paths and topics agree.
 
 Tools come from .ci/k8s-setup.sh. Outside CI a missing tool skips the tests that need it; in CI
 (``CI`` set) it fails them.
@@ -202,8 +202,8 @@ def dashboard_exprs(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def exported_metric_names() -> set[str]:
-    """Sample names the real :class:`stream_vips.metrics.Metrics` exports (with labelled ones touched)."""
-    from stream_vips.metrics import Metrics
+    """Sample names the real :class:`stream_vips.service.metrics.Metrics` exports (with labelled ones touched)."""
+    from stream_vips.service.metrics import Metrics
 
     m = Metrics(family="linreg", sampling="poisson", accountant="pld")
     m.records_rejected.labels(reason="x").inc()

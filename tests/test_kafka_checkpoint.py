@@ -8,10 +8,10 @@ import pytest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from kafka_broker import linreg_records
-from stream_vips.checkpoint import Checkpoint, CheckpointError, attach
+from stream_vips.service.checkpoint import Checkpoint, CheckpointError, attach
 from stream_vips.config import config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.pipeline import Application
+from stream_vips.service.app import Application
 from stream_vips.privacy.ledger import MemoryLedger
 
 
@@ -105,8 +105,7 @@ def test_checkpoint_refuses_another_family_and_sources_without_offsets(tmp_path)
     ckpt.save(app, {("t", 0): 0})
     state = ckpt.load()
     state["model_family"] = "lda"
-    from stream_vips import checkpoint as cp
-
+    from stream_vips.service import checkpoint as cp
     (tmp_path / "c.npz").write_bytes(cp._pack(state))
     with pytest.raises(CheckpointError, match="family 'lda'"):
         Checkpoint(tmp_path / "c.npz").restore(app)

@@ -22,9 +22,9 @@ from connectors.kafka import KafkaLedger, dead_letter_from_record, dead_letter_r
 from kafka_broker import (
     CLIENTS, KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
 )
-from stream_vips import inspect as sv_inspect
+from stream_vips.cli import inspect as sv_inspect
 from stream_vips import messages
-from stream_vips.checkpoint import Checkpoint
+from stream_vips.service.checkpoint import Checkpoint
 from stream_vips.client import ModelReader
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
@@ -383,7 +383,7 @@ def test_an_input_topic_created_after_a_static_member_started_is_consumed(kafka_
             thread.join(30)
         return not thread.is_alive() and app.source.exhausted
 
-    with caplog.at_level(logging.WARNING, logger="stream_vips.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="stream_vips.service.app"):
         early = build_app(spec)
         assert not run_for(early, 4.0)
     assert early.metrics.source_topic_missing.labels(topic=names["in"])._value.get() == 1

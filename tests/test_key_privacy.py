@@ -12,15 +12,15 @@ from stream_vips import PrivateLearner, messages
 from stream_vips.audit.release import AUDIT_BUDGET, claimed_epsilon, flatten
 from stream_vips.audit.stats import audit_samples
 from stream_vips.config import ConfigError, config_from_dict
-from stream_vips.engine import PrivateEngine, allocation_weights
-from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
+from stream_vips.core.engine import PrivateEngine, allocation_weights
+from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
 from stream_vips.models.base import group_gram_norms, group_sum
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.sampling import make_sampler
+from stream_vips.core.data.sampling import make_sampler
 
 LAYOUT = {"x": (np.float64, ())}
 
@@ -345,8 +345,7 @@ def test_a_reservoir_state_of_another_key_id_scheme_is_refused():
 
 
 def test_plan_unit_key_and_the_group_privacy_trade_off(capsys):
-    from stream_vips import plan
-
+    from stream_vips.cli import plan
     key = plan.plan("poisson", 100, 1000, 20, 1e-5, noise_multiplier=5.0, unit="key", max_records_per_key=4)
     record = plan.plan("poisson", 100, 1000, 20, 1e-5, noise_multiplier=5.0)
     assert key["epsilon"] == record["epsilon"]  # the same event, with the key slot as the unit
@@ -372,7 +371,7 @@ def test_the_pipeline_passes_keys_from_the_key_field_and_the_message_key():
 
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from stream_vips.io import RawRecord
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     class KeyedSource:
         def __init__(self, raws):

@@ -12,13 +12,13 @@ from scipy.special import gammaln, psi
 
 from stream_vips import messages
 from stream_vips.config import check_kwargs, model_class
-from stream_vips.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.lda import LDA, Bags, _theta_phinorm, e_step, hellinger, topic_recovery
 from stream_vips.privacy.accountant import PldAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 VOCAB = [f"w{i}" for i in range(12)]
 
@@ -400,7 +400,7 @@ def test_pipeline_run_publishes_lda_with_the_ledgers_epsilon():
     from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
     from stream_vips.client import posterior_from_message
     from stream_vips.config import config_from_dict
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     rng = np.random.default_rng(20)
     vocab = [f"w{i}" for i in range(20)]

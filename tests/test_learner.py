@@ -7,7 +7,7 @@ import pytest
 
 import stream_vips
 from stream_vips import ConfigError, PrivateLearner, StreamVipsError
-from stream_vips.learner import StateMismatch
+from stream_vips.core.learner import StateMismatch
 from stream_vips.privacy.ledger import FileLedger, LedgerMismatch
 
 
@@ -199,7 +199,7 @@ def test_learn_many_takes_an_array_of_images_for_sbn():
 
 def test_learn_many_reads_array_data_once(monkeypatch):
     """learn_many converted the arrays twice (its column check, then records_of)."""
-    import stream_vips.learner as learner_module
+    import stream_vips.core.learner as learner_module
 
     calls, real = [], learner_module.tabular
 

@@ -241,11 +241,11 @@ def test_error_shrinks_as_epsilon_grows():
     We require strictly decreasing errors, each error/z within a factor 2 of the others, and
     the accountant's epsilon strictly increasing (PLD, replace-one, delta 1e-5).
     """
-    from stream_vips.engine import PrivateEngine
+    from stream_vips.core.engine import PrivateEngine
     from stream_vips.privacy.accountant import PldAccountant
     from stream_vips.privacy.events import SubsampledGaussianEvent
-    from stream_vips.reservoir import Reservoir
-    from stream_vips.sampling import PoissonSampler
+    from stream_vips.core.data.reservoir import Reservoir
+    from stream_vips.core.data.sampling import PoissonSampler
 
     M, d, q, T = 2000, 3, 0.5, 10
     rng = np.random.default_rng(0)

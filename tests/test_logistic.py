@@ -10,7 +10,7 @@ import pytest
 from scipy.optimize import minimize
 
 from stream_vips import messages
-from stream_vips.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.logistic import (
     BayesianLogisticRegression,
     joint_diameter,
@@ -21,8 +21,8 @@ from stream_vips.models.logistic import (
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 C1, C2 = 0.5, 0.25
 

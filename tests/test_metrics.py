@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from stream_vips.metrics import TIMING_CAVEAT, Metrics, MetricsServer
+from stream_vips.service.metrics import TIMING_CAVEAT, Metrics, MetricsServer
 
 NAMES = [
     "stream_vips_records_consumed_total", "stream_vips_records_rejected_total", "stream_vips_reservoir_records",

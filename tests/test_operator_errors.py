@@ -15,7 +15,7 @@ import pytest
 
 import stream_vips.cli as cli
 from connectors.synthetic import SyntheticRegressionSource
-from stream_vips import reset
+from stream_vips.cli import reset
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt
 

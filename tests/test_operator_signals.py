@@ -19,9 +19,9 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import main
 from stream_vips.config import config_from_dict
-from stream_vips.console import Progress
+from stream_vips.cli.console import Progress
 from stream_vips.io import Coverage
-from stream_vips.pipeline import Application
+from stream_vips.service.app import Application
 
 DIM = 3
 
@@ -116,7 +116,7 @@ def test_a_missing_topic_is_warned_of_at_start_and_no_partition_from_the_second_
     data = cfg(tmp_path, runtime={"source_check_s": 0.05, "on_halt": "exit"})
     app = Application.from_config(config_from_dict(data, env={}), source=source, sink=MemorySink(),
                                   dead_letter=MemoryDeadLetterSink())
-    with caplog.at_level(logging.WARNING, logger="stream_vips.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="stream_vips.service.app"):
         app._check_source()  # at start
         assert app.metrics.source_topic_missing.labels(topic="events")._value.get() == 1
         assert app.metrics.source_partitions._value.get() == 0
@@ -139,7 +139,7 @@ def test_no_partition_at_the_first_check_is_not_yet_a_problem(tmp_path, caplog):
     source = Partitioned([Coverage(held=0, partitions=2, topics=("events",))])
     app = Application.from_config(config_from_dict(cfg(tmp_path), env={}), source=source, sink=MemorySink(),
                                   dead_letter=MemoryDeadLetterSink())
-    with caplog.at_level(logging.WARNING, logger="stream_vips.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="stream_vips.service.app"):
         app._check_source()
     assert not caplog.records  # joining the group takes a moment
     app.learner.close()
@@ -221,7 +221,7 @@ def test_progress_shows_the_rate_since_the_last_line(tmp_path):
 def test_a_failed_start_closes_the_connectors_it_built(tmp_path, monkeypatch):
     """A Kafka source left open after a refused start stays a group member until its session
     times out and holds up the next start: every connector built is closed again."""
-    import stream_vips.pipeline as pipeline
+    import stream_vips.service.app as pipeline
     from stream_vips.config import ConfigError
 
     closed: list[str] = []

@@ -24,10 +24,10 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
-from stream_vips.checkpoint import Checkpoint
+from stream_vips.service.checkpoint import Checkpoint
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.pipeline import Application, DeadLetterError, PublishError
+from stream_vips.service.app import Application, DeadLetterError, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_vips import plan as plan_mod
+from stream_vips.cli import plan as plan_mod
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
 
@@ -22,7 +22,7 @@ BASE = ["--batch-size", "50", "--reservoir", "1000", "--steps", "200", "--delta"
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "stream_vips.plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "stream_vips.cli.plan", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 
 

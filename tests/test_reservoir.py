@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stream_vips.reservoir import Reservoir
+from stream_vips.core.data.reservoir import Reservoir
 
 LAYOUT = {"pos": (np.int64, ()), "x": (np.float64, (3,))}
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull, make_sampler
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull, make_sampler
 
 
 def test_fixed_size_batches_have_exactly_s_distinct_members():

@@ -10,7 +10,7 @@ import pytest
 from scipy.special import expit
 
 from stream_vips.client import posterior_from_message
-from stream_vips.learner import PrivateLearner
+from stream_vips.core.learner import PrivateLearner
 from stream_vips.models.logistic import pg_mean
 from stream_vips.models.sbn import RULE_CLIP, SigmoidBeliefNetwork, fit_rule, pixel_accuracy
 

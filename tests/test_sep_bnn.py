@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from stream_vips import messages
-from stream_vips.checkpoint import _pack, _unpack
+from stream_vips.service.checkpoint import _pack, _unpack
 from stream_vips.client import posterior_from_message
-from stream_vips.learner import PrivateLearner
+from stream_vips.core.learner import PrivateLearner
 from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
     BNNSEP, _split, fit_rule, forward_moments, log_z_gradients, n_weights, weight_sites,
 )
-from stream_vips.schedule import step_size
+from stream_vips.core.data.schedule import step_size
 
 D, H = 2, 3
 

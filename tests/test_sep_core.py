@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from stream_vips.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.sep.core import SITE, pack, packed_size, unpack
 from stream_vips.models.sep.gaussian import GaussianMeanSEP
 from stream_vips.models.sep.mixture import MixtureSEP
@@ -21,8 +21,8 @@ from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import FixedSizeSampler, PoissonSampler
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 
 def make_engine(model, rows, sampler, z, *, steps=300, seed=0, tau0=1.0, kappa=1.0):

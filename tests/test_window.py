@@ -14,7 +14,7 @@ from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.window import WindowReservoir, window_steps
+from stream_vips.core.data.window import WindowReservoir, window_steps
 
 DELTA = 1e-5
 

@@ -20,7 +20,7 @@ from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError, config_from_dict
 from stream_vips.errors import StepRefused
 from stream_vips.io import RawRecord
-from stream_vips.pipeline import Application
+from stream_vips.service.app import Application
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
@@ -290,7 +290,7 @@ def test_held_steps_and_prepaid_positions_keep_every_record_within_l_steps_throu
     the restart the trigger's grid is shifted against the ledger: a step that comes too soon is
     skipped like a replayed one (raising there stopped every restart at the same place). Counted
     from the positions of the steps really taken, no record is in more than L steps."""
-    from stream_vips.decoding import decode_batch
+    from stream_vips.core.data.decoding import decode_batch
 
     M_, k = 100, 10
     cfg = config_from_dict({

@@ -115,7 +115,7 @@ class KafkaModelSink:
         out = [Grant("topic", topic, "Write", "the model sink publishes each model in a transaction",
                      "connectors.kafka.sink.KafkaModelSink.publish"),
                Grant("topic", topic, "Read", "the model sink reads the latest model back at start",
-                     "connectors.kafka.sink.KafkaModelSink.latest via stream_vips.pipeline.Application.check_published"),
+                     "connectors.kafka.sink.KafkaModelSink.latest via stream_vips.service.app.Application.check_published"),
                Grant("topic", topic, "DescribeConfigs", "the model sink checks cleanup.policy, max.message.bytes "
                      "and min.insync.replicas at start", "connectors.kafka.admin.ensure_topic"),
                Grant("transactionalId", transactional_id or TRANSACTIONAL_PREFIX, "Write",

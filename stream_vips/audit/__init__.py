@@ -3,7 +3,7 @@
 - :mod:`.stats`: threshold tests, Clopper-Pearson bounds and the empirical epsilon lower bound
   from any two sets of releases (:func:`audit_samples`).
 - :mod:`.release`: release functions; :class:`EngineTrials` produces releases of one
-  neighbouring side through the real :class:`~stream_vips.engine.PrivateEngine`.
+  neighbouring side through the real :class:`~stream_vips.core.engine.PrivateEngine`.
 - :mod:`.families`: the pair, sampler and noise of each registered family's audit, and a
   deliberately broken variant (:func:`halve_bounds`) that the audit must catch.
 

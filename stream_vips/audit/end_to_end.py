@@ -1,7 +1,7 @@
 """Releases of the whole pipeline: source -> decode -> validate -> reservoir -> engine step.
 
 :mod:`stream_vips.audit.release` audits one ``PrivateEngine.step()`` on a hand-built reservoir.
-This module audits what a deployed :class:`~stream_vips.pipeline.Application` releases: the
+This module audits what a deployed :class:`~stream_vips.service.app.Application` releases: the
 audited record arrives through the configured source (Kafka in ``tests/test_audit_kafka.py``),
 is decoded, validated and offered to the reservoir by the pipeline, and every release is the
 pipeline's own step. Anything between the stream and the reservoir that counts a record twice
@@ -72,7 +72,7 @@ def linreg_audit_config(*, source: Mapping[str, Any], capacity: int, noise_multi
 
 
 class ReleaseCapture:
-    """Records every privatized statistic an :class:`~stream_vips.pipeline.Application` releases.
+    """Records every privatized statistic an :class:`~stream_vips.service.app.Application` releases.
 
     Replaces ``app.model.update`` on the instance (the model never learns, so every step
     releases from the same state) and keeps each noisy mean, flattened as the engine audit does,

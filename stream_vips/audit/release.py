@@ -10,7 +10,7 @@ by the same test.
 holding one chosen record in slot 0 and null records elsewhere (rejected arrivals, which leave
 their slots empty and contribute zero; reservoir membership depends on positions only, so the
 neighbouring stream differs in exactly that slot), the configured sampler, a budget monitor with
-a ledger, and a :class:`~stream_vips.engine.PrivateEngine`. Each release is one
+a ledger, and a :class:`~stream_vips.core.engine.PrivateEngine`. Each release is one
 ``PrivateEngine.step()``: sampling, the model's clipping, the monitor's admission, the engine's
 noise and normalisation. The model's ``update`` is replaced on the instance by a hook that
 records the noisy mean it receives (the privatized statistic) instead of learning from it, so
@@ -23,15 +23,15 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from stream_vips.engine import PrivateEngine
-from stream_vips.key_reservoir import KeyReservoir
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.models.base import Block, Model
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import make_sampler
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import make_sampler
 
 #: The monitor must admit every trial; it gates releases but never shapes them.
 AUDIT_BUDGET = 1e300

@@ -120,7 +120,7 @@ class BudgetMonitor:
     def spent(self) -> float:
         """epsilon (at ``delta``) of everything in the ledger; one accountant evaluation, cached.
         With a ``window`` of L steps: the most any record has spent, the largest epsilon of L
-        consecutive ledger steps (module docstring of :mod:`stream_vips.window`)."""
+        consecutive ledger steps (module docstring of :mod:`stream_vips.core.data.window`)."""
         if self.window:
             return self._window_max
         if self._spent_cache is None or self._spent_cache[0] != self._steps:

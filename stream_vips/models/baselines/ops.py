@@ -72,8 +72,8 @@ from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.accountant import Accountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import ReservoirNotFull
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import ReservoirNotFull
 
 #: Target acceptance rate of the adaptive random-walk phase.
 _TARGET_ACCEPT = 0.25

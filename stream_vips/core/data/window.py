@@ -43,7 +43,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stream_vips.reservoir import Admission, Layout, Reservoir, _copy
+from stream_vips.core.data.reservoir import Admission, Layout, Reservoir, _copy
 
 
 def window_steps(capacity: int, every_records: int) -> int:

@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def superseded_ids(config) -> set[str]:
     """Ledger ids named by the state this configuration would start from."""
     from connectors import build_connector
-    from stream_vips.checkpoint import Checkpoint, CheckpointError
+    from stream_vips.service.checkpoint import Checkpoint, CheckpointError
 
     ids: set[str] = set()
     if config.runtime.checkpoint_path:

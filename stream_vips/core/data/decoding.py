@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stream_vips import records
+from stream_vips.core.data import records
 from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Model
 
@@ -140,7 +140,7 @@ def _serve(conn: Connection) -> None:
 
 
 class ProcessDecoder:
-    """Decodes in one worker process, ``python -m stream_vips.decoding``, over a socket pair.
+    """Decodes in one worker process, ``python -m stream_vips.core.data.decoding``, over a socket pair.
 
     A fresh interpreter rather than :mod:`multiprocessing`: it inherits no threads or client
     sockets, and it does not re-run the caller's ``__main__`` script (as ``spawn`` would, which
@@ -159,7 +159,7 @@ class ProcessDecoder:
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         with theirs:
-            self._proc = subprocess.Popen([sys.executable, "-m", "stream_vips.decoding", str(theirs.fileno())],
+            self._proc = subprocess.Popen([sys.executable, "-m", "stream_vips.core.data.decoding", str(theirs.fileno())],
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         self._conn = Connection(ours.detach())
         self._pending = 0
@@ -227,7 +227,7 @@ def make_decoder(workers: int, model: Model, family: str, params: Mapping[str, A
     raise ValueError(f"decode_workers must be 0 or 1, got {workers}")
 
 
-if __name__ == "__main__":  # the worker: classes must pickle as stream_vips.decoding, not __main__
-    from stream_vips.decoding import _serve as serve
+if __name__ == "__main__":  # the worker: classes must pickle as stream_vips.core.data.decoding, not __main__
+    from stream_vips.core.data.decoding import _serve as serve
 
     serve(Connection(int(sys.argv[1])))

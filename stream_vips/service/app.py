@@ -11,7 +11,7 @@ before halting or shutting down), because each message's epsilon costs one accou
 evaluation, which for PLD is slower than a step.
 
 With ``decode_workers: 1`` a worker process decodes and validates each polled batch while the
-loop polls the next one (:mod:`stream_vips.decoding`), so one batch is in flight: polled, not yet
+loop polls the next one (:mod:`stream_vips.core.data.decoding`), so one batch is in flight: polled, not yet
 applied. The loop then commits a source at the positions after the batches it has applied (a
 source with ``positions()``, e.g. Kafka), or, for other sources, only when nothing is in flight;
 a rebalance finishes the batch in flight before partitions are given up (``before_revoke``),
@@ -38,17 +38,17 @@ import numpy as np
 
 from connectors import build_connector
 from stream_vips.config import Config, ConfigError
-from stream_vips.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, ProcessDecoder, decode_batch,
+from stream_vips.core.data.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, ProcessDecoder, decode_batch,
                                   make_decoder)
-from stream_vips.engine import StepResult
+from stream_vips.core.engine import StepResult
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
                             RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
-from stream_vips.learner import PrivateLearner, reject_keyless
-from stream_vips.metrics import Metrics, MetricsServer, bind_error, port_free
+from stream_vips.core.learner import PrivateLearner, reject_keyless
+from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
 
-log = logging.getLogger("stream_vips.pipeline")
+log = logging.getLogger("stream_vips.service.app")
 
 
 class PublishError(StreamVipsError, RuntimeError):
@@ -79,10 +79,10 @@ class RunStats:
 
 
 class Application:
-    """The runtime around one :class:`~stream_vips.learner.PrivateLearner` (see :meth:`from_config`).
+    """The runtime around one :class:`~stream_vips.core.learner.PrivateLearner` (see :meth:`from_config`).
 
     It polls the source, keeps one batch in flight, dead-letters rejects, commits, answers
-    rebalances, checkpoints (through the source wrapper of :mod:`stream_vips.checkpoint`),
+    rebalances, checkpoints (through the source wrapper of :mod:`stream_vips.service.checkpoint`),
     publishes messages the learner builds, serves metrics and handles signals; the learner does
     everything private, and no I/O. ``progress`` is called with the application once per loop
     iteration (the demo's progress bar); ``metrics_address`` ``(host, port)`` starts the HTTP
@@ -205,7 +205,7 @@ class Application:
                 **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
-                from stream_vips.checkpoint import CheckpointError, attach
+                from stream_vips.service.checkpoint import CheckpointError, attach
 
                 try:
                     attach(app, cfg.runtime.checkpoint_path, cfg.runtime.checkpoint_interval_s)

@@ -109,8 +109,8 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
          noise_multiplier: float | None = None, epsilon: float | None = None,
          accountant: str | None = None, unit: str = "record", max_records_per_key: int | None = None) -> dict:
     """The planning report as a dict (what ``--json`` prints)."""
-    from .privacy.accountant import UnsupportedEvent, calibrate_noise_multiplier, make_accountant
-    from .privacy.events import SubsampledGaussianEvent
+    from stream_vips.privacy.accountant import UnsupportedEvent, calibrate_noise_multiplier, make_accountant
+    from stream_vips.privacy.events import SubsampledGaussianEvent
 
     if batch_size > reservoir:
         raise ValueError(f"--batch-size {batch_size} exceeds --reservoir {reservoir} (q = S/M must be <= 1)")
@@ -190,7 +190,7 @@ def _unit_lines(report: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``stream-vips plan`` for parsed ``args``; returns the exit status."""
-    from .privacy.accountant import UnsupportedEvent
+    from stream_vips.privacy.accountant import UnsupportedEvent
 
     try:
         report = plan(args.sampling, args.batch_size, args.reservoir, args.steps, args.delta,

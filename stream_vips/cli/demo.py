@@ -39,7 +39,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from stream_vips.config import Config
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
@@ -264,7 +264,7 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
              on_app: Callable[[Application], None] | None = None) -> dict[str, Any]:
     """Run the private demo of ``family`` and its non-private comparison; return the summary."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink
-    from stream_vips.pipeline import Application
+    from stream_vips.service.app import Application
 
     fam = FAMILIES[family]
     records = fam.records if records is None else records
@@ -274,7 +274,7 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
         raise SystemExit(f"{out_dir / 'ledger.jsonl'} exists: its budget is spent and is never reset; "
                          "choose a new --out directory")
     started = time.monotonic()
-    logging.getLogger("stream_vips.pipeline").setLevel(logging.ERROR)  # the summary reports the halt
+    logging.getLogger("stream_vips.service.app").setLevel(logging.ERROR)  # the summary reports the halt
     source = fam.source(records, seed)
     params = fam.params(source, seed)
     bar = ProgressBar(records) if progress else None
@@ -365,7 +365,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def option_problem(args: argparse.Namespace) -> str | None:
     """Why the demo's options cannot run, or ``None``; checked before anything is spent. A
     missing ``--out`` directory is created here (the run would create it)."""
-    from stream_vips.cli import output_file_problem
+    from stream_vips.cli.output import output_file_problem
 
     fam = FAMILIES[args.family]
     if args.records is not None and args.records < fam.reservoir + fam.every_records:
@@ -394,7 +394,7 @@ def option_problem(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
-    from stream_vips.cli import write_summary
+    from stream_vips.cli.output import write_summary
     from stream_vips.config import ConfigError
     from stream_vips.privacy.ledger import LedgerWriteError
 
@@ -425,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
 
 def serve_metrics(app: Application, port: int, seconds: float) -> None:
     """Keep serving the finished run's metrics on the same port (to point a Prometheus at them)."""
-    from stream_vips.metrics import MetricsServer
+    from stream_vips.service.metrics import MetricsServer
 
     server = MetricsServer(app.metrics, "127.0.0.1", port)
     print(f"serving the run's metrics on http://127.0.0.1:{server.port}/metrics for {seconds:g} s "

@@ -12,7 +12,7 @@ import time
 from typing import Any, TextIO
 
 from stream_vips.io import FiniteSource
-from stream_vips.pipeline import Application, RunStats
+from stream_vips.service.app import Application, RunStats
 
 
 def _where(kind: str, conn: Any) -> str:

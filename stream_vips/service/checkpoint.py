@@ -31,7 +31,7 @@ import numpy as np
 
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import LagReporting, RawRecord, SeekableSource
-from stream_vips.learner import StateMismatch
+from stream_vips.core.learner import StateMismatch
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
 

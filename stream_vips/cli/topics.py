@@ -96,7 +96,7 @@ def planned_topics(config: Config, partitions: int) -> list[Planned]:
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
     from stream_vips.config import ConfigError, load_config
-    from stream_vips.inspect import BrokerUnreachable
+    from stream_vips.cli.inspect import BrokerUnreachable
 
     def fail(line: str, code: int) -> int:
         print(f"{PROG}: {line}", file=sys.stderr)
@@ -133,11 +133,11 @@ def run(args: argparse.Namespace) -> int:
 
 def settle(planned: Planned, create: bool, single: bool, timeout_s: float) -> bool:
     """Create (``create``) or check one topic and print one line on it; whether it is as its
-    connector requires. :class:`~stream_vips.inspect.BrokerUnreachable` when Kafka fails."""
+    connector requires. :class:`~stream_vips.cli.inspect.BrokerUnreachable` when Kafka fails."""
     from connectors.kafka import KafkaConnectorError
     from connectors.kafka.topics import describe_cluster, too_few_brokers
-    from stream_vips.cli import _connector_failure
-    from stream_vips.inspect import BrokerUnreachable, deadline_options, error_text
+    from stream_vips.cli.run import connector_failure
+    from stream_vips.cli.inspect import BrokerUnreachable, deadline_options, error_text
 
     key, configured, connection, may_create = planned
     security = {**connection.security, **deadline_options(timeout_s)}
@@ -162,7 +162,7 @@ def settle(planned: Planned, create: bool, single: bool, timeout_s: float) -> bo
         print(f"{name}: {state}: {exc}{hint}")
         return False
     except Exception as exc:
-        if not _connector_failure(exc):
+        if not connector_failure(exc):
             raise
         raise BrokerUnreachable(f"Kafka at {','.join(connection.servers)}: {error_text(exc)} (waited up to "
                                 f"--timeout-s {timeout_s:g})") from None

@@ -1,40 +1,13 @@
-"""The ``stream-vips`` command and its subcommands (``run`` lives here; the others in their modules).
-
-:data:`SUBCOMMANDS` is the one registry: each subcommand's module (exposing
-``add_parser(subparsers)`` and ``run(args) -> int``) and its one-line help. The top-level help is
-built from that table alone, and only the chosen subcommand's module is imported, so
-``stream-vips --help`` never loads numpy, the models or the Kafka client, and one missing optional
-piece never breaks the other subcommands.
-"""
+"""``stream-vips run``: the service from one YAML configuration, with its exit codes."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
-import re
 import sys
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from stream_vips import __version__
-
-#: subcommand -> (module with add_parser(subparsers) and run(args) -> int, one-line help).
-#: The only place a subcommand is registered; the help line is shown by ``stream-vips --help``
-#: without importing the module.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("stream_vips.cli", "run the pipeline from a YAML configuration"),
-    "demo": ("stream_vips.demo", "run the pipeline on a synthetic stream (no Kafka needed)"),
-    "plan": ("stream_vips.plan", "epsilon for a noise multiplier, or the noise multiplier for a target epsilon"),
-    "inspect": ("stream_vips.inspect",
-                "print the latest model per id on a model topic or in a JSONL model file"),
-    "reset": ("stream_vips.reset", "start a new privacy budget deliberately (the old ledger is kept and named)"),
-    "fit": ("stream_vips.fitting", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
-    "report": ("stream_vips.report", "write a privacy and model report (PNG and HTML) from a ledger and the published models"),
-    "config": ("stream_vips.config_cmd", "print the effective configuration after environment overrides (secrets redacted)"),
-    "topics": ("stream_vips.topics_cmd", "create or check every Kafka topic a configuration names"),
-}
+from stream_vips.cli.output import output_file_problem, write_summary
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -71,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from stream_vips import console
+    from stream_vips.cli import console
     from stream_vips.config import ConfigError, load_config
     from stream_vips.errors import StreamVipsError
     from stream_vips.logsafety import guard_client_logging
-    from stream_vips.pipeline import Application, DeadLetterError, PublishError
+    from stream_vips.service.app import Application, DeadLetterError, PublishError
     from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch, LedgerWriteError
 
     def say(line: str) -> None:
@@ -105,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if (denied := _refusal(exc, config)) is not None:
             say(f"cannot start: {denied}")
             return 7
-        if _connector_failure(exc):
+        if connector_failure(exc):
             say(f"cannot start: {type(exc).__name__}: {exc}")
             return 5
         raise
@@ -135,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if (denied := _refusal(exc, config)) is not None:
             say(f"stopped: {denied}")
             return 7
-        if _connector_failure(exc):
+        if connector_failure(exc):
             say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
             return 5
         raise
@@ -157,39 +130,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_summary(path: str, text: str) -> str | None:
-    """Write the JSON summary ``text`` to ``path`` (``--json-summary``); why it failed, or ``None``.
-    The summary was already printed, so a failure (a full disk) loses nothing."""
-    try:
-        Path(path).write_text(text + "\n", encoding="utf-8")
-    except OSError as exc:
-        return f"--json-summary {path}: cannot write it: {exc.strerror or exc} (the summary is above)"
-    return None
-
-
-def output_file_problem(path: str, flag: str) -> str | None:
-    """Why the file ``path`` given to ``flag`` cannot be written at the end of a run (it is not
-    a file, or its directory is missing or not writable), or ``None``: checked before the run
-    starts, so a mistyped path costs no privacy budget. ``-`` (stdout) is always fine.
-
-    >>> output_file_problem("/", "--json-summary")
-    '--json-summary /: is a directory; name a file'
-    >>> output_file_problem("/no/such/dir/s.json", "--json-summary")
-    '--json-summary /no/such/dir/s.json: directory /no/such/dir does not exist'
-    """
-    if path == "-":
-        return None
-    target = Path(path)
-    parent = target.parent
-    if target.is_dir():
-        return f"{flag} {path}: is a directory; name a file"
-    if not parent.is_dir():
-        return f"{flag} {path}: directory {parent} does not exist"
-    if not os.access(target if target.exists() else parent, os.W_OK):
-        return f"{flag} {path}: not writable"
-    return None
-
-
 def _refusal(exc: BaseException, config: Any) -> Any:
     """The broker's refusal behind ``exc`` (a :class:`~connectors.kafka.KafkaAccessDenied`), or
     ``None``. Connectors raise it themselves; a refusal that reaches here as the client library's
@@ -207,69 +147,7 @@ def _refusal(exc: BaseException, config: Any) -> Any:
     return denial(exc, security)
 
 
-def _connector_failure(exc: BaseException) -> bool:
+def connector_failure(exc: BaseException) -> bool:
     """A Kafka connector or client error (the broker unreachable past a retry deadline)."""
     return any(cls.__module__.split(".")[0] == "kafka" or cls.__name__ == "KafkaConnectorError"
                for cls in type(exc).__mro__)
-
-
-def plain(doc: str) -> str:
-    """``doc`` as plain help text: RST literals and roles (double backticks, ``:class:`x```)
-    become their bare text, so ``--help`` can reuse a module docstring."""
-    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("``", "")
-
-
-def _entry(name: str) -> tuple[str, str]:
-    """(module, help line) of a registered subcommand (a bare module name has no help line)."""
-    entry = SUBCOMMANDS[name]
-    return (entry, "") if isinstance(entry, str) else (entry[0], entry[1])
-
-
-def _unavailable(name: str, subparsers: argparse._SubParsersAction, exc: Exception) -> None:
-    p = subparsers.add_parser(name, help=f"(unavailable: {exc})", add_help=False)
-    p.set_defaults(_run=lambda args: _fail(name, exc), _unavailable=True)
-
-
-def _fail(name: str, exc: Exception) -> int:
-    print(f"stream-vips {name}: not available in this installation: {exc}", file=sys.stderr)
-    return 2
-
-
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``stream-vips`` parser. Every subcommand is listed from :data:`SUBCOMMANDS` as a
-    placeholder that accepts anything; only ``command`` is built from its (imported) module."""
-    parser = argparse.ArgumentParser(prog="stream-vips", description="Differentially private Bayesian "
-                                     "inference on event streams.")
-    parser.add_argument("--version", action="version", version=f"stream-vips {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMANDS:
-        module_name, help_line = _entry(name)
-        if name != command:
-            subparsers.add_parser(name, help=help_line, add_help=False).set_defaults(_placeholder=True)
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            _unavailable(name, subparsers, exc)
-            continue
-        sub = module.add_parser(subparsers)
-        sub.set_defaults(_run=module.run)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Two-stage parse: the placeholders find the subcommand (or print the top-level help), then
-    the parser is rebuilt with that subcommand's real parser and the arguments parsed again."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if getattr(args, "_placeholder", False):
-        parser = build_parser(args.command)
-        args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "_unavailable", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args._run(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,8 +32,8 @@ z = 0: no events, no ledger, epsilon reported as infinite, and the report never 
 >>> from stream_vips.privacy.accountant import make_accountant
 >>> from stream_vips.privacy.budget import BudgetMonitor
 >>> from stream_vips.privacy.ledger import MemoryLedger
->>> from stream_vips.reservoir import Reservoir
->>> from stream_vips.sampling import make_sampler
+>>> from stream_vips.core.data.reservoir import Reservoir
+>>> from stream_vips.core.data.sampling import make_sampler
 >>> model = LinearRegression(dim=2, dataset_size=100)
 >>> rng = np.random.default_rng(0)
 >>> reservoir = Reservoir(model.row_layout(), 100, rng)
@@ -60,9 +60,9 @@ from stream_vips import messages
 from stream_vips.models.base import Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import ReservoirNotFull, Sampler
-from stream_vips.schedule import step_size
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import ReservoirNotFull, Sampler
+from stream_vips.core.data.schedule import step_size
 
 ADJACENCY = "replace_one"
 #: Privacy units: a record (privacy rule 1) or all records of one key (privacy rule 12).
@@ -136,7 +136,7 @@ class PrivateEngine:
     relative allocation weights a_k per block name (normalised to sum a_k^2 = 1; default
     a_k proportional to C_k); ``seeded`` says whether ``rng`` came from a fixed seed (privacy rule 9).
     ``unit="key"`` (privacy rule 12) draws key slots from a
-    :class:`~stream_vips.key_reservoir.KeyReservoir` and sums the model's per-key clipped
+    :class:`~stream_vips.core.data.key_reservoir.KeyReservoir` and sums the model's per-key clipped
     contributions (``group_clipped_sum``); the event is the same, with the key slot as the
     population member.
     """

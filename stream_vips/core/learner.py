@@ -2,7 +2,7 @@
 
 A learner takes records, keeps them in its bounded reservoir, takes private steps when its
 trigger fires, and builds model messages; it never polls, commits, publishes, serves metrics or
-handles signals (the runtime, :class:`stream_vips.pipeline.Application`, does). Everything that a
+handles signals (the runtime, :class:`stream_vips.service.app.Application`, does). Everything that a
 checkpoint must persist is :meth:`PrivateLearner.state`, including the binding to the ledger
 that paid for it (privacy rule 11 in docs/privacy.md).
 
@@ -51,10 +51,11 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from stream_vips import messages, records
-from stream_vips.decoding import DecodedBatch, decode_batch
-from stream_vips.engine import PrivateEngine, StepResult, allocation_diameter
-from stream_vips.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
+from stream_vips import messages
+from stream_vips.core.data import records
+from stream_vips.core.data.decoding import DecodedBatch, decode_batch
+from stream_vips.core.engine import PrivateEngine, StepResult, allocation_diameter
+from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
 from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
@@ -63,13 +64,13 @@ from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger, LedgerMismatch, build_ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
-from stream_vips.records import tabular, top_reasons
-from stream_vips.reservoir import Reservoir
-from stream_vips.sampling import make_sampler
-from stream_vips.schedule import Trigger
-from stream_vips.window import WindowReservoir, window_steps
+from stream_vips.core.data.records import tabular, top_reasons
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import make_sampler
+from stream_vips.core.data.schedule import Trigger
+from stream_vips.core.data.window import WindowReservoir, window_steps
 
-log = logging.getLogger("stream_vips.learner")
+log = logging.getLogger("stream_vips.core.learner")
 
 
 class StateMismatch(StreamVipsError, ValueError):

@@ -120,7 +120,7 @@ def read_ledger_topic(bootstrap: str, topic: str, name: str, timeout_s: float) -
     """Kafka ledger ``name`` on ``topic``, read committed and without opening a writer (so the
     running pipeline is not fenced); :class:`ReportError` if it is empty or corrupt."""
     from connectors.kafka import read_ledger_topic as read_committed, security_options
-    from stream_vips.inspect import deadline_options, within
+    from stream_vips.cli.inspect import deadline_options, within
     from stream_vips.privacy.ledger import LedgerCorrupt
 
     where = f"ledger topic {topic!r} name {name!r}"
@@ -194,7 +194,7 @@ def models_from_file(path: str | os.PathLike[str], model_id: str | None) -> Mode
     """History and latest message of one id in a JSONL model file (None: no such model)."""
     import orjson
 
-    from stream_vips.inspect import latest_in_file
+    from stream_vips.cli.inspect import latest_in_file
 
     history: dict[str, list] = {}
     try:
@@ -222,7 +222,7 @@ def models_from_file(path: str | os.PathLike[str], model_id: str | None) -> Mode
 def models_from_topic(bootstrap: str, topic: str, model_id: str | None, timeout_s: float) -> Models | None:
     """History (what the topic still holds: it is compacted) and latest message of one id."""
     from stream_vips.client import ModelReader
-    from stream_vips.inspect import open_reader, read_topic_to_end
+    from stream_vips.cli.inspect import open_reader, read_topic_to_end
 
     class HistoryReader(ModelReader):
         """Also keeps a point per message that became the latest of its id."""
@@ -255,7 +255,7 @@ def models_from_topic(bootstrap: str, topic: str, model_id: str | None, timeout_
 def dead_letter_counts_topic(bootstrap: str, topic: str, timeout_s: float) -> Counter:
     """Dead letters per reason on a Kafka dead-letter topic (its ``reason`` headers)."""
     from connectors.kafka import dead_letter_reasons, security_options
-    from stream_vips.inspect import deadline_options, within
+    from stream_vips.cli.inspect import deadline_options, within
 
     security = {**security_options(), **deadline_options(timeout_s)}
     return within(timeout_s * 2, lambda: dead_letter_reasons(bootstrap, topic, security=security, timeout_s=timeout_s),
@@ -727,7 +727,7 @@ def write_report(report: Report, out: str | os.PathLike[str]) -> tuple[Path, Pat
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
-    from stream_vips.inspect import BrokerUnreachable
+    from stream_vips.cli.inspect import BrokerUnreachable
 
     def fail(line: str, code: int) -> int:
         print(f"{PROG}: {line}", file=sys.stderr)

@@ -51,7 +51,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from stream_vips.reservoir import Admission, Layout, admitted_mask
+from stream_vips.core.data.reservoir import Admission, Layout, admitted_mask
 
 #: Rejection reason of an arrival whose privacy key cannot be read (no Kafka key, no field).
 MISSING_KEY = "missing_key"
