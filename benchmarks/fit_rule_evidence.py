@@ -55,7 +55,7 @@ non-private.
 
 Run: ``python benchmarks/fit_rule_evidence.py`` (several minutes). Writes
 ``benchmarks/results/fit_rule_evidence.json``; ``chosen`` is the rule, and ``matches_fit_py``
-says whether ``stream_vips/fitting.py`` uses it.
+says whether ``stream_vips/fitting/rules.py`` uses it.
 """
 
 from __future__ import annotations

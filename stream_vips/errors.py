@@ -7,6 +7,8 @@ input and configuration, ``RuntimeError`` for a state that refuses to go on), so
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class StreamVipsError(Exception):
     """Root of the errors stream_vips raises on purpose."""
@@ -18,6 +20,34 @@ class ConfigError(StreamVipsError, ValueError):
 
 class FitError(StreamVipsError, ValueError):
     """``fit`` refused its input or arguments (before spending anything), or made no model."""
+
+
+class NoModelError(FitError):
+    """The fit ran but released no model; the message says why (the learner's halt reason)."""
+
+
+class LedgerRefused(FitError):
+    """The ledger path is not a usable privacy ledger (a directory, another kind of file, corrupt,
+    or locked by another process); raised before anything is spent."""
+
+
+class SpentError(FitError):
+    """The fit failed once a step was paid (during the run or after it). ``message`` is the model
+    of the last paid step (``None`` when no model was made): its budget is spent, so keep it
+    (``stream_vips.client.posterior_from_message`` reads it). ``headline`` is the one line saying
+    what failed (without "budget" for a non-private fit, which spends none)."""
+
+    def __init__(self, error: str, message: dict[str, Any] | None, non_private: bool = False) -> None:
+        self.headline = (f"the non-private fit failed after it made a model ({error})" if non_private else
+                         f"the fit failed after privacy budget was spent ({error})")
+        kept = "the last model is kept" if message is not None else "no model had been made"
+        super().__init__(f"{self.headline}; {kept} (.message)")
+        self.error, self.message = error, message
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc`` as one line: its type and message."""
+    return " ".join(f"{type(exc).__name__}: {exc}".splitlines())
 
 
 class DataError(StreamVipsError, ValueError):

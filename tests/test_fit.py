@@ -10,6 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from stream_vips.errors import FitError
+from stream_vips.models import dimension
+
 from stream_vips import messages
 from stream_vips.client import check_message, posterior_from_message
 from scipy.stats import norm
@@ -17,6 +20,7 @@ from scipy.stats import norm
 from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 
 fitmod = importlib.import_module("stream_vips.fitting")
+fitcli = importlib.import_module("stream_vips.cli.fit")
 fit, fit_settings = fitmod.fit, fitmod.fit_settings
 RTOL = fitmod.CALIBRATION_RTOL
 
@@ -231,7 +235,7 @@ def test_family_rules_are_the_families_own_and_account_their_sampling(family):
     s = fit_settings(family, 5000, 12, 1.0, 1e-5)
     r = module.fit_rule(5000, 12, 1.0, 1e-5)
     assert (s.q, s.steps, s.tau0, s.kappa) == (r["q"], r["steps"], r["tau0"], r["kappa"])
-    field, param = fitmod.dimension(family)
+    field, param = dimension(family)
     assert s.model_params[param] == 12 and field == ("y" if family == "sbn" else "x")
     assert s.accountant == fitmod.accountant_for(s.q) and set(r["why"]) <= set(s.why)
     assert "accountant" in s.why
@@ -363,7 +367,7 @@ def test_cli_out_failing_after_spending_prints_the_model_to_stdout(tmp_path, cap
 
     monkeypatch.setattr(os, "replace", broken_replace)
     code, stdout, err = cli(capsys, "--seed", "0", "--out", str(out), str(data))
-    assert code == fitmod.EXIT_CODES["not_written"] and not out.exists()
+    assert code == fitcli.EXIT_CODES["not_written"] and not out.exists()
     assert check_message(json.loads(stdout))["privacy"]["private"] is True  # the spent budget is not lost
     assert "printed to stdout" in err.splitlines()[0] and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # no partial file
@@ -433,7 +437,7 @@ def test_cli_counts_every_line_blank_or_not(tmp_path, capsys):
     code, _, err = cli(capsys, "--seed", "0", "--out", str(out), str(blanked))
     assert code == 0 and "N = 200 records (198 valid)" in err
     assert json.loads(out.read_text())["hyperparameters"]["dataset_size"] == 200
-    assert fitmod.json_lines(b"a\n\nb\n") == [b"a", b"", b"b"] == fitmod.json_lines(b"a\n\nb")
+    assert fitcli.json_lines(b"a\n\nb\n") == [b"a", b"", b"b"] == fitcli.json_lines(b"a\n\nb")
 
 
 # ------------------------------------------------------------------------------- refusals and reasons
@@ -447,7 +451,7 @@ def test_bad_ledger_paths_are_one_line_before_anything_is_spent(tmp_path, capsys
     kept = {p: p.read_bytes() for p in (data, model)}
     for ledger, says in ((tmp_path, "is a directory"), (data, "not a privacy ledger"), (model, "not a privacy ledger")):
         code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "new.json"), str(data))
-        assert code == fitmod.EXIT_CODES["ledger"] and says in one_line_refusal(err), err
+        assert code == fitcli.EXIT_CODES["ledger"] and says in one_line_refusal(err), err
     assert {p: p.read_bytes() for p in kept} == kept and not (tmp_path / "new.json").exists()
     one_line = tmp_path / "notes.txt"
     one_line.write_bytes(b"a note without a newline")  # opening it as a ledger would cut it as a torn line
@@ -467,7 +471,7 @@ def test_a_locked_ledger_is_refused_with_one_line(tmp_path, capsys):
         code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
     finally:
         holder.close()
-    assert code == fitmod.EXIT_CODES["ledger"] and "is held by" in one_line_refusal(err)
+    assert code == fitcli.EXIT_CODES["ledger"] and "is held by" in one_line_refusal(err)
     assert err.strip().endswith("nothing was spent")
 
 
@@ -635,7 +639,7 @@ def test_a_failure_after_spending_keeps_the_last_released_model(tmp_path, capsys
 
     monkeypatch.setattr(stream_vips.client, "posterior_from_message", broken)
     code, stdout, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(out), str(data))
-    assert code == fitmod.EXIT_CODES["spent"] == 5 and stdout == ""
+    assert code == fitcli.EXIT_CODES["spent"] == 5 and stdout == ""
     line = one_line_refusal(err)
     assert "LinAlgError: Singular matrix" in line and f"saved to {out}" in line
     assert check_message(json.loads(out.read_text()))["privacy"]["epsilon_spent"] > 0
@@ -688,22 +692,22 @@ def test_a_run_failing_before_any_step_was_paid_says_nothing_was_spent(tmp_path,
     write_jsonl(data)
     code, _, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(out), str(data))
     line = one_line_refusal(err)
-    assert code == fitmod.EXIT_CODES["no_model"] and "nothing was spent" in line and "budget" not in line
+    assert code == fitcli.EXIT_CODES["no_model"] and "nothing was spent" in line and "budget" not in line
     assert "No space left on device" in line and not out.exists()
     monkeypatch.undo()
     assert_nothing_spent(ledger)
 
 
 def test_a_non_private_fit_failing_mid_run_does_not_speak_of_budget(tmp_path, capsys, monkeypatch):
-    from stream_vips.service.app import Application
+    import stream_vips.fitting.api as api
 
-    original = Application.run
+    original = api._run
 
-    def run_then_fail(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+    def run_then_fail(*args, **kwargs):
+        original(*args, **kwargs)
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(Application, "run", run_then_fail)
+    monkeypatch.setattr(api, "_run", run_then_fail)
     data, out = tmp_path / "data.jsonl", tmp_path / "model.json"
     write_jsonl(data)
     code, _, err = cli(capsys, "--non-private", "--out", str(out), str(data))
@@ -726,7 +730,7 @@ def test_settings_made_for_another_fit_are_refused_before_spending():
                          (fit_settings("linreg", 500, 3, 0.1, 1e-6), "n = 500"),
                          (fit_settings("logistic", 100, 3, 0.1, 1e-6), "family = 'logistic'"),
                          (fit_settings("linreg", 100, 3, None, 1e-6, non_private=True), "a non-private fit")):
-        with pytest.raises(fitmod.FitError, match=f"settings= are for {field}") as info:
+        with pytest.raises(FitError, match=f"settings= are for {field}") as info:
             fit((X, y), "linreg", epsilon=0.1, delta=1e-6, settings=other, seed=0)
         assert "\n" not in str(info.value)
     res = fit((X, y), "linreg", epsilon=0.1, delta=1e-6, settings=good, seed=0)
@@ -773,7 +777,7 @@ def test_cli_out_that_cannot_be_read_is_refused_not_replaced(tmp_path, capsys, m
     def unreadable(path):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(fitmod, "read_first_line", unreadable)
+    monkeypatch.setattr(fitcli, "read_first_line", unreadable)
     code, _, err = cli(capsys, "--seed", "0", "--out", str(ledger), str(data))
     assert code == 2 and "cannot be read (Permission denied)" in one_line_refusal(err)
     assert ledger.read_bytes() == before and ledger.stat().st_ino == inode
@@ -834,7 +838,7 @@ def test_a_bad_linreg_bound_is_one_line_naming_the_key_before_spending(tmp_path,
                        "--out", str(tmp_path / "m.json"), str(data))
     assert code == 2 and f"--param: linreg {param.split('=')[0]} must be a positive number" in one_line_refusal(err)
     assert not ledger.exists() and not (tmp_path / "m.json").exists()
-    with pytest.raises(fitmod.FitError, match="x_bound"):
+    with pytest.raises(FitError, match="x_bound"):
         fit((X, y), "linreg", x_bound=[1])
 
 
@@ -861,7 +865,7 @@ def test_a_refused_or_modelless_fit_leaves_no_directory_it_created_for_out(tmp_p
         code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(out), str(data))
     finally:
         holder.close()
-    assert code == fitmod.EXIT_CODES["ledger"] and not (tmp_path / "new").exists()
+    assert code == fitcli.EXIT_CODES["ledger"] and not (tmp_path / "new").exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"x": [0.1, 0.2, 0.3], "y": 7}\n' * 5)
     code, _, err = cli(capsys, "--out", str(out), str(bad))  # ran, no model
@@ -965,7 +969,7 @@ def test_data_shape_errors_are_fit_errors_that_never_quote_a_value():
     ValueError or KeyError quoting the data)."""
     secret, cases = _bad_shapes()
     for data, kwargs, says in cases:
-        with pytest.raises(fitmod.FitError) as info:
+        with pytest.raises(FitError) as info:
             fit(data, "logistic", dim=3, **kwargs)
         assert says in str(info.value) and secret not in str(info.value) and "\n" not in str(info.value)
         assert info.value.__cause__ is None and info.value.__suppress_context__
@@ -974,7 +978,7 @@ def test_data_shape_errors_are_fit_errors_that_never_quote_a_value():
 @pytest.mark.parametrize("steps", [2.5, True, 0, -1, "2"])
 def test_steps_must_be_a_positive_integer(steps):
     X, y = logistic_data(50)
-    with pytest.raises(fitmod.FitError, match=f"steps must be a positive integer, got {steps!r}"):
+    with pytest.raises(FitError, match=f"steps must be a positive integer, got {steps!r}"):
         fit((X, y), "logistic", steps=steps)
 
 

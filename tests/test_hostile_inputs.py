@@ -19,6 +19,7 @@ from stream_vips.cli.report import dead_letter_counts
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, calibrate_noise_multiplier, make_accountant
 
 fitmod = importlib.import_module("stream_vips.fitting")
+fitcli = importlib.import_module("stream_vips.cli.fit")
 
 
 @contextlib.contextmanager

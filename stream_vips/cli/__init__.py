@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("stream_vips.cli.inspect",
                 "print the latest model per id on a model topic or in a JSONL model file"),
     "reset": ("stream_vips.cli.reset", "start a new privacy budget deliberately (the old ledger is kept and named)"),
-    "fit": ("stream_vips.fitting", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
+    "fit": ("stream_vips.cli.fit", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
     "report": ("stream_vips.cli.report", "write a privacy and model report (PNG and HTML) from a ledger and the published models"),
     "config": ("stream_vips.cli.config_cmd", "print the effective configuration after environment overrides (secrets redacted)"),
     "topics": ("stream_vips.cli.topics", "create or check every Kafka topic a configuration names"),

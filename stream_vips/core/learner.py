@@ -352,7 +352,7 @@ class PrivateLearner:
         (:meth:`offer_raw`)."""
         if self.validation == "admitted":
             return self.offer_raw(values, keys=self.keys_of(values, keys))
-        if len(values) and isinstance(values[0], (bytes, bytearray)):
+        if records.undecoded(values):
             batch = decode_batch(self.model, values)
         else:
             batch = _parse(self.model, values)
@@ -379,7 +379,7 @@ class PrivateLearner:
         A feed that ends with no released model warns why (:meth:`why_no_model`): no step is
         taken before the reservoir is full, so data smaller than it give no model (use
         :func:`stream_vips.fit` for a finite data set). Returns the learner (river style)."""
-        from stream_vips.fitting import dimension
+        from stream_vips.models import dimension
 
         arrays = tabular(data)
         if arrays is not None:

@@ -2,6 +2,8 @@
 
 >>> model_class("linreg").__name__
 'LinearRegression'
+>>> dimension("sbn")
+('y', 'n_visible')
 """
 
 from __future__ import annotations
@@ -37,3 +39,9 @@ def model_class(family: str) -> type:
     if len(found) != 1:
         raise ConfigError(f"model.family: module {module.__name__} defines {len(found)} models of family {family!r}")
     return found[0]
+
+
+def dimension(family: str) -> tuple[str, str]:
+    """(record field, model parameter) of a family's public dimension d."""
+    cls = model_class(family)
+    return cls.record_field, cls.dim_param

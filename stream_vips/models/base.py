@@ -49,6 +49,10 @@ class Model(ABC):
     """A streaming Bayesian model with a private update."""
 
     family: ClassVar[str]
+    #: The record field holding the family's vector, and the constructor parameter giving its
+    #: public length d (``fit`` and ``learn_many`` put array columns there).
+    record_field: ClassVar[str] = "x"
+    dim_param: ClassVar[str] = "dim"
 
     @abstractmethod
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

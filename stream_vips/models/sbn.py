@@ -175,6 +175,8 @@ class SigmoidBeliefNetwork(Model):
     """
 
     family: ClassVar[str] = "sbn"
+    record_field: ClassVar[str] = "y"
+    dim_param: ClassVar[str] = "n_visible"
 
     def __init__(
         self,

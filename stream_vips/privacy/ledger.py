@@ -531,3 +531,25 @@ def build_ledger(kind: str, path: str | os.PathLike, options: Mapping[str, Any],
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         return cls(path)
     return cls(**{"ledger_id": name, **options})
+
+
+def read_first_line(path: Path) -> bytes:
+    """The file's first line with its newline, if it has one (OSError if unreadable): the probe of
+    ``--ledger`` (must be a ledger) and ``--out`` (must not be one)."""
+    with open(path, "rb") as fh:
+        return fh.readline()
+
+
+def first_line_is_ledger(path: Path) -> bool | None:
+    """Whether the file's first line is a privacy-ledger line, or a torn genesis that opening the
+    ledger cuts (``None``: the file is empty). OSError if unreadable."""
+    first = read_first_line(path)
+    if not first:
+        return None
+    if not first.endswith(b"\n"):
+        return is_torn_write(first, first=True)
+    try:
+        replay_lines([first.rstrip(b"\n")], f"ledger {path}")
+    except LedgerCorrupt:
+        return False
+    return True
