@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from connectors.kafka.connection import KafkaAccessDenied, _servers, log, principal
+from connectors.kafka.connection import _servers, log, principal
+from connectors.kafka.errors import KafkaAccessDenied
 
 #: Kafka error codes (the protocol's, shared by both client libraries).
 TOPIC_AUTHORIZATION_FAILED = 29

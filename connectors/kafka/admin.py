@@ -1,6 +1,5 @@
 """Topic administration and reading shared by the Kafka connectors: create or check a topic's
-settings (:func:`ensure_topic`), read a topic's committed records (:func:`read_topic`), and the
-helpers that classify send failures."""
+settings (:func:`ensure_topic`) and read a topic's committed records (:func:`read_topic`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import (UNKNOWN_TOPIC_OR_PARTITION, Grant, authenticate, check_access, check_grants,
                                      denial, open_admin)
-from connectors.kafka.connection import KafkaConnectorError, KafkaPublishError, _servers
+from connectors.kafka.connection import _servers
+from connectors.kafka.errors import KafkaConnectorError
 
 
 def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitions: int = 1,
@@ -198,25 +198,3 @@ def _high_watermarks(bootstrap_servers: str | list[str], tps: list, security: Ma
     finally:
         consumer.close(autocommit=False)
 
-
-def _retriable(exc: BaseException) -> bool:
-    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout), for
-    either client: kafka-python's errors carry a ``retriable`` flag, confluent-kafka's
-    ``KafkaException`` wraps a ``KafkaError`` (:func:`connectors.kafka.confluent.transient`)."""
-    from kafka.errors import KafkaTimeoutError
-
-    cause = exc.__cause__ or exc
-    error = cause.args[0] if cause.args else None
-    if callable(getattr(error, "retriable", None)):
-        from connectors.kafka.confluent import transient
-
-        return transient(error)
-    return isinstance(cause, KafkaTimeoutError) or getattr(cause, "retriable", False) is True
-
-
-def _check_future(future: Any, timeout_s: float, what: str) -> Any:
-    """The result of a send ``future``; :class:`KafkaPublishError` naming ``what`` if it failed."""
-    try:
-        return future.get(timeout=timeout_s)
-    except Exception as exc:
-        raise KafkaPublishError(f"{what} was not acknowledged: {type(exc).__name__}: {exc}") from exc

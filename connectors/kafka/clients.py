@@ -14,13 +14,9 @@ from operator import attrgetter
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from connectors.kafka.connection import KafkaConnection
+from connectors.kafka.errors import CommitRefused, KafkaPublishError, part_label
 
 TP = tuple  # (topic, partition)
-
-
-class CommitRefused(Exception):
-    """The group rebalanced: the commit was refused and the partition's new owner resumes from
-    the last committed offset."""
 
 
 class Rebalance(Protocol):
@@ -103,15 +99,6 @@ class ProducerClient(Protocol):
     def partitions(self, topic: str) -> int: ...
 
     def close(self, timeout_s: float) -> None: ...
-
-
-def part_label(what: str, i: int, n: int) -> str:
-    """How a failed send of item ``i`` of ``n`` is named in an error.
-
-    >>> part_label("ledger events", 0, 1), part_label("model 'm'", 1, 3)
-    ('ledger events', "model 'm' part 2/3")
-    """
-    return what if n == 1 else f"{what} part {i + 1}/{n}"
 
 
 def consumer_client(connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> ConsumerClient:
@@ -261,8 +248,6 @@ class KafkaPythonProducer:
         return self.raw.send(topic, value=value, key=key, headers=list(headers or []), partition=partition)
 
     def confirm(self, handles: Sequence[Any], timeout_s: float, what: str) -> None:
-        from connectors.kafka.admin import _check_future
-
         self.raw.flush(timeout=timeout_s)
         for i, future in enumerate(handles):
             _check_future(future, timeout_s, part_label(what, i, len(handles)))
@@ -281,3 +266,11 @@ class KafkaPythonProducer:
 
     def close(self, timeout_s: float) -> None:
         self.raw.close(timeout=timeout_s)
+
+
+def _check_future(future: Any, timeout_s: float, what: str) -> Any:
+    """The result of a send ``future``; :class:`KafkaPublishError` naming ``what`` if it failed."""
+    try:
+        return future.get(timeout=timeout_s)
+    except Exception as exc:
+        raise KafkaPublishError(f"{what} was not acknowledged: {type(exc).__name__}: {exc}") from exc

@@ -12,7 +12,8 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from connectors.kafka.access import Grant
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, _servers, takes_connection
+from connectors.kafka.connection import KafkaConnection, _servers, takes_connection
+from connectors.kafka.errors import KafkaConnectorError
 from connectors.kafka.topics import TopicSpec
 from stream_vips.io import DeadLetter
 

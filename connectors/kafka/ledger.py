@@ -10,9 +10,10 @@ import time
 from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import Grant, _discard, _grant, check_access, denial
-from connectors.kafka.admin import _retriable, read_topic
+from connectors.kafka.admin import read_topic
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import KafkaConnectorError, KafkaPublishError, retriable
 from connectors.kafka.topics import TopicSpec, describe_cluster, too_few_brokers
 from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
@@ -209,7 +210,7 @@ class KafkaLedger(LedgerSteps):
                     log.error("aborting the ledger transaction failed (%s): outcome of %s unknown", abort_exc, what)
                     self._failed = error
                     raise error from exc
-                if not _retriable(error) or time.monotonic() >= deadline:
+                if not retriable(error) or time.monotonic() >= deadline:
                     raise error from exc
                 log.warning("%s; retrying", error)
                 time.sleep(0.5)

@@ -15,10 +15,10 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import Grant, _discard, _grant, denial
-from connectors.kafka.admin import _retriable, read_topic
+from connectors.kafka.admin import read_topic
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
-                                         takes_connection)
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import KafkaConnectorError, KafkaPublishError, retriable
 from connectors.kafka.topics import TopicSpec
 
 #: Headers of a chunked model message (all chunks of one message share ``message_id``).
@@ -149,7 +149,7 @@ class KafkaModelSink:
                 self._send_transaction(records, partition, what)
                 return
             except KafkaPublishError as exc:
-                if not _retriable(exc) or time.monotonic() >= deadline:
+                if not retriable(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("%s: %s; retrying", what, exc)
                 time.sleep(0.5)

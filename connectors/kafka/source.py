@@ -16,9 +16,9 @@ from bisect import bisect_left
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from connectors.kafka.access import Grant, check_access
-from connectors.kafka.admin import _retriable
-from connectors.kafka.clients import CommitRefused, consumer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
+from connectors.kafka.clients import consumer_client
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import CommitRefused, KafkaConnectorError, retriable
 from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec
 from stream_vips.io import Coverage, RawRecord, RecordBatch
 
@@ -237,7 +237,7 @@ class KafkaSource:
                 log.warning("offset commit refused after a rebalance: %s", exc)
                 return
             except Exception as exc:
-                if not _retriable(exc) or time.monotonic() >= deadline:
+                if not retriable(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("offset commit failed (%s); retrying", exc)
                 time.sleep(0.5)
