@@ -38,7 +38,8 @@ from connectors.kafka.errors import KafkaAccessDenied, KafkaConnectorError, Kafk
 from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
 from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
                                    Reassembler, chunk_info, chunk_payload)
-from connectors.kafka.source import KafkaSource, _SeekListener
+from connectors.kafka.kafka_python import SeekListener
+from connectors.kafka.source import KafkaSource
 
 __all__ = [
     "CHUNK_HEADER",
@@ -58,6 +59,7 @@ __all__ = [
     "KafkaPublishError",
     "KafkaSource",
     "Reassembler",
+    "SeekListener",
     "chunk_info",
     "chunk_payload",
     "connector_grants",
@@ -68,7 +70,6 @@ __all__ = [
     "read_ledger_topic",
     "read_topic",
     "security_options",
-    # private names that stream_vips.client and the tests import from here
-    "_SeekListener",
+    # a private name that stream_vips.client and the tests import from here
     "_servers",
 ]

@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from connectors.kafka.clients import Rebalance
 from connectors.kafka.connection import KafkaConnection, log
 from connectors.kafka.errors import CommitRefused, KafkaPublishError, part_label
+from connectors.kafka.rebalance import Rebalance, partitions_lost
 from stream_vips.logsafety import CLIENT_LOGGER, guard_client_logging
 
 #: librdkafka's log lines go here: inside the client hierarchy that the log-safety guard covers.
@@ -160,8 +160,6 @@ class ConfluentConsumer:
         self.hooks.revoke_committed(offsets)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        from connectors.kafka.source import partitions_lost
-
         lost = {_key(p) for p in partitions}
         self._kept = [m for m in self._kept if _topic_partition(m) not in lost]
         self._assigned = self._assigned - lost
