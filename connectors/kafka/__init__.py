@@ -31,8 +31,8 @@ loggers (:func:`stream_vips.logsafety.guard_client_logging`).
 
 from connectors.kafka.access import Grant, connector_grants
 from connectors.kafka.admin import ensure_topic, read_topic
-from connectors.kafka.connection import (ENV_PREFIX, FILE_KEYS, SECURITY_KEYS, KafkaConnection, _servers, principal,
-                                         security_options)
+from connectors.kafka.connection import (ENV_PREFIX, FILE_KEYS, SECURITY_KEYS, KafkaConnection, principal,
+                                         security_options, server_list)
 from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record, dead_letter_reasons
 from connectors.kafka.errors import KafkaAccessDenied, KafkaConnectorError, KafkaPublishError
 from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
@@ -70,6 +70,5 @@ __all__ = [
     "read_ledger_topic",
     "read_topic",
     "security_options",
-    # a private name that stream_vips.client and the tests import from here
-    "_servers",
+    "server_list",
 ]

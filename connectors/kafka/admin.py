@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import (UNKNOWN_TOPIC_OR_PARTITION, Grant, authenticate, check_access, check_grants,
                                      denial, open_admin)
-from connectors.kafka.connection import _servers
+from connectors.kafka.connection import server_list
 from connectors.kafka.errors import KafkaConnectorError
 
 
@@ -135,12 +135,12 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
     security = dict(security or {})
     reading = Grant("topic", topic, "Read", why, "connectors.kafka.admin.read_topic")
     authenticate(bootstrap_servers, security)
-    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None,
+    consumer = KafkaConsumer(bootstrap_servers=server_list(bootstrap_servers), group_id=None,
                              enable_auto_commit=False, isolation_level="read_committed", **security)
     try:
         return _read_all(consumer, bootstrap_servers, topic, security, timeout_s, settle_s, reading)
     except Exception as exc:
-        denied = denial(exc, security, reading, _servers(bootstrap_servers))
+        denied = denial(exc, security, reading, server_list(bootstrap_servers))
         if denied is not None:
             raise denied from None
         raise
@@ -191,7 +191,7 @@ def _high_watermarks(bootstrap_servers: str | list[str], tps: list, security: Ma
     ``end_offsets`` stop at the first open transaction instead)."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(bootstrap_servers=server_list(bootstrap_servers), group_id=None, enable_auto_commit=False,
                              isolation_level="read_uncommitted", **dict(security or {}))
     try:
         return consumer.end_offsets(tps)

@@ -128,7 +128,13 @@ def principal(security: Mapping[str, Any]) -> str:
     return "User:ANONYMOUS"
 
 
-def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
+def server_list(bootstrap_servers: str | Sequence[str]) -> list[str]:
+    """The ``host:port`` entries of a ``bootstrap_servers`` setting (a comma-separated string, or
+    a list of them); :class:`KafkaConnectorError` when there are none.
+
+    >>> server_list(" a:1, b:2"), server_list(["a:1,b:2", "c:3"])
+    (['a:1', 'b:2'], ['a:1', 'b:2', 'c:3'])
+    """
     servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
     servers = [s.strip() for part in servers for s in part.split(",") if s.strip()]
     if not servers:
@@ -168,7 +174,7 @@ class KafkaConnection:
         if self.client not in CLIENTS:
             raise KafkaConnectorError(f"client must be kafka-python or confluent, got {self.client!r}")
         object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in (*SECURITY_KEYS, *FILE_KEYS)}))
-        object.__setattr__(self, "servers", _servers(self.bootstrap_servers))
+        object.__setattr__(self, "servers", server_list(self.bootstrap_servers))
 
     @property
     def principal(self) -> str:

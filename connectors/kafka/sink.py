@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _discard, _grant, denial
+from connectors.kafka.access import Grant, denial, discard_producer, grant_for
 from connectors.kafka.admin import read_topic
 from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, log, takes_connection
@@ -159,10 +159,10 @@ class KafkaModelSink:
         try:
             producer.init_transactions()
         except Exception as exc:
-            denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId", "Write"))
+            denied = denial(exc, self._connection.security, grant_for(self._grants, "transactionalId", "Write"))
             if denied is None:
                 raise
-            _discard(producer)
+            discard_producer(producer)
             raise denied from None
         return producer
 
@@ -193,7 +193,7 @@ class KafkaModelSink:
         found = None
         assembler = Reassembler()
         for rec in read_topic(self._connection.servers, self.topic, security=self._connection.security,
-                              timeout_s=self.publish_timeout_s, why=_grant(self._grants, "topic", "Read").why):
+                              timeout_s=self.publish_timeout_s, why=grant_for(self._grants, "topic", "Read").why):
             whole = assembler.add(rec.key, rec.value, rec.headers)
             if whole is not None and whole[0] == key:
                 found = whole[1]
