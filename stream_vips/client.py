@@ -138,7 +138,7 @@ class ModelReader:
                  security: Mapping[str, Any] | None = None, **security_options: Any) -> None:
         from kafka import KafkaConsumer
 
-        from connectors.kafka import Reassembler, _servers, security_options as _security
+        from connectors.kafka import Reassembler, security_options as _security, server_list as _servers
         from connectors.kafka.access import authenticate, check_access
 
         self.topic = topic

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from connectors._lines import dead_letter_line
-from connectors.kafka import clients, source as source_module
+from connectors.kafka import kafka_python, source as source_module
 from connectors.kafka.dead_letters import MAX_REQUEST_BYTES, SIZE_MARGIN, fitted
 from connectors.kafka.source import KafkaSource
 from connectors.memory import MemorySink
@@ -56,7 +56,7 @@ class ServedConsumer:
         return self.polls.pop(0) if self.polls else []
 
     def origin(self, topic: str, partition: int) -> Any:
-        return partial(clients._origin, topic, partition)
+        return partial(kafka_python.record_origin, topic, partition)
 
     def assignment(self) -> set:
         return {(TOPIC, 0), (TOPIC, 1)}

@@ -465,7 +465,7 @@ def test_lost_partitions_are_not_committed(caplog):
 
     from kafka.structs import TopicPartition
 
-    from connectors.kafka import _SeekListener
+    from connectors.kafka import SeekListener
 
     class Evicted:
         before_revoke = None
@@ -475,5 +475,5 @@ def test_lost_partitions_are_not_committed(caplog):
             raise AssertionError("a lost partition must not be committed")
 
     with caplog.at_level("WARNING", logger="connectors.kafka"):
-        asyncio.run(_SeekListener(Evicted()).on_partitions_lost({TopicPartition("t", 3)}))
+        asyncio.run(SeekListener(Evicted(), None).on_partitions_lost({TopicPartition("t", 3)}))
     assert "partitions lost" in caplog.text and "t/3" in caplog.text

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from connectors.kafka.connection import KafkaAccessDenied, _servers, log, principal
+from connectors.kafka.connection import log, principal, server_list
+from connectors.kafka.errors import KafkaAccessDenied
 
 #: Kafka error codes (the protocol's, shared by both client libraries).
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -53,12 +54,12 @@ class Grant:
         return f"{self.resource_type}{prefix} {self.name!r}"
 
 
-def _grant(grants: Iterable[Grant], resource_type: str, operation: str) -> Grant:
+def grant_for(grants: Iterable[Grant], resource_type: str, operation: str) -> Grant:
     """The one grant of ``grants`` for ``operation`` on a resource of ``resource_type``."""
     return next(g for g in grants if g.resource_type == resource_type and g.operation == operation)
 
 
-def _discard(producer: Any) -> None:
+def discard_producer(producer: Any) -> None:
     """Close a producer the broker refused (a refused transactional id leaves librdkafka's producer
     in a fatal state in which even the flush on close fails: that failure says nothing new)."""
     try:
@@ -119,7 +120,7 @@ def authenticate(servers: str | Sequence[str], security: Mapping[str, Any], time
 
     if not str(security.get("security_protocol", "")).startswith("SASL"):
         return
-    servers = _servers(servers)
+    servers = server_list(servers)
     key = (tuple(servers), tuple(sorted((k, str(v)) for k, v in security.items() if k in SECURITY_NAMES)))
     with _authenticated_lock:
         if key in _authenticated:
@@ -158,7 +159,7 @@ def open_admin(servers: str | Sequence[str], security: Mapping[str, Any], **opti
     from kafka import KafkaAdminClient
 
     authenticate(servers, security)
-    return KafkaAdminClient(bootstrap_servers=_servers(servers), **dict(security), **options)
+    return KafkaAdminClient(bootstrap_servers=server_list(servers), **dict(security), **options)
 
 
 def check_grants(admin: Any, security: Mapping[str, Any], grants: Iterable[Grant]) -> None:

@@ -1,6 +1,5 @@
 """Topic administration and reading shared by the Kafka connectors: create or check a topic's
-settings (:func:`ensure_topic`), read a topic's committed records (:func:`read_topic`), and the
-helpers that classify send failures."""
+settings (:func:`ensure_topic`) and read a topic's committed records (:func:`read_topic`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import (UNKNOWN_TOPIC_OR_PARTITION, Grant, authenticate, check_access, check_grants,
                                      denial, open_admin)
-from connectors.kafka.connection import KafkaConnectorError, KafkaPublishError, _servers
+from connectors.kafka.connection import server_list
+from connectors.kafka.errors import KafkaConnectorError
 
 
 def ensure_topic(bootstrap_servers: str | Sequence[str], topic: str, *, partitions: int = 1,
@@ -135,12 +135,12 @@ def read_topic(bootstrap_servers: str | list[str], topic: str, *, security: Mapp
     security = dict(security or {})
     reading = Grant("topic", topic, "Read", why, "connectors.kafka.admin.read_topic")
     authenticate(bootstrap_servers, security)
-    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None,
+    consumer = KafkaConsumer(bootstrap_servers=server_list(bootstrap_servers), group_id=None,
                              enable_auto_commit=False, isolation_level="read_committed", **security)
     try:
         return _read_all(consumer, bootstrap_servers, topic, security, timeout_s, settle_s, reading)
     except Exception as exc:
-        denied = denial(exc, security, reading, _servers(bootstrap_servers))
+        denied = denial(exc, security, reading, server_list(bootstrap_servers))
         if denied is not None:
             raise denied from None
         raise
@@ -191,32 +191,10 @@ def _high_watermarks(bootstrap_servers: str | list[str], tps: list, security: Ma
     ``end_offsets`` stop at the first open transaction instead)."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(bootstrap_servers=server_list(bootstrap_servers), group_id=None, enable_auto_commit=False,
                              isolation_level="read_uncommitted", **dict(security or {}))
     try:
         return consumer.end_offsets(tps)
     finally:
         consumer.close(autocommit=False)
 
-
-def _retriable(exc: BaseException) -> bool:
-    """True when the Kafka error behind ``exc`` is transient (a broker away, a timeout), for
-    either client: kafka-python's errors carry a ``retriable`` flag, confluent-kafka's
-    ``KafkaException`` wraps a ``KafkaError`` (:func:`connectors.kafka.confluent.transient`)."""
-    from kafka.errors import KafkaTimeoutError
-
-    cause = exc.__cause__ or exc
-    error = cause.args[0] if cause.args else None
-    if callable(getattr(error, "retriable", None)):
-        from connectors.kafka.confluent import transient
-
-        return transient(error)
-    return isinstance(cause, KafkaTimeoutError) or getattr(cause, "retriable", False) is True
-
-
-def _check_future(future: Any, timeout_s: float, what: str) -> Any:
-    """The result of a send ``future``; :class:`KafkaPublishError` naming ``what`` if it failed."""
-    try:
-        return future.get(timeout=timeout_s)
-    except Exception as exc:
-        raise KafkaPublishError(f"{what} was not acknowledged: {type(exc).__name__}: {exc}") from exc

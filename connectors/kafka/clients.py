@@ -1,43 +1,30 @@
-"""The client-library seam: what the connectors need from a Kafka consumer and producer, with the
-kafka-python implementation; :mod:`connectors.kafka.confluent` has the confluent-kafka one.
+"""The client-library seam: what the connectors need from a Kafka consumer
+(:class:`ConsumerClient`) and producer (:class:`ProducerClient`), and the factories that give a
+connection's client library behind it (:func:`consumer_client`, :func:`producer_client`).
 
 The connectors keep every rule (offset bookkeeping, the duplicate guard, commits before
 revocation, transactions and their retries, dead letters confirmed before a commit) and call a
 client only through these few methods, so both libraries run the same logic. Partitions are
 ``(topic, partition)`` tuples at this seam (kafka-python's ``TopicPartition`` is such a tuple).
+
+Each library has its side in a module of its own: :mod:`connectors.kafka.kafka_python` and
+:mod:`connectors.kafka.confluent`. They sit below this module and never import it (what they
+share with it, :class:`~connectors.kafka.rebalance.Rebalance` and the errors, is further down),
+so :func:`client_for` imports the side a connection names inside the function: the package
+keeps no import cycle, and a process loads confluent-kafka only when a connection uses it.
 """
 
 from __future__ import annotations
 
-from functools import partial
-from operator import attrgetter
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from connectors.kafka.connection import KafkaConnection
-
-TP = tuple  # (topic, partition)
-
-
-class CommitRefused(Exception):
-    """The group rebalanced: the commit was refused and the partition's new owner resumes from
-    the last committed offset."""
-
-
-class Rebalance(Protocol):
-    """What a consumer client calls when the group's assignment changes (the source's hooks)."""
-
-    def revoking(self, revoked: set[TP]) -> dict[TP, int]: ...
-
-    def revoke_committed(self, offsets: Mapping[TP, int]) -> None: ...
-
-    def assigned(self, assigned: set[TP]) -> dict[TP, int]: ...
-
-    @property
-    def halted(self) -> bool: ...
+from connectors.kafka.connection import ClientName, KafkaConnection
+from connectors.kafka.rebalance import TP, Rebalance
 
 
 class ConsumerClient(Protocol):
-    """A subscribed group member with manual commits (see :class:`KafkaPythonConsumer`)."""
+    """A subscribed group member with manual commits (see
+    :class:`~connectors.kafka.kafka_python.KafkaPythonConsumer`)."""
 
     raw: Any
     offset_of: Callable[[Any], int]
@@ -72,7 +59,8 @@ class ConsumerClient(Protocol):
         ...
 
     def rejoin(self) -> None:
-        """Ask the group for a new assignment (see :meth:`KafkaPythonConsumer.rejoin`)."""
+        """Ask the group for a new assignment (see
+        :meth:`~connectors.kafka.kafka_python.KafkaPythonConsumer.rejoin`)."""
         ...
 
     def close(self) -> None: ...
@@ -105,179 +93,26 @@ class ProducerClient(Protocol):
     def close(self, timeout_s: float) -> None: ...
 
 
-def part_label(what: str, i: int, n: int) -> str:
-    """How a failed send of item ``i`` of ``n`` is named in an error.
+def client_for(name: ClientName) -> tuple[Callable[..., ConsumerClient], Callable[..., ProducerClient]]:
+    """The consumer and producer classes of the client library ``name`` (``KafkaConnection.client``),
+    each built as ``(connection, client_id, settings)``; the library's side is imported here, on
+    first use (see the module's docstring)."""
+    if name == "confluent":
+        from connectors.kafka.confluent import ConfluentConsumer, ConfluentProducer
 
-    >>> part_label("ledger events", 0, 1), part_label("model 'm'", 1, 3)
-    ('ledger events', "model 'm' part 2/3")
-    """
-    return what if n == 1 else f"{what} part {i + 1}/{n}"
+        return ConfluentConsumer, ConfluentProducer
+    from connectors.kafka.kafka_python import KafkaPythonConsumer, KafkaPythonProducer
+
+    return KafkaPythonConsumer, KafkaPythonProducer
 
 
 def consumer_client(connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> ConsumerClient:
     """The connection's client library as a consumer; ``settings`` are kafka-python's names."""
-    if connection.client == "confluent":
-        from connectors.kafka.confluent import ConfluentConsumer
-
-        return ConfluentConsumer(connection, client_id, settings)
-    return KafkaPythonConsumer(connection, client_id, settings)
+    consumer, _ = client_for(connection.client)
+    return consumer(connection, client_id, settings)
 
 
 def producer_client(connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> ProducerClient:
     """The connection's client library as a producer; ``settings`` are kafka-python's names."""
-    if connection.client == "confluent":
-        from connectors.kafka.confluent import ConfluentProducer
-
-        return ConfluentProducer(connection, client_id, settings)
-    return KafkaPythonProducer(connection, client_id, settings)
-
-
-# -- kafka-python --------------------------------------------------------------------------------
-
-class KafkaPythonConsumer:
-    """kafka-python's ``KafkaConsumer`` behind :class:`ConsumerClient`."""
-
-    offset_of = attrgetter("offset")
-    value_of = attrgetter("value")
-
-    def __init__(self, connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> None:
-        from kafka import KafkaConsumer
-
-        self.raw = KafkaConsumer(**connection.client_options(client_id), **settings)
-
-    def subscribe(self, topics: list[str], hooks: Rebalance) -> None:
-        from connectors.kafka.source import _SeekListener
-
-        self.raw.subscribe(topics, listener=_SeekListener(hooks))
-
-    def fetch(self, max_records: int, timeout_s: float) -> list[tuple[TP, list]]:
-        return list(self.raw.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records).items())
-
-    def origin(self, topic: str, partition: int) -> Callable[[Any], dict[str, Any]]:
-        return partial(_origin, topic, partition)
-
-    def assignment(self) -> set[TP]:
-        return set(self.raw.assignment())
-
-    def paused(self) -> set[TP]:
-        return set(self.raw.paused())
-
-    def pause(self, tps: Iterable[TP]) -> None:
-        self.raw.pause(*map(_tp, tps))
-
-    def resume(self, tps: Iterable[TP]) -> None:
-        self.raw.resume(*map(_tp, tps))
-
-    def commit(self, offsets: Mapping[TP, int], timeout_s: float) -> None:
-        from kafka.errors import CommitFailedError
-
-        try:
-            self.raw.commit(_offsets(offsets), timeout_ms=int(timeout_s * 1000))
-        except CommitFailedError as exc:
-            raise CommitRefused(str(exc)) from exc
-
-    async def commit_in_callback(self, offsets: Mapping[TP, int], timeout_s: float) -> None:
-        """Commit from a rebalance listener, which kafka-python runs on its IO thread: the blocking
-        ``commit()`` would wait on that same thread, so this awaits the coordinator's commit
-        coroutine (a private kafka-python 3.0 API, the only synchronous commit there)."""
-        await self.raw._coordinator._commit_offsets_sync_async(_offsets(offsets), timeout_ms=int(timeout_s * 1000))
-
-    def seek(self, tp: TP, offset: int) -> None:
-        self.raw.seek(_tp(tp), offset)
-
-    def highwater(self, tp: TP) -> int | None:
-        return self.raw.highwater(_tp(tp))
-
-    def at_end(self, tps: set[TP], floors: Mapping[TP, int]) -> bool:
-        from kafka.errors import KafkaError
-
-        try:
-            ends = self.raw.end_offsets([_tp(tp) for tp in tps])
-        except KafkaError:  # broker unreachable right now: not known to be at the end
-            return False
-        return all(self.raw.position(_tp(tp)) >= ends[_tp(tp)] for tp in tps)
-
-    def keepalive(self) -> None:
-        self.raw.poll(timeout_ms=0)  # paused: fetches nothing, keeps the member alive
-
-    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
-        from kafka.errors import TopicAuthorizationFailedError, UnknownTopicOrPartitionError
-
-        out = {}
-        for topic in topics:
-            try:
-                out[topic] = len(self.raw.partitions_for_topic(topic))
-            except (UnknownTopicOrPartitionError, TopicAuthorizationFailedError):
-                out[topic] = 0
-        return out
-
-    def rejoin(self) -> None:
-        """A static member (``group_instance_id``) that rejoins is handed the assignment the group
-        already had, empty if its topics did not exist when it was made, and kafka-python
-        recomputes an assignment only in the member that made it: without a new join it would
-        hold nothing for as long as the group lives. A requested rejoin makes the group assign
-        again (verified on Kafka 4)."""
-        self.raw._coordinator.request_rejoin()
-
-    def close(self) -> None:
-        self.raw.close(autocommit=False)
-
-
-def _tp(tp: TP) -> Any:
-    from kafka.structs import TopicPartition
-
-    return tp if isinstance(tp, TopicPartition) else TopicPartition(*tp)
-
-
-def _offsets(offsets: Mapping[TP, int]) -> dict[Any, Any]:
-    from kafka.structs import OffsetAndMetadata
-
-    return {_tp(tp): OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
-
-
-def _origin(topic: str, partition: int, record: Any) -> dict[str, Any]:
-    """Where a record came from, with its message key (bytes or None): the privacy key of
-    ``privacy.unit: key`` unless ``privacy.key_field`` names a JSON field (privacy rule 12)."""
-    return {"topic": topic, "partition": partition, "offset": record.offset, "timestamp": record.timestamp,
-            "key": record.key}
-
-
-class KafkaPythonProducer:
-    """kafka-python's ``KafkaProducer`` behind :class:`ProducerClient`; a handle is a send future."""
-
-    def __init__(self, connection: KafkaConnection, client_id: str, settings: Mapping[str, Any]) -> None:
-        from kafka import KafkaProducer
-
-        self.raw = KafkaProducer(**connection.client_options(client_id), **settings)
-
-    def init_transactions(self) -> None:
-        self.raw.init_transactions()
-
-    def begin(self) -> None:
-        self.raw.begin_transaction()
-
-    def send(self, topic: str, value: bytes, key: bytes | None = None,
-             headers: Sequence[tuple[str, bytes]] | None = None, partition: int | None = None) -> Any:
-        return self.raw.send(topic, value=value, key=key, headers=list(headers or []), partition=partition)
-
-    def confirm(self, handles: Sequence[Any], timeout_s: float, what: str) -> None:
-        from connectors.kafka.admin import _check_future
-
-        self.raw.flush(timeout=timeout_s)
-        for i, future in enumerate(handles):
-            _check_future(future, timeout_s, part_label(what, i, len(handles)))
-
-    def flush(self, timeout_s: float) -> None:
-        self.raw.flush(timeout=timeout_s)
-
-    def commit(self) -> None:
-        self.raw.commit_transaction()
-
-    def abort(self) -> None:
-        self.raw.abort_transaction()
-
-    def partitions(self, topic: str) -> int:
-        return len(self.raw.partitions_for(topic) or [])
-
-    def close(self, timeout_s: float) -> None:
-        self.raw.close(timeout=timeout_s)
+    _, producer = client_for(connection.client)
+    return producer(connection, client_id, settings)

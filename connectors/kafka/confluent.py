@@ -35,8 +35,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from connectors.kafka.clients import CommitRefused, Rebalance, part_label
-from connectors.kafka.connection import KafkaConnection, KafkaPublishError, log
+from connectors.kafka.connection import KafkaConnection, log
+from connectors.kafka.errors import CommitRefused, KafkaPublishError, part_label
+from connectors.kafka.rebalance import Rebalance, partitions_lost
 from stream_vips.logsafety import CLIENT_LOGGER, guard_client_logging
 
 #: librdkafka's log lines go here: inside the client hierarchy that the log-safety guard covers.
@@ -61,12 +62,6 @@ PRODUCER_NAMES = {"acks": "acks", "enable_idempotence": "enable.idempotence", "t
 #: Commit errors that mean the group moved on (the commit is refused, not failed).
 _REFUSED = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
             KafkaError._ASSIGNMENT_LOST, KafkaError.FENCED_INSTANCE_ID}
-#: Errors that a later attempt can get past (a broker or coordinator away for a while).
-_TRANSIENT = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
-              KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NOT_ENOUGH_REPLICAS,
-              KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
 #: The most messages one ``consume()`` call may return (confluent-kafka's limit).
 MAX_CONSUME = 1_000_000
 #: How long a transaction call (init, commit, abort) may block, like kafka-python's max_block_ms.
@@ -89,11 +84,6 @@ def librdkafka_config(connection: KafkaConnection, client_id: str, settings: Map
     if conf.get("compression.type") is None and "compression_type" in settings:
         conf["compression.type"] = "none"
     return conf
-
-
-def transient(error: KafkaError) -> bool:
-    """True when ``error`` is worth retrying (never for a fatal one, e.g. a fenced producer)."""
-    return not error.fatal() and (error.retriable() or error.code() in _TRANSIENT)
 
 
 def _tp(tp: tuple[str, int], offset: int | None = None) -> TopicPartition:
@@ -170,8 +160,6 @@ class ConfluentConsumer:
         self.hooks.revoke_committed(offsets)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        from connectors.kafka.source import partitions_lost
-
         lost = {_key(p) for p in partitions}
         self._kept = [m for m in self._kept if _topic_partition(m) not in lost]
         self._assigned = self._assigned - lost

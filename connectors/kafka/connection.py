@@ -1,5 +1,5 @@
 """How every Kafka connector connects: one :class:`KafkaConnection` (servers, security, reconnect
-backoff, client ids) and the errors the connectors raise.
+backoff, client ids); the errors the connectors raise are in :mod:`connectors.kafka.errors`.
 
 Security settings (``security_protocol``, ``sasl_mechanism``, ``sasl_username``,
 ``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_keyfile_password``)
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from stream_vips.errors import ConfigError, StreamVipsError
+from connectors.kafka.errors import KafkaConnectorError
+from stream_vips.errors import ConfigError
 from stream_vips.logsafety import guard_client_logging, register_secret
 
 #: One logger for the whole package: log lines keep the name ``connectors.kafka``.
@@ -51,35 +52,6 @@ ENV_PREFIX = "STREAM_VIPS_KAFKA_"
 #: The client libraries a connection can use (``KafkaConnection.client``).
 ClientName = Literal["kafka-python", "confluent"]
 CLIENTS: tuple[str, ...] = typing.get_args(ClientName)
-
-
-class KafkaConnectorError(StreamVipsError, RuntimeError):
-    """A Kafka connector cannot do what its configuration asks (names the topic and setting)."""
-
-
-class KafkaPublishError(KafkaConnectorError):
-    """A send was not acknowledged by the broker; nothing is dropped silently."""
-
-
-class KafkaAccessDenied(KafkaConnectorError):
-    """The broker refused this client: its login failed, or its principal lacks an ACL.
-
-    ``principal`` (``User:<name>``), ``operations`` (Kafka ACL operation names, empty for a failed
-    login) and ``resource`` (``topic 'name'``, ``group 'name'``, ``transactionalId 'name'``, or the
-    bootstrap servers for a login) say what to fix; the message is one line and says the same.
-    ``stream-vips run``, ``inspect`` and ``report`` exit with code 7 on it.
-    """
-
-    def __init__(self, message: str, *, principal: str, operations: Sequence[str] = (), resource: str = "") -> None:
-        super().__init__(" ".join(message.split()))
-        self.principal = principal
-        self.operations = tuple(operations)
-        self.resource = resource
-
-    @property
-    def operation(self) -> str:
-        """The missing operations, comma-separated (empty for a failed login)."""
-        return ", ".join(self.operations)
 
 
 def _secret_from_file(path: str, where: str) -> str:
@@ -156,7 +128,13 @@ def principal(security: Mapping[str, Any]) -> str:
     return "User:ANONYMOUS"
 
 
-def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
+def server_list(bootstrap_servers: str | Sequence[str]) -> list[str]:
+    """The ``host:port`` entries of a ``bootstrap_servers`` setting (a comma-separated string, or
+    a list of them); :class:`KafkaConnectorError` when there are none.
+
+    >>> server_list(" a:1, b:2"), server_list(["a:1,b:2", "c:3"])
+    (['a:1', 'b:2'], ['a:1', 'b:2', 'c:3'])
+    """
     servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
     servers = [s.strip() for part in servers for s in part.split(",") if s.strip()]
     if not servers:
@@ -196,7 +174,7 @@ class KafkaConnection:
         if self.client not in CLIENTS:
             raise KafkaConnectorError(f"client must be kafka-python or confluent, got {self.client!r}")
         object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in (*SECURITY_KEYS, *FILE_KEYS)}))
-        object.__setattr__(self, "servers", _servers(self.bootstrap_servers))
+        object.__setattr__(self, "servers", server_list(self.bootstrap_servers))
 
     @property
     def principal(self) -> str:

@@ -12,7 +12,8 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from connectors.kafka.access import Grant
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, _servers, takes_connection
+from connectors.kafka.connection import KafkaConnection, server_list, takes_connection
+from connectors.kafka.errors import KafkaConnectorError
 from connectors.kafka.topics import TopicSpec
 from stream_vips.io import DeadLetter
 
@@ -178,7 +179,7 @@ def dead_letter_reasons(bootstrap_servers: str | Sequence[str], topic: str, *,
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=_servers(bootstrap_servers), group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(bootstrap_servers=server_list(bootstrap_servers), group_id=None, enable_auto_commit=False,
                              **dict(security or {}))
     counts: Counter = Counter()
     try:

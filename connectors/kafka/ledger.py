@@ -9,10 +9,11 @@ import json
 import time
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _discard, _grant, check_access, denial
-from connectors.kafka.admin import _retriable, read_topic
+from connectors.kafka.access import Grant, check_access, denial, discard_producer, grant_for
+from connectors.kafka.admin import read_topic
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, KafkaPublishError, log, takes_connection
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import KafkaConnectorError, KafkaPublishError, retriable
 from connectors.kafka.topics import TopicSpec, describe_cluster, too_few_brokers
 from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
                                         replay_lines)
@@ -118,10 +119,10 @@ class KafkaLedger(LedgerSteps):
         try:
             self._producer.init_transactions()  # fences an older writer and aborts its open transaction
         except Exception as exc:
-            denied = denial(exc, connection.security, _grant(self._grants, "transactionalId", "Write"))
+            denied = denial(exc, connection.security, grant_for(self._grants, "transactionalId", "Write"))
             if denied is None:
                 raise
-            _discard(self._producer)
+            discard_producer(self._producer)
             raise denied from None
         self._failed: Exception | None = None
         genesis, self._events, self._positions, self._windows = self._replay()
@@ -161,7 +162,7 @@ class KafkaLedger(LedgerSteps):
     def _replay(self) -> tuple[dict | None, list, list, list]:
         return read_ledger_topic(self._connection.servers, self.topic, self.name,
                                  security=self._connection.security, timeout_s=self.send_timeout_s,
-                                 why=_grant(self._grants, "topic", "Read").why)
+                                 why=grant_for(self._grants, "topic", "Read").why)
 
     def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
         """Commit ``(event, position)`` entries as the next steps, all in one transaction (a
@@ -209,7 +210,7 @@ class KafkaLedger(LedgerSteps):
                     log.error("aborting the ledger transaction failed (%s): outcome of %s unknown", abort_exc, what)
                     self._failed = error
                     raise error from exc
-                if not _retriable(error) or time.monotonic() >= deadline:
+                if not retriable(error) or time.monotonic() >= deadline:
                     raise error from exc
                 log.warning("%s; retrying", error)
                 time.sleep(0.5)

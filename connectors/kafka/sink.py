@@ -14,11 +14,11 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from connectors.kafka.access import Grant, _discard, _grant, denial
-from connectors.kafka.admin import _retriable, read_topic
+from connectors.kafka.access import Grant, denial, discard_producer, grant_for
+from connectors.kafka.admin import read_topic
 from connectors.kafka.clients import producer_client
-from connectors.kafka.connection import (KafkaConnection, KafkaConnectorError, KafkaPublishError, log,
-                                         takes_connection)
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import KafkaConnectorError, KafkaPublishError, retriable
 from connectors.kafka.topics import TopicSpec
 
 #: Headers of a chunked model message (all chunks of one message share ``message_id``).
@@ -149,7 +149,7 @@ class KafkaModelSink:
                 self._send_transaction(records, partition, what)
                 return
             except KafkaPublishError as exc:
-                if not _retriable(exc) or time.monotonic() >= deadline:
+                if not retriable(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("%s: %s; retrying", what, exc)
                 time.sleep(0.5)
@@ -159,10 +159,10 @@ class KafkaModelSink:
         try:
             producer.init_transactions()
         except Exception as exc:
-            denied = denial(exc, self._connection.security, _grant(self._grants, "transactionalId", "Write"))
+            denied = denial(exc, self._connection.security, grant_for(self._grants, "transactionalId", "Write"))
             if denied is None:
                 raise
-            _discard(producer)
+            discard_producer(producer)
             raise denied from None
         return producer
 
@@ -193,7 +193,7 @@ class KafkaModelSink:
         found = None
         assembler = Reassembler()
         for rec in read_topic(self._connection.servers, self.topic, security=self._connection.security,
-                              timeout_s=self.publish_timeout_s, why=_grant(self._grants, "topic", "Read").why):
+                              timeout_s=self.publish_timeout_s, why=grant_for(self._grants, "topic", "Read").why):
             whole = assembler.add(rec.key, rec.value, rec.headers)
             if whole is not None and whole[0] == key:
                 found = whole[1]

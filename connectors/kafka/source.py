@@ -1,5 +1,6 @@
 """Kafka record source: :class:`KafkaSource`, a consumer-group member with manual offset commits
-and bounded polls, and the rebalance listener that commits before partitions are revoked.
+and bounded polls, and the rebalance hooks through which its client library commits before
+partitions are revoked (:class:`~connectors.kafka.rebalance.Rebalance`).
 
 While an update runs long (no ``poll()`` for ``long_update_s``) a keep-alive thread pauses the
 assigned partitions and keeps polling, so the member is not evicted for exceeding
@@ -13,12 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from connectors.kafka.access import Grant, check_access
-from connectors.kafka.admin import _retriable
-from connectors.kafka.clients import CommitRefused, consumer_client
-from connectors.kafka.connection import KafkaConnection, KafkaConnectorError, log, takes_connection
+from connectors.kafka.clients import consumer_client
+from connectors.kafka.connection import KafkaConnection, log, takes_connection
+from connectors.kafka.errors import CommitRefused, KafkaConnectorError, retriable
 from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec
 from stream_vips.io import Coverage, RawRecord, RecordBatch
 
@@ -237,7 +238,7 @@ class KafkaSource:
                 log.warning("offset commit refused after a rebalance: %s", exc)
                 return
             except Exception as exc:
-                if not _retriable(exc) or time.monotonic() >= deadline:
+                if not retriable(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("offset commit failed (%s); retrying", exc)
                 time.sleep(0.5)
@@ -378,55 +379,3 @@ class KafkaSource:
     def assigned(self, assigned: set[Any]) -> dict[Any, int]:
         """The checkpoint offsets to start newly assigned partitions at (each applies once)."""
         return {tp: self._seek.pop(tp) for tp in assigned if tp in self._seek}
-
-
-def partitions_lost(lost: Iterable[Any]) -> None:
-    """Evicted from the group (no poll or heartbeat in time): the partitions already have new
-    owners, which resume from the last commit, so there is nothing left to commit here."""
-    log.warning("partitions lost to an eviction (records since the last commit are consumed again): %s",
-                sorted(f"{tp[0]}/{tp[1]}" for tp in lost))
-
-
-def _listener_base() -> type:
-    from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
-
-    return AsyncConsumerRebalanceListener
-
-
-class _SeekListener(_listener_base()):
-    """kafka-python's rebalance listener over :class:`KafkaSource`'s hooks: commits processed
-    offsets before partitions are revoked, applies :meth:`KafkaSource.seek` offsets when
-    partitions are assigned, keeps pauses.
-
-    kafka-python 3 runs rebalance listeners on the consumer's IO thread, where the blocking
-    ``commit()`` refuses to run, so the listener is the async kind and awaits the commit
-    (:meth:`~connectors.kafka.clients.KafkaPythonConsumer.commit_in_callback`).
-    """
-
-    def __init__(self, source: KafkaSource) -> None:
-        self.source = source
-
-    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-        from kafka.errors import CommitFailedError, KafkaError
-
-        src = self.source
-        offsets = src.revoking(set(revoked))
-        if not offsets:
-            return
-        try:
-            await src._client.commit_in_callback(offsets, src.commit_timeout_ms / 1000)
-        except (CommitFailedError, KafkaError) as exc:
-            log.warning("offset commit before revocation failed (records may be consumed twice): %s", exc)
-            return
-        src.revoke_committed(offsets)
-
-    async def on_partitions_lost(self, lost: Iterable[Any]) -> None:
-        partitions_lost(lost)
-
-    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
-        src = self.source
-        assigned = set(assigned)
-        for tp, offset in src.assigned(assigned).items():
-            src._consumer.seek(tp, offset)
-        if src.halted:
-            src._consumer.pause(*assigned)

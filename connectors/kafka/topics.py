@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from connectors.kafka.access import Grant
 from connectors.kafka.admin import ensure_topic
-from connectors.kafka.connection import KafkaConnection, _servers
+from connectors.kafka.connection import KafkaConnection, server_list
 
 #: ``replication_factor`` of a spec that leaves it to the broker (``default.replication.factor``).
 BROKER_DEFAULT = -1
@@ -101,7 +101,7 @@ def describe_cluster(servers: str | Sequence[str], security: Mapping[str, Any]) 
     replicas) are not counted."""
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=_servers(servers), **dict(security))
+    admin = KafkaAdminClient(bootstrap_servers=server_list(servers), **dict(security))
     try:
         brokers = [b for b in admin.describe_cluster().get("brokers") or () if not b.get("is_fenced")]
         return len(brokers), set(admin.list_topics())
