@@ -74,8 +74,8 @@ def test_restart_from_checkpoint_continues_exactly_like_an_uninterrupted_run(tmp
 
     saves = []
     save = Checkpoint.save
-    monkeypatch.setattr(Checkpoint, "save", lambda self, app, offsets: (
-        saves.append((dict(offsets), app.reservoir.seen)), save(self, app, offsets))[1])
+    monkeypatch.setattr(Checkpoint, "save", lambda self, learner, offsets: (
+        saves.append((dict(offsets), learner.reservoir.seen)), save(self, learner, offsets))[1])
     path = tmp_path / "state" / "ckpt.npz"
     ledger = MemoryLedger()
     first = _app(OffsetSource(values, stop_at=1700), ledger, decode_workers)
@@ -102,13 +102,13 @@ def test_restart_from_checkpoint_continues_exactly_like_an_uninterrupted_run(tmp
 def test_checkpoint_refuses_another_family_and_sources_without_offsets(tmp_path):
     app = _app(OffsetSource(linreg_records(10)), MemoryLedger())
     ckpt = Checkpoint(tmp_path / "c.npz")
-    ckpt.save(app, {("t", 0): 0})
+    ckpt.save(app.learner, {("t", 0): 0})
     state = ckpt.load()
     state["model_family"] = "lda"
     from stream_vips.service import checkpoint as cp
     (tmp_path / "c.npz").write_bytes(cp._pack(state))
     with pytest.raises(CheckpointError, match="family 'lda'"):
-        Checkpoint(tmp_path / "c.npz").restore(app)
+        Checkpoint(tmp_path / "c.npz").restore(app.learner)
 
     class NoOffsets(OffsetSource):
         positions = None

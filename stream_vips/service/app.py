@@ -45,6 +45,7 @@ from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
                             RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
 from stream_vips.core.learner import PrivateLearner, reject_keyless
+from stream_vips.service.checkpoint import CheckpointError, CheckpointHook, attach
 from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
 
@@ -134,6 +135,7 @@ class Application:
         self.source_check_s = float(source_check_s)
         self._source_check_at: float | None = None  # monotonic time of the next coverage check
         self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
+        self._checkpoint: CheckpointHook | None = None
         self._dead_letter_failure: Exception | None = None
         self._decoder: InlineDecoder | ProcessDecoder | DeferredDecoder = InlineDecoder(learner.model)
         self._inflight: collections.deque[tuple[Any, dict | None, list[bytes]]] = collections.deque()  # (raws, positions after, values)
@@ -205,12 +207,11 @@ class Application:
                 **connectors, **parts,
             )
             if cfg.runtime.checkpoint_path is not None:
-                from stream_vips.service.checkpoint import CheckpointError, attach
-
                 try:
                     attach(app, cfg.runtime.checkpoint_path, cfg.runtime.checkpoint_interval_s)
                 except CheckpointError as exc:
                     raise ConfigError(f"runtime.checkpoint_path: {exc}") from exc
+                app.metrics.reservoir_records.set(app.reservoir.size)
             learner.check_window_position()  # after the checkpoint's restore, before anything is read
             if cfg.privacy.ledger.paying_ahead():
                 learner.pay_ahead(app.source.total() if isinstance(app.source, FiniteSource) else None)
@@ -328,15 +329,29 @@ class Application:
             self._apply(raws, batch, values)
             self._applied = positions
 
+    def checkpoint_with(self, hook: CheckpointHook) -> None:
+        """Checkpoint the learner before every commit of the (seekable) source (:mod:`.checkpoint`)."""
+        self._checkpoint = hook
+
     def _commit(self, final: bool = False) -> None:
         """Commit the source up to the applied batches (without positions: when none is in
         flight), after every dead letter of those batches is confirmed; ``final`` commits (and
-        checkpoints) now, whatever the source's interval."""
+        checkpoints) now, whatever the source's interval. With a checkpoint, the learner's state
+        for the positions is written first, at most every checkpoint interval (a skipped
+        checkpoint skips its commit)."""
         self._confirm_dead_letters()
+        if self._applied is None and self._inflight:
+            return
+        if self._checkpoint is not None:
+            if final or self._checkpoint.due():
+                positions = self._applied if self._applied is not None else self.source.positions()
+                self._checkpoint.save(self.learner, positions)
+                self.source.commit_now(positions)
+            return
         commit = self.source.commit_now if final and isinstance(self.source, SeekableSource) else self.source.commit
         if self._applied is not None:
             commit(self._applied)
-        elif not self._inflight:
+        else:
             commit()
 
     def _confirm_dead_letters(self) -> None:
@@ -403,6 +418,8 @@ class Application:
             self._confirm_dead_letters()
         except DeadLetterError:  # recorded: the loop raises it at its next commit
             return None
+        if self._applied and self._checkpoint is not None:  # the next owner starts after these records
+            self._checkpoint.save(self.learner, self._applied)
         return self._applied
 
     def _check_source(self) -> None:

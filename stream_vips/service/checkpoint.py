@@ -25,12 +25,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from stream_vips.errors import StreamVipsError
-from stream_vips.io import LagReporting, RawRecord, SeekableSource
+from stream_vips.io import SeekableSource
 from stream_vips.core.learner import StateMismatch
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
@@ -101,9 +101,9 @@ class Checkpoint:
         self.path = Path(path)
         self.writes = 0
 
-    def save(self, app: Any, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Write the learner's state (:meth:`PrivateLearner.state`) and ``offsets`` atomically."""
-        data = _pack({**app.learner.state(), "offsets": dict(offsets)})
+    def save(self, learner: Any, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Write ``learner``'s state (:meth:`PrivateLearner.state`) and ``offsets`` atomically."""
+        data = _pack({**learner.state(), "offsets": dict(offsets)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -136,96 +136,42 @@ class Checkpoint:
         except (ValueError, KeyError, OSError) as exc:
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc}") from exc
 
-    def restore(self, app: Any) -> dict[tuple[str, int], int] | None:
-        """Load the checkpoint into ``app``'s learner; returns its offsets (``None``: no checkpoint).
+    def restore(self, learner: Any) -> dict[tuple[str, int], int] | None:
+        """Load the checkpoint into ``learner``; returns its offsets (``None``: no checkpoint).
         State of another family or layout raises :class:`CheckpointError`; state the ledger did
         not pay for raises ``LedgerMismatch``."""
         state = self.load()
         if state is None:
             return None
         try:
-            app.learner.load_state(state, what=f"checkpoint {self.path}")
+            learner.load_state(state, what=f"checkpoint {self.path}")
         except StateMismatch as exc:
             raise CheckpointError(str(exc)) from exc
-        app.metrics.reservoir_records.set(app.reservoir.size)
         return state["offsets"]
 
 
-class CheckpointingSource:
-    """Wraps a source with ``positions()`` / ``seek()`` (the Kafka source) so that a
-    ``commit()`` first writes the checkpoint for the positions being committed.
+class CheckpointHook:
+    """The run loop's checkpoint: before the source is committed at some positions, the learner's
+    state is written for exactly those positions (:meth:`save`), at most every ``interval_s``
+    (:meth:`due`; always for a final commit and before partitions are given up). A skipped
+    checkpoint skips its commit too: more records are consumed again after a crash, never one lost."""
 
-    ``interval_s > 0`` checkpoints (and commits) at most that often: a skipped commit only means
-    more records are consumed again after a crash, never that one is lost.
-    """
-
-    def __init__(self, source: Any, checkpoint: Checkpoint, app: Any, interval_s: float = 0.0) -> None:
-        self.inner = source
+    def __init__(self, checkpoint: Checkpoint, interval_s: float = 0.0) -> None:
         self.checkpoint = checkpoint
-        self.app = app
         self.interval_s = float(interval_s)
         self._last = float("-inf")
-        self._before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
 
-    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
-        return self.inner.poll(max_records, timeout_s)
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.interval_s
 
-    def commit(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
-        """Checkpoint, then commit, at ``positions`` (default: after every record returned), at
-        most every ``interval_s``."""
-        if time.monotonic() - self._last >= self.interval_s:
-            self.commit_now(positions)
-
-    def commit_now(self, positions: Mapping[tuple[str, int], int] | None = None) -> None:
-        """Checkpoint and commit whatever the interval (a graceful stop, a halt)."""
-        positions = self.inner.positions() if positions is None else dict(positions)
-        self.checkpoint.save(self.app, positions)
-        self.inner.commit_now(positions)  # the interval is ours
+    def save(self, learner: Any, positions: Mapping[tuple[str, int], int]) -> None:
+        self.checkpoint.save(learner, positions)
         self._last = time.monotonic()
-
-    def positions(self) -> dict[tuple[str, int], int]:
-        return self.inner.positions()
-
-    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        self.inner.seek(offsets)
-
-    @property
-    def before_revoke(self) -> Callable[[], Mapping[tuple[str, int], int] | None] | None:
-        """The pipeline's rebalance hook; the wrapped source calls it through :meth:`_revoke`,
-        which checkpoints the positions the hook returns before they are committed."""
-        return self._before_revoke
-
-    @before_revoke.setter
-    def before_revoke(self, hook: Callable[[], Mapping[tuple[str, int], int] | None] | None) -> None:
-        self._before_revoke = hook
-        self.inner.before_revoke = None if hook is None else self._revoke
-
-    def _revoke(self) -> Mapping[tuple[str, int], int] | None:
-        positions = self._before_revoke() if self._before_revoke is not None else None
-        if positions:
-            self.checkpoint.save(self.app, positions)
-        return positions
-
-    def lag(self) -> dict[tuple[str, int], int]:
-        """The wrapped source's lag per partition ({} when it does not know it)."""
-        return self.inner.lag() if isinstance(self.inner, LagReporting) else {}
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
-    @property
-    def exhausted(self) -> bool:
-        return self.inner.exhausted
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def attach(app: Any, path: str | os.PathLike, interval_s: float = 0.0) -> Checkpoint:
-    """Restore ``app`` from the checkpoint at ``path`` (if any) and checkpoint on every commit.
+    """Restore ``app``'s learner from the checkpoint at ``path`` (if any), seek the source to its
+    offsets and make the run loop checkpoint before every commit (:meth:`Application.checkpoint_with`).
 
     Call after building the application and before ``run()``. The source must offer
     ``positions()`` and ``seek(offsets)`` (:class:`connectors.kafka.KafkaSource` does).
@@ -234,9 +180,9 @@ def attach(app: Any, path: str | os.PathLike, interval_s: float = 0.0) -> Checkp
         raise CheckpointError(f"source {type(app.source).__name__} has no positions(), seek() and commit_now(); "
                               "cannot checkpoint offsets")
     ckpt = Checkpoint(path)
-    offsets = ckpt.restore(app)
+    offsets = ckpt.restore(app.learner)
     if offsets is not None:
         app.source.seek(offsets)
         app.restored(offsets)
-    app.source = CheckpointingSource(app.source, ckpt, app, interval_s)
+    app.checkpoint_with(CheckpointHook(ckpt, interval_s))
     return ckpt
