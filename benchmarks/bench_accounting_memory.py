@@ -156,7 +156,7 @@ def child_run_huge_budget(records: int) -> dict:
     killed at 18.6 GB): calibration, the headroom search and a report per published message."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     t = time.perf_counter()
@@ -173,7 +173,7 @@ def child_run_huge_budget(records: int) -> dict:
 def child_long_run(records: int) -> dict:
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     cfg = config_from_dict({

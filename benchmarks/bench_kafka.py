@@ -142,7 +142,7 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
     from what is shipped."""
     import yaml
 
-    from stream_vips.config import load_config
+    from stream_vips.service.build import load_config
     from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
 
     kafka = {"bootstrap_servers": bootstrap, "client": client}
@@ -174,7 +174,7 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
 
 def pipeline(bootstrap: str, topic: str, n: int, name: str, client: str, round_no: int, tmp: Path) -> dict:
     """Consumption and end-to-end records/s of the pipeline in configuration ``name``."""
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     tag = f"bench-{name}-{client}-{round_no}-{os.getpid()}"

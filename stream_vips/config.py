@@ -8,8 +8,11 @@ dataset size) lives here and never depends on the data (privacy rule 5 in docs/p
 
 Connector sections (``source``, ``sink``, ``dead_letter``) hold a ``type`` plus that
 connector's constructor keyword arguments; ``model.params`` holds the model family's
-constructor keyword arguments. Both are checked against the constructor's signature. A model
-parameter named ``dataset_size`` (the public N of the M-step) defaults to the reservoir capacity.
+constructor keyword arguments. This module knows neither connectors nor models: the service
+checks the connector options (:func:`stream_vips.service.build.check`) and the core the model's
+(:func:`stream_vips.core.build.model_params`: a parameter named ``dataset_size``, the public N of
+the M-step, defaults to the reservoir capacity), both at start, each naming the key it refuses;
+:func:`stream_vips.load_config` and :func:`stream_vips.config_from_dict` do all of it at once.
 
 >>> cfg = config_from_dict({"privacy": {"epsilon": 2.0}}, env={"STREAM_VIPS__SAMPLING__RESERVOIR": "500",
 ...                                                             "STREAM_VIPS__SAMPLING__BATCH_SIZE": "50"})
@@ -41,7 +44,6 @@ import yaml
 from stream_vips.errors import ConfigError
 from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
 from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, MIN_NOISE_MULTIPLIER
-from stream_vips.models import MODEL_FAMILIES, model_class
 
 
 ENV_PREFIX = "STREAM_VIPS__"
@@ -477,24 +479,20 @@ def _deepcopy(data: Any) -> Any:
 
 
 def _connector(kind: str, data: Any) -> ConnectorConfig:
-    from connectors import REGISTRIES, connector_class
-
+    """A connector section as its ``type`` and raw options (the service checks the options
+    against the connector, :func:`stream_vips.service.build.check`)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{kind}: expected a mapping, got {data!r}")
     default = {"source": _default_source, "sink": _default_sink, "dead_letter": _default_dead_letter}[kind]()
     type_name = data.get("type", default.type)
+    if not isinstance(type_name, str):
+        raise ConfigError(f"{kind}.type: expected a connector name, got {type_name!r}")
     options = {k: v for k, v in data.items() if k != "type"}
     if "type" not in data:
         options = {**default.options, **options}
-    if type_name not in REGISTRIES[kind]:
-        raise ConfigError(f"{kind}.type: unknown {kind} type {type_name!r} (known: {', '.join(sorted(REGISTRIES[kind]))})")
-    try:
-        cls = connector_class(kind, type_name)
-    except ImportError as exc:
-        raise ConfigError(f"{kind}.type: connector {type_name!r} is not available: {exc}") from None
-    return ConnectorConfig(type_name, check_kwargs(cls, options, kind))
+    return ConnectorConfig(type_name, options)
 
 
 def _validate(cfg: Config) -> None:
@@ -576,11 +574,6 @@ def _check_ledger(ledger: LedgerConfig) -> None:
         if ledger.options:
             raise ConfigError(f"privacy.ledger.options: only a kafka ledger takes options, not {ledger.type!r}")
         return
-    try:
-        from connectors.kafka import KafkaLedger
-    except ImportError as exc:
-        raise ConfigError(f"privacy.ledger.type: the kafka ledger is not available: {exc}") from None
-    ledger.options = check_kwargs(KafkaLedger, ledger.options, "privacy.ledger.options")
     if not ledger.options.get("bootstrap_servers"):
         raise ConfigError("privacy.ledger.options.bootstrap_servers: required for a kafka ledger")
     if not (ledger.options.get("name") or ledger.options.get("ledger_id")):
@@ -607,15 +600,8 @@ def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | No
         else:
             kwargs[name] = _build_dataclass(hints[name], raw[name], name)
     cfg = Config(**kwargs)
-    cls = model_class(cfg.model.family)
-    params = {**DEFAULT_MODEL_PARAMS.get(cfg.model.family, {}), **cfg.model.params}
-    if "dataset_size" in inspect.signature(cls.__init__).parameters:
-        params.setdefault("dataset_size", cfg.sampling.reservoir)
-    cfg.model.params = check_kwargs(cls, params, "model.params")
     _check_ledger(cfg.privacy.ledger)
     _validate(cfg)
-    if cfg.privacy.unit == "key" and not cls.supports_key_unit:
-        raise ConfigError(f"privacy.unit: key is not supported by the {cfg.model.family} family: {cls.key_unit_note}")
     return cfg
 
 

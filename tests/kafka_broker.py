@@ -121,7 +121,7 @@ def build_app(spec: dict):
     """An Application from ``spec`` = {"config": ..., "ledger_topic", "ledger_id", ["checkpoint"]}
     with the Kafka ledger configured as ``privacy.ledger`` (type kafka), and (when ``checkpoint``
     is given) the reservoir checkpoint attached."""
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     config = {**spec["config"]}

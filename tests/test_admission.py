@@ -16,7 +16,8 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import PrivateLearner
-from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.config import ConfigError
+from stream_vips.service.build import config_from_dict
 from stream_vips.io import RecordBatch
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.service.app import Application

@@ -62,7 +62,7 @@ from stream_vips.audit.end_to_end import ReleaseCapture, copies_in_reservoir, fi
 from stream_vips.audit.families import AUDIT_DELTA, FAMILY_AUDITS, pair_sensitivity
 from stream_vips.audit.release import claimed_epsilon
 from stream_vips.audit.stats import AuditResult, audit_samples, ideal_lower_bound
-from stream_vips.config import config_from_dict
+from stream_vips.service.build import config_from_dict
 from stream_vips.service.app import Application
 from stream_vips.privacy.ledger import MemoryLedger
 

@@ -11,8 +11,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from stream_vips.config import (DEFAULT_MODEL_PARAMS, Config, ConfigError, ConnectorConfig, config_from_dict,
-                                 load_config)
+from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, ConfigError, ConnectorConfig
+from stream_vips.service.build import config_from_dict, load_config
 from stream_vips.service.app import Application
 
 
@@ -187,7 +187,8 @@ def test_dataclass_defaults_construct_without_validation_errors():
 
 
 def test_kafka_ledger_options_are_checked_and_name_the_key():
-    from stream_vips.config import ConfigError, config_from_dict
+    from stream_vips.config import ConfigError
+    from stream_vips.service.build import config_from_dict
 
     with pytest.raises(ConfigError, match="privacy.ledger.options.bootstrap_servers"):
         config_from_dict({"privacy": {"ledger": {"type": "kafka"}}}, env={})
@@ -208,7 +209,7 @@ def test_default_yaml_names_every_model_family():
     """The family comment in default.yaml is the list a user picks from: it names every registered family."""
     from importlib import resources
 
-    from stream_vips.config import MODEL_FAMILIES
+    from stream_vips.models import MODEL_FAMILIES
 
     text = resources.files("stream_vips").joinpath("data", "default.yaml").read_text()
     line = next(x for x in text.splitlines() if x.strip().startswith("family:"))

@@ -45,7 +45,8 @@ def test_an_unknown_client_is_one_clear_error():
 
 
 def test_the_client_is_chosen_in_the_connector_options_of_a_config_file():
-    from stream_vips.config import ConfigError, config_from_dict
+    from stream_vips.config import ConfigError
+    from stream_vips.service.build import config_from_dict
 
     section = {"type": "kafka", "bootstrap_servers": "localhost:9", "topics": "t", "client": "confluent"}
     cfg = config_from_dict({"model": {"family": "linreg", "params": {"dim": 2}}, "source": section}, env={})
@@ -85,7 +86,7 @@ def test_librdkafka_logs_reach_only_the_guarded_client_logger(debug_logging, mon
 def test_guarded_debug_run_on_the_confluent_client_leaks_no_canary(kafka_bootstrap, tmp_path, debug_logging,
                                                                    monkeypatch):
     """The canary pipeline of test_log_safety.py with every connector on confluent-kafka."""
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)

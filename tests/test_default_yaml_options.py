@@ -8,7 +8,7 @@ from importlib import resources
 
 from connectors import REGISTRIES, connector_class
 from connectors.kafka import KafkaLedger
-from stream_vips.privacy.ledger import LEDGERS
+from stream_vips.service.build import LEDGERS
 
 TEXT = resources.files("stream_vips").joinpath("data", "default.yaml").read_text(encoding="utf-8")
 #: The phrase a comment starts an option list with, and the connector whose options it lists.

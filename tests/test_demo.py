@@ -16,7 +16,8 @@ from connectors.synthetic import (MALFORMED_DOCUMENTS, MALFORMED_KINDS, Syntheti
                                   SyntheticLogisticSource, _fill)
 from stream_vips import messages
 from stream_vips.cli import main
-from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.config import ConfigError
+from stream_vips.service.build import config_from_dict
 from stream_vips.cli.demo import FAMILIES
 from stream_vips.models.lda import topic_recovery
 from stream_vips.service.app import Application

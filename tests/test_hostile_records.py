@@ -28,7 +28,7 @@ from connectors.kafka import kafka_python, source as source_module
 from connectors.kafka.dead_letters import MAX_REQUEST_BYTES, SIZE_MARGIN, fitted
 from connectors.kafka.source import KafkaSource
 from connectors.memory import MemorySink
-from stream_vips.config import config_from_dict
+from stream_vips.service.build import config_from_dict
 from stream_vips.io import DeadLetter
 from stream_vips.service.app import Application
 from stream_vips.core.data.records import REASONS

@@ -8,7 +8,7 @@ tools/k8s/crds), strictly: an unknown field fails as it does under the API serve
 validation, except where the CRD preserves unknown fields; their metadata with the core ObjectMeta
 schema. Alert rules with ``promtool check rules`` and the unit
 tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
-also held to the code they deploy: the mounted config loads with :func:`stream_vips.config.load_config`,
+also held to the code they deploy: the mounted config loads with :func:`stream_vips.service.build.load_config`,
 metric names exist in :class:`stream_vips.service.metrics.Metrics`, ports, paths and topics agree.
 
 Tools come from .ci/k8s-setup.sh. Outside CI a missing tool skips the tests that need it; in CI
@@ -548,7 +548,7 @@ def _pod_env(c: dict[str, Any], pod_name: str = "stream-vips-0") -> dict[str, st
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_mounted_config_loads_with_the_real_config_loader(overlay: str) -> None:
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
 
     docs = render(overlay)
     c = container(docs)

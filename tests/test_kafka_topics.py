@@ -222,7 +222,7 @@ def test_without_weak_durability_the_ledger_error_names_the_keys_that_fix_it(kaf
 
 
 def test_the_production_kafka_ledger_of_the_deploy_guide_is_valid_and_durable():
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
 
     snippet = re.search(r"```yaml\n(  ledger:\n.*?)```", (ROOT / "docs" / "deploy.md").read_text(), flags=re.S)
     config = yaml.safe_load((ROOT / "k8s" / "base" / "app" / "config.yaml").read_text())

@@ -11,7 +11,8 @@ import pytest
 from stream_vips import PrivateLearner, messages
 from stream_vips.audit.release import AUDIT_BUDGET, claimed_epsilon, flatten
 from stream_vips.audit.stats import audit_samples
-from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.config import ConfigError
+from stream_vips.service.build import config_from_dict
 from stream_vips.core.engine import PrivateEngine, allocation_weights
 from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
 from stream_vips.models.base import group_gram_norms, group_sum

@@ -399,7 +399,7 @@ def test_pipeline_run_publishes_lda_with_the_ledgers_epsilon():
     """`stream-vips run` path: config -> Application with memory connectors -> messages."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
     from stream_vips.client import posterior_from_message
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     rng = np.random.default_rng(20)

@@ -114,7 +114,7 @@ def debug_logging() -> Iterator[_Capture]:
 def _run_in_process(bootstrap: str, tmp: Path, capture: _Capture) -> tuple[Any, Any, dict[str, Any]]:
     """Build (this is where the library installs the guard) and run the pipeline; ``capture``
     holds what the pipeline logged, not the test's own producer."""
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     cfg = _config(bootstrap, tmp)

@@ -18,7 +18,7 @@ from connectors.kafka.source import KafkaSource
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import main
-from stream_vips.config import config_from_dict
+from stream_vips.service.build import config_from_dict
 from stream_vips.cli.console import Progress
 from stream_vips.io import Coverage
 from stream_vips.service.app import Application
@@ -221,19 +221,19 @@ def test_progress_shows_the_rate_since_the_last_line(tmp_path):
 def test_a_failed_start_closes_the_connectors_it_built(tmp_path, monkeypatch):
     """A Kafka source left open after a refused start stays a group member until its session
     times out and holds up the next start: every connector built is closed again."""
-    import stream_vips.service.app as pipeline
+    import stream_vips.service.build as build
     from stream_vips.config import ConfigError
 
     closed: list[str] = []
-    real = pipeline.build_connector
+    real = build.connector
 
-    def recording(kind: str, type_name: str, options: dict) -> Any:
-        connector = real(kind, type_name, options)
+    def recording(kind: str, cfg: Any) -> Any:
+        connector = real(kind, cfg)
         close = connector.close
         connector.close = lambda: (closed.append(kind), close())[1]  # type: ignore[method-assign]
         return connector
 
-    monkeypatch.setattr(pipeline, "build_connector", recording)
+    monkeypatch.setattr(build, "connector", recording)
     records = tmp_path / "records.jsonl"
     records.write_bytes(b"\n".join(lines(10)) + b"\n")
     (tmp_path / "ckpt").mkdir()

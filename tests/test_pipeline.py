@@ -25,7 +25,8 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
 from stream_vips.service.checkpoint import Checkpoint
-from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.config import ConfigError
+from stream_vips.service.build import config_from_dict
 from stream_vips.io import RawRecord
 from stream_vips.service.app import Application, DeadLetterError, PublishError
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant

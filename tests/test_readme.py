@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from stream_vips.config import config_from_dict
+from stream_vips.service.build import config_from_dict
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -128,7 +128,7 @@ def test_the_readme_kafka_configuration_starts_on_one_broker(kafka_bootstrap, ca
     broker weakens."""
     from kafka import KafkaAdminClient
 
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
 
     section = README[README.index("## Running on your own stream"):]

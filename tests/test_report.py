@@ -20,7 +20,7 @@ import stream_vips.cli as cli
 from connectors.memory import MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import report as sv_report
-from stream_vips.config import config_from_dict
+from stream_vips.service.build import config_from_dict
 from stream_vips.service.app import Application
 from stream_vips.privacy.accountant import make_accountant
 from stream_vips.privacy.events import SubsampledGaussianEvent

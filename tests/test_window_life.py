@@ -17,7 +17,8 @@ import pytest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from stream_vips import PrivateLearner
-from stream_vips.config import ConfigError, config_from_dict
+from stream_vips.config import ConfigError
+from stream_vips.service.build import config_from_dict
 from stream_vips.errors import StepRefused
 from stream_vips.io import RawRecord
 from stream_vips.service.app import Application

@@ -76,7 +76,7 @@ def environment_notes(env: Mapping[str, str]) -> list[str]:
 def effective(path: str | None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The validated configuration after overrides, in its YAML layout, secrets redacted.
     Raises :class:`~stream_vips.config.ConfigError` naming a bad key."""
-    from stream_vips.config import load_config
+    from stream_vips.service.build import load_config
 
     return redact(load_config(path, env).to_dict())
 

@@ -223,7 +223,7 @@ def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private
         data["sink"] = {"type": "memory"}
         data["dead_letter"] = {"type": "memory"}
         data["metrics"] = {"enabled": False}
-    from stream_vips.config import config_from_dict
+    from stream_vips.service.build import config_from_dict
 
     return config_from_dict(data, env={})
 

@@ -81,7 +81,8 @@ def keep_aside(path: Path, stamp: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
-    from stream_vips.config import ConfigError, load_config
+    from stream_vips.config import ConfigError
+    from stream_vips.service.build import load_config
     from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerLocked
 
     if not args.yes:

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from stream_vips.cli import console
-    from stream_vips.config import ConfigError, load_config
+    from stream_vips.config import ConfigError
+    from stream_vips.service.build import load_config
     from stream_vips.errors import StreamVipsError
     from stream_vips.logsafety import guard_client_logging
     from stream_vips.service.app import Application, DeadLetterError, PublishError

@@ -95,7 +95,8 @@ def planned_topics(config: Config, partitions: int) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
-    from stream_vips.config import ConfigError, load_config
+    from stream_vips.config import ConfigError
+    from stream_vips.service.build import load_config
     from stream_vips.cli.inspect import BrokerUnreachable
 
     def fail(line: str, code: int) -> int:

@@ -54,21 +54,14 @@ import numpy as np
 from stream_vips import messages
 from stream_vips.core.data import records
 from stream_vips.core.data.decoding import DecodedBatch, decode_batch
-from stream_vips.core.engine import PrivateEngine, StepResult, allocation_diameter
-from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
-from stream_vips.errors import StepRefused, StreamVipsError
-from stream_vips.models import model_class
-from stream_vips.models.base import Model
-from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
-from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import Ledger, LedgerMismatch, build_ledger, check_binding
-from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.core import build
+from stream_vips.core.data.key_reservoir import MISSING_KEY, key_ids
 from stream_vips.core.data.records import tabular, top_reasons
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import make_sampler
-from stream_vips.core.data.schedule import Trigger
-from stream_vips.core.data.window import WindowReservoir, window_steps
+from stream_vips.core.data.reservoir import ReservoirLike
+from stream_vips.core.engine import StepResult
+from stream_vips.errors import StepRefused, StreamVipsError
+from stream_vips.models.base import Model
+from stream_vips.privacy.ledger import Ledger, LedgerMismatch, check_binding
 
 log = logging.getLogger("stream_vips.core.learner")
 
@@ -103,87 +96,17 @@ class PrivateLearner:
             raise TypeError("pass either a configuration or a family with keyword options, not both")
         self.config = config
         cfg = config
-        try:
-            self.model: Model = model_class(cfg.model.family)(**cfg.model.params)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"model.params: {exc}") from exc
+        built = build.parts(cfg, ledger)
+        self.model: Model = built.model
         self.model_id = cfg.model.id
-        rng, seeded = make_rng(cfg.privacy.seed)
-        reservoir_rng, engine_rng = rng.spawn(2)
-        self.unit = getattr(cfg.privacy, "unit", "record")
-        if self.unit == "key":  # privacy rule 12: key slots of at most max_records_per_key records
-            self.reservoir: Reservoir = KeyReservoir(self.model.row_layout(), cfg.sampling.reservoir,  # type: ignore[assignment]
-                                                     cfg.privacy.max_records_per_key, reservoir_rng)
-        elif cfg.sampling.reservoir_policy == "window":
-            self.reservoir = WindowReservoir(self.model.row_layout(), cfg.sampling.reservoir,
-                                                        reservoir_rng, rate=cfg.sampling.window_rate)
-        else:
-            self.reservoir = Reservoir(self.model.row_layout(), cfg.sampling.reservoir, reservoir_rng)
-        window = (window_steps(cfg.sampling.reservoir, cfg.schedule.every_records)
-                  if cfg.privacy.accounting == "window" else None)
-        self.window_steps = window
-        try:
-            sampler = make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
-        except ValueError as exc:
-            raise ConfigError(f"sampling: {exc}") from exc
-        self.trigger = Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds)
-        self.ledger: Ledger | None = None
-        self._owns_ledger = False
-        non_private = cfg.privacy.mode == "non_private"
-        try:
-            if self.unit == "key" and not self.model.supports_key_unit:
-                raise ConfigError(f"privacy.unit: key is not supported by the {self.model.family} family: "
-                                  f"{self.model.key_unit_note}")
-            diameter = allocation_diameter(self.model, cfg.privacy.block_weights, self.unit)
-        except ValueError as exc:
-            key = "privacy.block_weights" if "block_weights" in str(exc) else "model.family"
-            raise ConfigError(f"{key}: {exc}") from exc
-        monitor, z, accountant_name = None, 0.0, "none"
-        if not non_private:
-            q = sampler.rate(self.reservoir.capacity)
-            try:
-                accountant = make_accountant(cfg.privacy.accountant, sampler.name)
-                accountant.check(SubsampledGaussianEvent(1.0, q, sampler.name, diameter=diameter))
-            except ValueError as exc:
-                raise ConfigError(f"privacy.accountant: {exc}") from exc
-            accountant_name = accountant.name
-            z = cfg.privacy.noise_multiplier
-            if z is None:
-                try:
-                    z = calibrate_noise_multiplier(
-                        cfg.privacy.epsilon, cfg.privacy.delta, q, window or cfg.privacy.planned_steps, sampler.name,
-                        accountant=accountant, diameter=diameter, rtol=cfg.privacy.calibration_rtol)
-                except (ValueError, ArithmeticError) as exc:
-                    raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
-            if ledger is None:
-                try:
-                    ledger = build_ledger(cfg.privacy.ledger.type, cfg.privacy.ledger.path,
-                                          cfg.privacy.ledger.options, name=cfg.model.id)
-                except OSError as exc:
-                    raise ConfigError(f"privacy.ledger.path: cannot open {cfg.privacy.ledger.path}: "
-                                      f"{exc.strerror or exc}") from exc
-                self._owns_ledger = True
-            self.ledger = ledger
-            try:
-                stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
-                monitor = BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, accountant, ledger,
-                                        prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride,
-                                        window=window, unit=self.unit)
-                if seeded and monitor.steps:
-                    # a seeded run restarted on a ledger draws fresh noise, never the noise of earlier steps
-                    engine_rng = np.random.default_rng(
-                        np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, monitor.steps)))
-            except BaseException:
-                self.close()
-                raise
-        try:
-            self.engine = PrivateEngine(
-                self.model, self.reservoir, sampler, monitor, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa,
-                accountant_name, block_weights=cfg.privacy.block_weights, seeded=seeded,
-                non_private=non_private, delta=cfg.privacy.delta, rho_min=cfg.schedule.rho_min, unit=self.unit)
-        except ValueError as exc:
-            self.close()
-            raise ConfigError(f"privacy: {exc}") from exc
+        self.unit = cfg.privacy.unit
+        self.reservoir: ReservoirLike = built.reservoir
+        self.window_steps = built.window_steps
+        self.trigger = built.trigger
+        self.ledger: Ledger | None = built.ledger
+        self._owns_ledger = built.owns_ledger
+        self.engine = built.engine
+        monitor, window = self.engine.monitor, built.window_steps
         self.steps_taken = 0
         self.skipped_steps = 0
         self.rejected: collections.Counter = collections.Counter()  # reasons of rejected arrivals (public)

@@ -41,7 +41,7 @@ import uuid
 import orjson
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from stream_vips.errors import StreamVipsError
 
@@ -507,30 +507,6 @@ def check_binding(ledger: Ledger, what: str, ledger_id: str | None, step: int | 
             f"{what} reflects {step} steps of ledger {ledger_id}, which holds only {held}: the ledger "
             "was rolled back; restore it, or run `stream-vips reset` to start a new budget deliberately")
 
-
-#: Ledger kinds: configuration ``privacy.ledger.type`` -> ``"module:Class"`` (imported on use).
-LEDGERS: dict[str, str] = {
-    "memory": "stream_vips.privacy.ledger:MemoryLedger",
-    "file": "stream_vips.privacy.ledger:FileLedger",
-    "kafka": "connectors.kafka:KafkaLedger",
-}
-
-
-def build_ledger(kind: str, path: str | os.PathLike, options: Mapping[str, Any], name: str) -> Ledger:
-    """Open the configured ledger: ``memory``; ``file`` at ``path`` (its directory is created);
-    ``kafka`` with ``options`` (configuration requires its ``name``: the budget is bound to it)."""
-    import importlib
-
-    if kind not in LEDGERS:
-        raise ValueError(f"unknown ledger type {kind!r} (known: {', '.join(sorted(LEDGERS))})")
-    module, _, attr = LEDGERS[kind].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if kind == "memory":
-        return cls()
-    if kind == "file":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return cls(path)
-    return cls(**{"ledger_id": name, **options})
 
 
 def read_first_line(path: Path) -> bytes:

@@ -36,7 +36,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from connectors import build_connector
 from stream_vips.config import Config, ConfigError
 from stream_vips.core.data.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, ProcessDecoder, decode_batch,
                                   make_decoder)
@@ -45,6 +44,7 @@ from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
                             RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
 from stream_vips.core.learner import PrivateLearner, reject_keyless
+from stream_vips.service import build
 from stream_vips.service.checkpoint import CheckpointError, CheckpointHook, attach
 from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
 from stream_vips.privacy.ledger import check_binding
@@ -172,11 +172,18 @@ class Application:
         connectors this way. A problem building a part raises ``ConfigError`` naming its section;
         state that the ledger did not pay for raises ``LedgerMismatch``.
         """
-        cfg = config
+        cfg = build.check(config)  # every key, before anything is created
         if "metrics_address" not in parts and cfg.metrics.enabled:
             port_free(cfg.metrics.host, cfg.metrics.port)  # before anything is created: nothing left behind
-        learner = PrivateLearner.from_config(cfg, ledger=parts.pop("ledger", None))
-        built: list[Any] = []  # connectors made here, closed here if the start fails
+        given = parts.pop("ledger", None)
+        opened = None if given is not None or cfg.privacy.mode == "non_private" else build.ledger(cfg)
+        try:
+            learner = PrivateLearner.from_config(cfg, ledger=given or opened)
+        except BaseException:
+            if opened is not None:
+                opened.close()
+            raise
+        built: list[Any] = [opened] if opened is not None else []  # made here, closed here if the start fails
         try:
             if learner.window_steps and cfg.runtime.checkpoint_path is None:  # before any connector exists
                 raise ConfigError(
@@ -188,11 +195,7 @@ class Application:
                 if kind in parts:
                     connectors[kind] = parts.pop(kind)
                     continue
-                conn = getattr(cfg, kind)
-                try:
-                    connectors[kind] = build_connector(kind, conn.type, conn.options)
-                except (TypeError, ValueError, OSError) as exc:
-                    raise ConfigError(f"{kind}: {exc}") from exc
+                connectors[kind] = build.connector(kind, cfg)
                 built.append(connectors[kind])
             metrics_address = parts.pop(
                 "metrics_address", (cfg.metrics.host, cfg.metrics.port) if cfg.metrics.enabled else None

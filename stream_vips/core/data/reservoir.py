@@ -45,7 +45,7 @@ batching can admit, from a copy of the generator, so a caller decodes them in on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -85,6 +85,38 @@ def admitted_mask(admission: Admission, n_rows: int, accepted: np.ndarray | None
         raise ValueError(f"accepted mask has {int(good.sum())} True entries of {good.size} for {n_rows} rows "
                          f"and {count} admitted arrivals")
     return good
+
+
+@runtime_checkable
+class ReservoirLike(Protocol):
+    """What the engine and the learner read of any reservoir (uniform, window, key slots): its
+    public size and fill, the validity of its slots, the rows of sampled slots and a state to
+    checkpoint. Membership is decided by positions and a generator only (privacy rule 1);
+    ``add_batch`` and ``admit`` differ by policy (key slots take the arrivals' keys)."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def seen(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    @property
+    def valid(self) -> np.ndarray: ...
+
+    @property
+    def layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]: ...
+
+    def candidates(self, n: int) -> np.ndarray | None: ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: Mapping[str, Any]) -> None: ...
 
 
 class Reservoir:

@@ -1,0 +1,192 @@
+"""A configuration turned into the parts of a :class:`~stream_vips.core.learner.PrivateLearner`.
+
+The wiring the learner needs, in the order it needs it: the family's parameters (defaults,
+``dataset_size`` = M, each one checked against the family's constructor), the model, the
+random number generators (one for the reservoir, one for the engine), the reservoir of the
+configured policy, the sampler, the accountant and the calibrated noise multiplier, the ledger
+(memory or file: a Kafka ledger is the service's to open) and the budget monitor, then the
+engine. Every refusal is a :class:`~stream_vips.errors.ConfigError` naming its key, raised
+before anything is spent.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, check_kwargs
+from stream_vips.core.data.key_reservoir import KeyReservoir
+from stream_vips.core.data.reservoir import Reservoir, ReservoirLike
+from stream_vips.core.data.sampling import Sampler, make_sampler
+from stream_vips.core.data.schedule import Trigger
+from stream_vips.core.data.window import WindowReservoir, window_steps
+from stream_vips.core.engine import PrivateEngine, allocation_diameter
+from stream_vips.errors import ConfigError
+from stream_vips.models import model_class
+from stream_vips.models.base import Model
+from stream_vips.privacy.accountant import Accountant, calibrate_noise_multiplier, make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import FileLedger, Ledger, MemoryLedger
+from stream_vips.privacy.mechanisms import make_rng
+
+
+def model_params(cfg: Config) -> dict[str, Any]:
+    """The family's constructor arguments: its defaults, ``dataset_size`` = the reservoir's
+    capacity M where the family takes one (public), then the configured ones, each checked
+    against the constructor (``model.params.<name>`` named on a refusal)."""
+    cls = model_class(cfg.model.family)
+    params = {**DEFAULT_MODEL_PARAMS.get(cfg.model.family, {}), **cfg.model.params}
+    if "dataset_size" in inspect.signature(cls.__init__).parameters:
+        params.setdefault("dataset_size", cfg.sampling.reservoir)
+    params = check_kwargs(cls, params, "model.params")
+    if cfg.privacy.unit == "key" and not cls.supports_key_unit:
+        raise ConfigError(f"privacy.unit: key is not supported by the {cfg.model.family} family: {cls.key_unit_note}")
+    return params
+
+
+def model(cfg: Config, params: Mapping[str, Any]) -> Model:
+    """The family's model with ``params`` (a bad value: ``model.params``)."""
+    try:
+        return model_class(cfg.model.family)(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model.params: {exc}") from exc
+
+
+def reservoir(cfg: Config, layout: Mapping[str, Any], rng: np.random.Generator) -> ReservoirLike:
+    """The reservoir of ``sampling.reservoir_policy`` (or key slots, ``privacy.unit: key``)."""
+    if cfg.privacy.unit == "key":  # privacy rule 12: key slots of at most max_records_per_key records
+        return KeyReservoir(dict(layout), cfg.sampling.reservoir, cfg.privacy.max_records_per_key, rng)
+    if cfg.sampling.reservoir_policy == "window":
+        return WindowReservoir(dict(layout), cfg.sampling.reservoir, rng, rate=cfg.sampling.window_rate)
+    return Reservoir(dict(layout), cfg.sampling.reservoir, rng)
+
+
+def sampler(cfg: Config) -> Sampler:
+    try:
+        return make_sampler(cfg.sampling.method, cfg.sampling.batch_size, cfg.sampling.reservoir)
+    except ValueError as exc:
+        raise ConfigError(f"sampling: {exc}") from exc
+
+
+def window(cfg: Config) -> int | None:
+    """L, the steps a record can be in under window accounting (``None``: stream accounting)."""
+    if cfg.privacy.accounting != "window":
+        return None
+    return window_steps(cfg.sampling.reservoir, cfg.schedule.every_records)
+
+
+def diameter(cfg: Config, m: Model) -> float:
+    """The model's replace-one diameter for the configured noise allocation and privacy unit."""
+    try:
+        if cfg.privacy.unit == "key" and not m.supports_key_unit:
+            raise ConfigError(f"privacy.unit: key is not supported by the {m.family} family: {m.key_unit_note}")
+        return allocation_diameter(m, cfg.privacy.block_weights, cfg.privacy.unit)
+    except ValueError as exc:
+        key = "privacy.block_weights" if "block_weights" in str(exc) else "model.family"
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def accountant(cfg: Config, s: Sampler, q: float, d: float) -> Accountant:
+    """The configured accountant, checked on this release's event."""
+    try:
+        acct = make_accountant(cfg.privacy.accountant, s.name)
+        acct.check(SubsampledGaussianEvent(1.0, q, s.name, diameter=d))
+    except ValueError as exc:
+        raise ConfigError(f"privacy.accountant: {exc}") from exc
+    return acct
+
+
+def noise_multiplier(cfg: Config, acct: Accountant, s: Sampler, q: float, d: float, steps: int) -> float:
+    """``privacy.noise_multiplier``, or the one calibrated to spend epsilon in ``steps`` steps."""
+    z = cfg.privacy.noise_multiplier
+    if z is not None:
+        return float(z)
+    try:
+        return calibrate_noise_multiplier(cfg.privacy.epsilon, cfg.privacy.delta, q, steps, s.name, accountant=acct,
+                                          diameter=d, rtol=cfg.privacy.calibration_rtol)
+    except (ValueError, ArithmeticError) as exc:
+        raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
+
+
+def ledger(cfg: Config) -> Ledger:
+    """The configured ledger when the core can open it (``memory``, ``file``); a Kafka ledger is
+    the service's to open (:func:`stream_vips.service.build.ledger`) and is passed in."""
+    kind = cfg.privacy.ledger.type
+    if kind == "memory":
+        return MemoryLedger()
+    if kind == "file":
+        path = cfg.privacy.ledger.path
+        try:
+            from pathlib import Path
+
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return FileLedger(path)
+        except OSError as exc:
+            raise ConfigError(f"privacy.ledger.path: cannot open {path}: {exc.strerror or exc}") from exc
+    raise ConfigError(f"privacy.ledger.type: a {kind} ledger is opened by the service "
+                      "(stream_vips.service.build.ledger(config)) and passed to the learner as ledger=")
+
+
+def monitor(cfg: Config, acct: Accountant, led: Ledger, window_steps_: int | None, unit: str) -> BudgetMonitor:
+    """The budget monitor over ``led`` (prepaid steps need the fixed stride of an
+    ``every_records``-only schedule)."""
+    stride = cfg.schedule.every_records if cfg.schedule.every_seconds is None else None
+    return BudgetMonitor(cfg.privacy.epsilon, cfg.privacy.delta, acct, led,
+                         prepay=cfg.privacy.ledger.prepay(cfg.privacy.planned_steps), stride=stride,
+                         window=window_steps_, unit=unit)
+
+
+@dataclass
+class Parts:
+    """Everything a learner is made of, as :func:`parts` built it."""
+
+    model: Model
+    reservoir: ReservoirLike
+    trigger: Trigger
+    engine: PrivateEngine
+    ledger: Ledger | None
+    owns_ledger: bool
+    window_steps: int | None
+
+
+def parts(cfg: Config, given_ledger: Ledger | None = None) -> Parts:
+    """The learner's parts from ``cfg`` (``given_ledger`` replaces the configured ledger; the
+    caller keeps it). A ledger opened here is closed again when a later part is refused."""
+    m = model(cfg, model_params(cfg))
+    rng, seeded = make_rng(cfg.privacy.seed)
+    reservoir_rng, engine_rng = rng.spawn(2)
+    res = reservoir(cfg, m.row_layout(), reservoir_rng)
+    steps_in_window = window(cfg)
+    smp = sampler(cfg)
+    trig = Trigger(cfg.schedule.every_records, cfg.schedule.every_seconds)
+    non_private = cfg.privacy.mode == "non_private"
+    d = diameter(cfg, m)
+    mon, z, accountant_name, led, owns = None, 0.0, "none", None, False
+    if not non_private:
+        q = smp.rate(res.capacity)
+        acct = accountant(cfg, smp, q, d)
+        accountant_name = acct.name
+        z = noise_multiplier(cfg, acct, smp, q, d, steps_in_window or cfg.privacy.planned_steps)
+        led, owns = (given_ledger, False) if given_ledger is not None else (ledger(cfg), True)
+        try:
+            mon = monitor(cfg, acct, led, steps_in_window, cfg.privacy.unit)
+        except BaseException:
+            if owns:
+                led.close()
+            raise
+        if seeded and mon.steps:
+            # a seeded run restarted on a ledger draws fresh noise, never the noise of earlier steps
+            engine_rng = np.random.default_rng(np.random.SeedSequence(cfg.privacy.seed, spawn_key=(2, mon.steps)))
+    try:
+        engine = PrivateEngine(m, res, smp, mon, z, engine_rng, cfg.schedule.tau0, cfg.schedule.kappa, accountant_name,
+                               block_weights=cfg.privacy.block_weights, seeded=seeded, non_private=non_private,
+                               delta=cfg.privacy.delta, rho_min=cfg.schedule.rho_min, unit=cfg.privacy.unit)
+    except ValueError as exc:
+        if owns and led is not None:
+            led.close()
+        raise ConfigError(f"privacy: {exc}") from exc
+    return Parts(m, res, trig, engine, led, owns, steps_in_window)

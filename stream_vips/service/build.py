@@ -1,0 +1,88 @@
+"""The only place that picks connectors and ledgers from a configuration.
+
+:func:`check` completes what :mod:`stream_vips.config` (the schema) cannot know: the model's
+parameters (through :func:`stream_vips.core.build.model_params`), each connector's ``type`` and
+options against its constructor, and a Kafka ledger's options; every refusal is a
+:class:`~stream_vips.errors.ConfigError` naming its key, at start, before anything is spent.
+:func:`load_config` and :func:`config_from_dict` are the schema and these checks in one call
+(the public :func:`stream_vips.load_config`). :func:`connector` and :func:`ledger` build the parts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from connectors import REGISTRIES, connector_class
+from stream_vips import config as schema
+from stream_vips.config import Config, check_kwargs
+from stream_vips.core import build as core_build
+from stream_vips.errors import ConfigError
+from stream_vips.privacy.ledger import Ledger
+
+#: Ledger types and where each is opened: the core opens memory and file ledgers, the Kafka
+#: connectors the Kafka ledger.
+LEDGERS: dict[str, str] = {"memory": "core", "file": "core", "kafka": "connectors.kafka:KafkaLedger"}
+SECTIONS = ("source", "sink", "dead_letter")
+
+
+def check(cfg: Config) -> Config:
+    """``cfg`` with its model parameters, connector options and ledger options checked (and the
+    model's defaults filled in); :class:`ConfigError` naming the key of the first refusal."""
+    for kind in SECTIONS:
+        section = getattr(cfg, kind)
+        cls = _connector_class(kind, section.type)
+        section.options = check_kwargs(cls, section.options, kind)
+    led = cfg.privacy.ledger
+    if led.type not in LEDGERS:
+        raise ConfigError(f"privacy.ledger.type: unknown ledger type {led.type!r} (known: {', '.join(sorted(LEDGERS))})")
+    if led.type == "kafka":
+        led.options = check_kwargs(_kafka_ledger(), led.options, "privacy.ledger.options")
+    cfg.model.params = core_build.model_params(cfg)
+    return cfg
+
+
+def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Config:
+    """A configuration from its YAML layout after ``env`` overrides, every part checked."""
+    return check(schema.config_from_dict(data, env))
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """The configuration in the YAML file ``path`` (``None``: the defaults), every part checked."""
+    return check(schema.load_config(path, env))
+
+
+def connector(kind: str, cfg: Config) -> Any:
+    """The configured ``kind`` of connector (``source``, ``sink``, ``dead_letter``), built."""
+    section = getattr(cfg, kind)
+    try:
+        return _connector_class(kind, section.type)(**section.options)
+    except (TypeError, ValueError, OSError) as exc:
+        raise ConfigError(f"{kind}: {exc}") from exc
+
+
+def ledger(cfg: Config) -> Ledger:
+    """The configured ledger, opened (a Kafka ledger is named by its ``name`` or the model id)."""
+    led = cfg.privacy.ledger
+    if LEDGERS.get(led.type) == "core":
+        return core_build.ledger(cfg)
+    if led.type == "kafka":
+        return _kafka_ledger()(**{"ledger_id": cfg.model.id, **led.options})
+    raise ConfigError(f"privacy.ledger.type: unknown ledger type {led.type!r} (known: {', '.join(sorted(LEDGERS))})")
+
+
+def _connector_class(kind: str, type_name: str) -> type:
+    if type_name not in REGISTRIES[kind]:
+        raise ConfigError(f"{kind}.type: unknown {kind} type {type_name!r} (known: {', '.join(sorted(REGISTRIES[kind]))})")
+    try:
+        return connector_class(kind, type_name)
+    except ImportError as exc:
+        raise ConfigError(f"{kind}.type: connector {type_name!r} is not available: {exc}") from None
+
+
+def _kafka_ledger() -> type:
+    try:
+        from connectors.kafka import KafkaLedger
+    except ImportError as exc:
+        raise ConfigError(f"privacy.ledger.type: the kafka ledger is not available: {exc}") from None
+    return KafkaLedger
