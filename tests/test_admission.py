@@ -154,10 +154,10 @@ def _admitted_positions(policy: str, n: int, poll: int, keys: list | None) -> se
     """Positions an 'admitted' learner places in its reservoir on this stream in polls of
     ``poll``, replayed from the reservoir alone (admission reads no record), in the chunks the
     learner cuts."""
-    from stream_vips.core.learner import _arrival_keys
+    from stream_vips.core.keys import arrival_keys
 
     lr = learner("admitted", **{k: dict(v) for k, v in POLICIES[policy].items()})
-    ids, has = _arrival_keys(keys, n) if keys is not None else (None, None)
+    ids, has = arrival_keys(keys, n) if keys is not None else (None, None)
     out, start = set(), 0
     while start < n:
         end = start + lr._chunk(min(n, (start // poll + 1) * poll) - start)

@@ -52,15 +52,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from stream_vips import messages
 from stream_vips.models.base import Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
-from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.reservoir import ReservoirLike
 from stream_vips.core.data.sampling import ReservoirNotFull, Sampler
 from stream_vips.core.data.schedule import step_size
 
@@ -78,6 +79,24 @@ class StepResult:
     step: int
     rho: float
     duration_s: float
+
+
+class Monitor(Protocol):
+    """What the engine needs of the budget monitor
+    (:class:`~stream_vips.privacy.budget.BudgetMonitor`): the budget, whether it halted, the
+    spent epsilon, and the admission that makes a step's event durable before its noise."""
+
+    epsilon_budget: float
+    delta: float
+    halted: bool
+    window: int | None
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    def spent(self) -> float: ...
+
+    def admit(self, event: SubsampledGaussianEvent, position: int | None = None) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -144,9 +163,9 @@ class PrivateEngine:
     def __init__(
         self,
         model: Model,
-        reservoir: Reservoir,
+        reservoir: ReservoirLike,
         sampler: Sampler,
-        monitor: Any,
+        monitor: Monitor | None,
         noise_multiplier: float,
         rng: np.random.Generator,
         tau0: float,

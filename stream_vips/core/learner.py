@@ -47,7 +47,7 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from stream_vips import messages
 from stream_vips.core.data import records
 from stream_vips.core.data.decoding import DecodedBatch, decode_batch
 from stream_vips.core import build
-from stream_vips.core.data.key_reservoir import MISSING_KEY, key_ids
+from stream_vips.core.keys import ArrivalKeys, arrival_keys, field_keys, with_keys
 from stream_vips.core.data.records import tabular, top_reasons
 from stream_vips.core.data.reservoir import ReservoirLike
 from stream_vips.core.engine import StepResult
@@ -287,7 +287,7 @@ class PrivateLearner:
         if self.unit != "key":
             return None
         if self.config.privacy.key_field is not None:
-            return _field_keys(values, self.config.privacy.key_field)
+            return field_keys(values, self.config.privacy.key_field)
         return keys
 
     def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
@@ -331,7 +331,7 @@ class PrivateLearner:
         ``None`` for ``unit: record``."""
         if self.unit != "key":
             return None
-        return ArrivalKeys(*_arrival_keys(self.keys_of(values, keys), len(values)))
+        return ArrivalKeys(*arrival_keys(self.keys_of(values, keys), len(values)))
 
     def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
               on_step: Callable[[StepResult], None] | None = None,
@@ -349,7 +349,7 @@ class PrivateLearner:
         """
         ids = has = None
         if self.unit == "key":
-            batch, ids, has = _with_keys(batch, keys)
+            batch, ids, has = with_keys(batch, keys)
         ok = batch.ok
         self._fed += len(ok)
         self.rejected.update(reason for _, reason, _ in batch.rejected)
@@ -413,7 +413,7 @@ class PrivateLearner:
 
         ids = has = None
         if self.unit == "key":  # keyless arrivals take no slot: rejected as missing_key without decoding
-            ids, has = _arrival_keys(keys, n)
+            ids, has = arrival_keys(keys, n)
             rejected = ArrivalKeys(ids, has).missing()
             self.rejected.update(reason for _, reason, _ in rejected)
         candidates = self.reservoir.candidates(n)
@@ -607,66 +607,6 @@ def _as_records(data: Any, arrays: tuple[np.ndarray, np.ndarray | None] | None,
     if y is None:
         return ({field: xi} for xi in X.tolist())
     return ({"x": xi, "y": yi} for xi, yi in zip(X.tolist(), y.tolist()))
-
-
-def _field_keys(values: Sequence[Any], field: str) -> list[Any]:
-    """The ``field`` of each record (``None`` where it cannot be read): the configured key field
-    wins over any other key (privacy rule 12). ``values`` are decoded records (dicts) or raw
-    ones (bytes, or ``None`` for a record without a value)."""
-    if records.undecoded(values):
-        decoded = records.decode_json(values)
-        out: list[Any] = [None] * len(values)
-        for i, obj in zip(decoded.index, decoded.values):
-            out[i] = obj.get(field) if isinstance(obj, Mapping) else None
-        return out
-    return [obj.get(field) if isinstance(obj, Mapping) else None for obj in values]
-
-
-class ArrivalKeys(NamedTuple):
-    """Key ids of one batch's arrivals and the mask of those that have one (privacy rule 12)."""
-
-    ids: np.ndarray
-    has: np.ndarray
-
-    def missing(self) -> list[tuple[int, str, str]]:
-        """The keyless arrivals as rejections ``(arrival, "missing_key", detail)``."""
-        return [(int(i), MISSING_KEY, "no privacy key") for i in np.flatnonzero(~self.has)]
-
-
-def reject_keyless(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | ArrivalKeys | None) -> DecodedBatch:
-    """``batch`` with its keyless accepted arrivals rejected as ``missing_key`` (their rows dropped)."""
-    return _with_keys(batch, keys)[0]
-
-
-def _with_keys(batch: DecodedBatch, keys: Sequence[Any] | np.ndarray | ArrivalKeys | None
-               ) -> tuple[DecodedBatch, np.ndarray, np.ndarray]:
-    """Key ids of the arrivals, and the batch with keyless arrivals rejected as ``missing_key``."""
-    ids, has = _arrival_keys(keys, len(batch.ok))
-    lost = batch.ok & ~has
-    if not lost.any():
-        return batch, ids, has
-    keep = has[batch.ok]  # rows of accepted arrivals that have a key
-    missing = ArrivalKeys(ids, ~lost).missing()
-    rejected = sorted(batch.rejected + missing)
-    return DecodedBatch(batch.ok & has, {k: v[keep] for k, v in batch.rows.items()}, rejected), ids, has
-
-
-def _arrival_keys(keys: Sequence[Any] | np.ndarray | ArrivalKeys | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Key ids of ``n`` arrivals and the mask of those that have one (privacy rule 12);
-    ``keys`` already turned into :class:`ArrivalKeys` are only checked for their length."""
-    if isinstance(keys, ArrivalKeys):
-        if keys.ids.shape[0] != n:
-            raise ValueError(f"{keys.ids.shape[0]} keys for {n} arrivals")
-        return keys.ids, keys.has
-    if keys is None:
-        from stream_vips.config import ConfigError
-
-        raise ConfigError("privacy.unit: key needs the key of every arrival (feed(values, keys=...), e.g. the "
-                          "Kafka message keys) or privacy.key_field")
-    ids, has = key_ids(keys)
-    if ids.shape[0] != n:
-        raise ValueError(f"{ids.shape[0]} keys for {n} arrivals")
-    return ids, has
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterable[list[Any]]:

@@ -37,13 +37,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from stream_vips.config import Config, ConfigError
-from stream_vips.core.data.decoding import (DecodedBatch, DeferredDecoder, InlineDecoder, ProcessDecoder, decode_batch,
-                                  make_decoder)
+from stream_vips.core.data.decoding import DecodedBatch, Decoder, InlineDecoder, decode_batch, make_decoder
 from stream_vips.core.engine import StepResult
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
                             RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
-from stream_vips.core.learner import PrivateLearner, reject_keyless
+from stream_vips.core.keys import reject_keyless
+from stream_vips.core.learner import PrivateLearner
 from stream_vips.service import build
 from stream_vips.service.checkpoint import CheckpointError, CheckpointHook, attach
 from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
@@ -137,7 +137,7 @@ class Application:
         self._floors: dict[tuple[str, int], int] = {}  # per partition: offset after the last one taken
         self._checkpoint: CheckpointHook | None = None
         self._dead_letter_failure: Exception | None = None
-        self._decoder: InlineDecoder | ProcessDecoder | DeferredDecoder = InlineDecoder(learner.model)
+        self._decoder: Decoder = InlineDecoder(learner.model)
         self._inflight: collections.deque[tuple[Any, dict | None, list[bytes]]] = collections.deque()  # (raws, positions after, values)
         self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")

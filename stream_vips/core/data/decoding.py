@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -70,6 +70,19 @@ def decode_batch(model: Model, values: Sequence[bytes]) -> DecodedBatch:
     ok = np.zeros(len(values), dtype=bool)
     ok[index[np.asarray(parsed.accepted, dtype=np.intp)]] = True
     return DecodedBatch(ok, parsed.rows, sorted(rejected))
+
+
+class Decoder(Protocol):
+    """Decodes polled batches, in order: ``submit`` one, ``result`` the oldest (``None`` when
+    decoding is left to the learner). ``overlaps``: the next batch is polled while one decodes."""
+
+    overlaps: bool
+
+    def submit(self, values: Sequence[bytes]) -> None: ...
+
+    def result(self) -> DecodedBatch | None: ...
+
+    def close(self) -> None: ...
 
 
 class InlineDecoder:
@@ -213,7 +226,7 @@ class ProcessDecoder:
 
 
 def make_decoder(workers: int, model: Model, family: str, params: Mapping[str, Any],
-                 validation: str = "all") -> InlineDecoder | ProcessDecoder | DeferredDecoder:
+                 validation: str = "all") -> Decoder:
     """``workers`` 0: decode inline with ``model``; 1: in a worker building its own model;
     ``validation: admitted`` (``workers`` 0 only): decode nothing ahead (:class:`DeferredDecoder`)."""
     if validation == "admitted":
