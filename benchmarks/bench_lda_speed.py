@@ -51,7 +51,7 @@ from lda_eval import news_split  # noqa: E402
 from benchmarks.common import machine, write_result  # noqa: E402
 from stream_vips.models.lda import LDA, Bags, dirichlet_expectation, e_step  # noqa: E402
 from stream_vips.privacy.mechanisms import gaussian_noise  # noqa: E402
-from stream_vips.core.data.schedule import step_size  # noqa: E402
+from stream_vips.schedule import step_size  # noqa: E402
 
 K, V, N, S = 50, 5000, 500, 1000
 MAX_ITER, TOL = 50, 1e-3

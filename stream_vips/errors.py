@@ -55,6 +55,11 @@ class DataError(StreamVipsError, ValueError):
     it was fed."""
 
 
+class ReservoirNotFull(StreamVipsError, RuntimeError):
+    """No release before the reservoir holds M records (privacy rule 5: q and the normaliser
+    assume exactly M)."""
+
+
 class StepRefused(StreamVipsError, RuntimeError):
     """A step asked for where the privacy accounting cannot cover it (under window accounting,
     sooner than ``schedule.every_records`` arrivals after the last); nothing was spent."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from stream_vips.errors import ReservoirNotFull
 import pytest
 from scipy.special import log_expit, logsumexp
 
@@ -17,7 +19,7 @@ from stream_vips.privacy.composition import StrongCompositionAccountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, ReservoirNotFull
+from stream_vips.core.data.sampling import FixedSizeSampler
 
 
 def test_scaled_likelihood_matches_the_target_epsilon_formula():

@@ -19,7 +19,7 @@ from connectors.stdio import StderrDeadLetterSink, StdinSource, StdoutSink
 from connectors.synthetic import MALFORMED_KINDS, SyntheticRegressionSource, _fill
 from stream_vips.io import DeadLetter, RawRecord
 from stream_vips.models.linreg import LinearRegression
-from stream_vips.core.data.records import decode_json
+from stream_vips.records import decode_json
 
 
 def test_registry_resolves_every_local_connector():

@@ -150,7 +150,7 @@ def test_a_batch_with_one_percent_bad_records_gives_what_each_record_gives_alone
     """Whole-batch decoding and validation (orjson in one pass, per-document json only for the bad
     ones) gives the rows and the (arrival, reason, detail) rejections of the per-record reference:
     every record decoded by json and validated on its own."""
-    from stream_vips.core.data import records
+    from stream_vips import records
     from stream_vips.core.data.decoding import decode_batch
 
     rng = np.random.default_rng(seed)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from stream_vips.errors import ReservoirNotFull
 import pytest
 
 import stream_vips.core.engine as engine_mod
@@ -19,7 +21,7 @@ from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.privacy.mechanisms import effective_noise_multiplier
 from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler, ReservoirNotFull
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 
 class FakeModel(Model):

@@ -629,7 +629,7 @@ def test_sbn_fits_a_numpy_array_of_images():
 def test_a_failure_after_spending_keeps_the_last_released_model(tmp_path, capsys, monkeypatch):
     """An error once a step was paid is not bad input: the CLI saves the last released message to
     --out and exits 5 with one line; Python raises SpentError carrying it."""
-    import stream_vips.client
+    import stream_vips.models.posterior
 
     data, ledger, out = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl", tmp_path / "model.json"
     write_jsonl(data)
@@ -637,7 +637,7 @@ def test_a_failure_after_spending_keeps_the_last_released_model(tmp_path, capsys
     def broken(message):
         raise np.linalg.LinAlgError("Singular matrix")
 
-    monkeypatch.setattr(stream_vips.client, "posterior_from_message", broken)
+    monkeypatch.setattr(stream_vips.models.posterior, "posterior_from_message", broken)
     code, stdout, err = cli(capsys, "--seed", "0", "--ledger", str(ledger), "--out", str(out), str(data))
     assert code == fitcli.EXIT_CODES["spent"] == 5 and stdout == ""
     line = one_line_refusal(err)

@@ -31,7 +31,7 @@ from connectors.memory import MemorySink
 from stream_vips.service.build import config_from_dict
 from stream_vips.io import DeadLetter
 from stream_vips.service.app import Application
-from stream_vips.core.data.records import REASONS
+from stream_vips.records import REASONS
 
 TOPIC = "events"
 DIM = 2

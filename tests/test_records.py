@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_vips.core.data import records
-from stream_vips.core.data.records import FieldBatch, RecordRejected, decode_json, decode_one
+from stream_vips import records
+from stream_vips.records import FieldBatch, RecordRejected, decode_json, decode_one
 
 
 def test_decode_json_reasons_and_positions():
@@ -292,7 +292,7 @@ def test_whole_batch_fast_path_gives_the_per_record_results(monkeypatch):
 
 def test_a_deeply_nested_document_is_rejected_not_raised():
     """json recurses per nesting level: a hostile document must become a dead letter, not a crash."""
-    from stream_vips.core.data.records import decode_json, decode_one
+    from stream_vips.records import decode_json, decode_one
 
     deep = b"[" * 100_000 + b"]" * 100_000
     decoded = decode_json([deep, b'{"x": [1.0]}', b'{"a":' * 50_000])

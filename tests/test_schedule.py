@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_vips.core.data.schedule import Trigger, step_size
+from stream_vips.schedule import Trigger, step_size
 
 
 def test_step_size_closed_form_and_conditions():

@@ -17,7 +17,7 @@ from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
     BNNSEP, _split, fit_rule, forward_moments, log_z_gradients, n_weights, weight_sites,
 )
-from stream_vips.core.data.schedule import step_size
+from stream_vips.schedule import step_size
 
 D, H = 2, 3
 

@@ -21,7 +21,7 @@ from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, check_kwargs
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.core.data.reservoir import Reservoir, ReservoirLike
 from stream_vips.core.data.sampling import Sampler, make_sampler
-from stream_vips.core.data.schedule import Trigger
+from stream_vips.schedule import Trigger
 from stream_vips.core.data.window import WindowReservoir, window_steps
 from stream_vips.core.engine import PrivateEngine, allocation_diameter
 from stream_vips.errors import ConfigError

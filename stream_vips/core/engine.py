@@ -56,14 +56,16 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from stream_vips.errors import ReservoirNotFull
+
 from stream_vips import messages
 from stream_vips.models.base import Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
 from stream_vips.core.data.reservoir import ReservoirLike
-from stream_vips.core.data.sampling import ReservoirNotFull, Sampler
-from stream_vips.core.data.schedule import step_size
+from stream_vips.core.data.sampling import Sampler
+from stream_vips.schedule import step_size
 
 ADJACENCY = "replace_one"
 #: Privacy units: a record (privacy rule 1) or all records of one key (privacy rule 12).

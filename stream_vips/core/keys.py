@@ -8,7 +8,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from stream_vips.core.data import records
+from stream_vips import records
 from stream_vips.core.data.decoding import DecodedBatch
 from stream_vips.core.data.key_reservoir import MISSING_KEY, key_ids
 from stream_vips.errors import ConfigError

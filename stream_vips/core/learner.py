@@ -52,11 +52,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from stream_vips import messages
-from stream_vips.core.data import records
+from stream_vips import records
 from stream_vips.core.data.decoding import DecodedBatch, decode_batch
 from stream_vips.core import build
 from stream_vips.core.keys import ArrivalKeys, arrival_keys, field_keys, with_keys
-from stream_vips.core.data.records import tabular, top_reasons
+from stream_vips.records import tabular, top_reasons
 from stream_vips.core.data.reservoir import ReservoirLike
 from stream_vips.core.engine import StepResult
 from stream_vips.errors import StepRefused, StreamVipsError
@@ -166,7 +166,7 @@ class PrivateLearner:
     def posterior(self) -> Any:
         """The current model as a posterior with predictive methods (built from its message, so
         exactly what a reader of the model topic would get)."""
-        from stream_vips.client import posterior_from_message
+        from stream_vips.models.posterior import posterior_from_message
 
         message = self.message()
         if message is None:

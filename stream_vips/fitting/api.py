@@ -311,7 +311,7 @@ def execute(plan: _Plan) -> FitResult:
         if (plan.non_private and messages.is_private(message) is not False
                 and message["privacy"]["accountant"] == "none"):
             message = _non_private_message(message)
-        from stream_vips.client import posterior_from_message
+        from stream_vips.models.posterior import posterior_from_message
 
         posterior = posterior_from_message(message)
         report = _report(settings, message, stats, n, plan.non_private, plan.rtol, time.perf_counter() - plan.started)
@@ -346,7 +346,7 @@ def fit_warnings(family: str, n: int, stats: FitStats, planned_steps: int) -> li
     out = []
     total = sum(stats.rejected.values())
     if total > WARN_REJECTED_FRACTION * n:
-        from stream_vips.core.data.records import top_reasons
+        from stream_vips.records import top_reasons
 
         hints = [REJECTION_HINTS[family, reason] for reason, _ in stats.rejected.most_common(3)
                  if (family, reason) in REJECTION_HINTS]

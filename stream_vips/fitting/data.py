@@ -60,7 +60,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
 
     ``data``: a list/iterable of dicts (or of bytes or str lines), numpy ``(X, y)`` or ``X``, or
     a pandas DataFrame (``y_column``, default ``"y"`` when present; ``x_columns``, default all
-    the other columns; :func:`stream_vips.core.data.records.tabular`). A lone X (array, or a DataFrame
+    the other columns; :func:`stream_vips.records.tabular`). A lone X (array, or a DataFrame
     without y) fills the record ``field``: the family's vector (``x``, or ``y`` for sbn's images).
     For arrays and DataFrames d is the number of columns of X, part of the schema (replacing one
     row cannot change it); records carry no such schema, so d is ``None`` and must be given
@@ -75,7 +75,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
     [{'y': [0.0, 1.0, 1.0]}]
     """
     from stream_vips.errors import DataError
-    from stream_vips.core.data.records import tabular
+    from stream_vips.records import tabular
 
     try:
         arrays = tabular(data, x_columns=x_columns, y_column=y_column)

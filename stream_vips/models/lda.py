@@ -51,7 +51,7 @@ from scipy.special import gammaln, psi
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors
-from stream_vips.core.data.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
+from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
 
 #: Guards 0/0 in phi's normaliser, as in Hoffman et al.'s reference code.
 _EPS = 1e-100

@@ -77,7 +77,7 @@ from stream_vips.models._validate import integer
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
-from stream_vips.core.data.records import FieldBatch
+from stream_vips.records import FieldBatch
 
 NOISE_OPTIONS = ("known", "gamma")
 #: Default eigenvalue floor of the noisy ``xx`` in units of sqrt(d) * (its diagonal noise std):

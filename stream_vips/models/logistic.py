@@ -119,7 +119,7 @@ from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
-from stream_vips.core.data.records import FieldBatch
+from stream_vips.records import FieldBatch
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4

@@ -133,7 +133,7 @@ from scipy.special import expit, kve
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.logistic import pg_mean
-from stream_vips.core.data.records import OUT_OF_RANGE, FieldBatch
+from stream_vips.records import OUT_OF_RANGE, FieldBatch
 
 #: Eigenvalue floor without noise: only negative (rounding) eigenvalues are removed.
 _MIN_FLOOR = float(np.finfo(float).tiny)

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from stream_vips.core.data import records
+from stream_vips import records
 from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Model
 

@@ -23,11 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from stream_vips.errors import StreamVipsError
-
-
-class ReservoirNotFull(StreamVipsError, RuntimeError):
-    """Sampling was requested before the reservoir held M records."""
+from stream_vips.errors import ReservoirNotFull
 
 
 def _check_full(reservoir_size: int, capacity: int) -> None:

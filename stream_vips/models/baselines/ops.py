@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Protocol
 
 import numpy as np
 from scipy.special import expit, log_expit
@@ -72,8 +72,7 @@ from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.accountant import Accountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import ReservoirNotFull
+from stream_vips.errors import ReservoirNotFull
 
 #: Target acceptance rate of the adaptive random-walk phase.
 _TARGET_ACCEPT = 0.25
@@ -84,6 +83,27 @@ UNCERTIFIED_REASON = (
     "is the end of an adaptive random-walk Metropolis chain with no bound on its total-variation "
     "distance to the target, so neither pure eps-DP nor an (eps, delta) with bounded delta is proven"
 )
+
+
+class HeldRecords(Protocol):
+    """The reservoir OPS releases from (the core's; named by what is read of it)."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def take(self, indices: np.ndarray) -> dict[str, np.ndarray]: ...
+
+
+class Admits(Protocol):
+    """The budget monitor's admission (check, then a durable ledger entry) of OPS's event."""
+
+    def admit(self, event: Any, position: int | None = None) -> int | None: ...
 
 
 class OPS(LogisticRecords):
@@ -170,7 +190,7 @@ class OPS(LogisticRecords):
         self.acceptance = accepted / max(1, self.mcmc_steps - adapt)
         return theta
 
-    def release(self, reservoir: Reservoir, monitor: Any, rng: np.random.Generator) -> int | None:
+    def release(self, reservoir: HeldRecords, monitor: Admits, rng: np.random.Generator) -> int | None:
         """Check and ledger the event, then draw the sample; ``None`` if the budget refuses.
 
         With an ordinary accountant the monitor raises ``UnsupportedEvent`` (the event is

@@ -89,7 +89,7 @@ from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import SITE, DampedSite, public_vector
 from stream_vips.privacy.mechanisms import clip_factors
-from stream_vips.core.data.records import FieldBatch
+from stream_vips.records import FieldBatch
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -522,7 +522,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     >>> r["q"], r["steps"], round(r["step"] * r["steps"], 6), fit_rule(500, 8, None, 1e-5)["q"]
     (0.01, 2000, 20.0, 0.02)
     """
-    from stream_vips.core.data.schedule import step_size
+    from stream_vips.schedule import step_size
 
     n = integer("n", n)
     d = integer("d", d)

@@ -74,7 +74,7 @@ import numpy as np
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.mechanisms import clip_factors, project_pd
-from stream_vips.core.data.records import FieldBatch
+from stream_vips.records import FieldBatch
 
 SITE = "site"
 
