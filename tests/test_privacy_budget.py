@@ -106,6 +106,23 @@ def test_restart_replays_the_ledger_and_never_resets_spending(tmp_path):
     third.ledger.close()
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_restart_just_over_the_budget_starts_halted_and_one_at_it_does_not(window):
+    """The start-up halt compares the ledger's spent epsilon with the budget exactly: 0.1% below
+    what the ledger holds halts before any step, exactly what it holds does not."""
+    event = E(5.0, 0.1, "fixed")
+    ledger = MemoryLedger()
+    first = BudgetMonitor(50.0, DELTA, RDP, ledger, window=window)
+    for position in range(6):
+        assert first.admit(event, position=position) == position
+    spent = first.spent()
+    over = BudgetMonitor(spent * 0.999, DELTA, RDP, ledger, window=window)
+    assert over.halted and "already holds" in over.halt_reason
+    assert over.admit(E(1e4, 0.001, "fixed"), position=6) is None and len(ledger.events()) == 6
+    at = BudgetMonitor(spent, DELTA, RDP, ledger, window=window)
+    assert not at.halted and at.halt_reason is None and at.spent() == spent
+
+
 def test_unsupported_event_raises_and_records_nothing():
     ledger = MemoryLedger()
     monitor = BudgetMonitor(1.0, DELTA, RDP, ledger)
@@ -151,17 +168,34 @@ def test_prepaid_steps_write_once_per_k_steps_at_planned_positions():
 
 
 def test_prepaid_steps_never_exceed_the_budget():
-    event = RDP_POOL[0]
+    event = E(5.0, 0.1, "fixed")  # about 0.4 epsilon for the first step: a budget of 2 admits tens
     one_by_one = BudgetMonitor(2.0, DELTA, RDP, MemoryLedger())
     while one_by_one.admit(event) is not None:
         pass
-    ledger = MemoryLedger()
+    assert one_by_one.steps > 7 and one_by_one.steps % 7  # several writes of 7, and the last one is cut
+    ledger = CountingLedger()
     prepaid = BudgetMonitor(2.0, DELTA, RDP, ledger, prepay=7, stride=10)
     admitted = 0
     while prepaid.admit(event, position=10 * admitted) is not None:
         admitted += 1
     assert admitted == one_by_one.steps == len(ledger.events())  # the last write was cut to fit
-    assert RDP.epsilon(ledger.events(), DELTA) <= 2.0
+    assert ledger.writes == -(-admitted // 7)
+    assert RDP.epsilon(ledger.events(), DELTA) <= 2.0 < RDP.epsilon(ledger.events() + [event], DELTA)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_prepaid_step_is_used_only_by_the_event_it_was_paid_for(window):
+    """Steps prepaid for event A must not release event B: B (another z or q) pays its own step, so
+    the ledger holds what was released, and A's unused prepaid steps stay charged."""
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, prepay=4, stride=10, window=window)
+    a, b = E(5.0, 0.1, "fixed"), E(3.0, 0.2, "fixed")
+    assert monitor.admit(a, position=0) == 0 and monitor.admit(a, position=10) == 1
+    step = monitor.admit(b, position=20)
+    assert step == 4 and ledger.events()[step] == b
+    assert ledger.events() == [a] * 4 + [b] * 4
+    assert monitor.admit(b, position=30) == 5  # B's own prepaid steps serve B
+    assert monitor.admit(a, position=40) == 8 and ledger.events()[8] == a
 
 
 def test_prepay_needs_a_stride():
