@@ -221,6 +221,49 @@ def test_mean_uses_the_public_normaliser_not_the_batch_size(sampler, normaliser)
         assert len(set(sizes)) > 1  # realised sizes vary; the normaliser does not
 
 
+@pytest.mark.parametrize("sampler,normaliser", [(PoissonSampler(0.3), 0.3 * 60), (FixedSizeSampler(20), 20.0)])
+def test_the_normaliser_stays_public_when_slots_hold_rejected_records(sampler, normaliser):
+    """A rejected record that won a slot leaves it empty (privacy rule 4): the batch then holds
+    fewer records than were sampled, and the sum is still divided by S or q*M, never by the
+    number of valid slots (which depends on record values)."""
+    M = 60
+    res = Reservoir({"v": (np.float64, ())}, M, np.random.default_rng(4))
+    accepted = np.arange(M) % 3 != 0  # every third arrival fails validation: its slot stays empty
+    res.add_batch({"v": np.full(int(accepted.sum()), 0.5)}, accepted=accepted)
+    assert res.full and not res.valid.all()
+    model = FakeModel((Block("vec", (3,), 1.0),))
+    eng = PrivateEngine(model, res, sampler, None, 0.0, np.random.default_rng(3), tau0=1.0, kappa=1.0,
+                        accountant_name="none", non_private=True)
+    for _ in range(5):
+        eng.step()
+    sizes = [len(b["v"]) for b in model.batches]
+    assert max(sizes) < normaliser  # empty slots were drawn: batches are smaller than the normaliser
+    for batch, (mean, _) in zip(model.batches, model.updates):
+        np.testing.assert_allclose(mean["vec"], model.clipped_sum(batch)["vec"] / normaliser, rtol=1e-12)
+
+
+class UncheckedSampler(FixedSizeSampler):
+    """A sampler that draws from whatever the reservoir holds, without its own fullness check."""
+
+    def sample(self, reservoir_size, rng, *, capacity):
+        return np.sort(rng.choice(reservoir_size, size=min(self.batch_size, reservoir_size), replace=False))
+
+
+def test_the_engine_refuses_a_reservoir_that_is_not_full_whatever_the_sampler():
+    """Privacy rule 5 is the engine's own check: q = S / M assumes M records, so a sampler that does
+    not check fullness must still never see a partial reservoir (nothing sampled, paid or released)."""
+    model = FakeModel(BLOCKS)
+    res = Reservoir({"v": (np.float64, ())}, 10, np.random.default_rng(0))
+    res.add_batch({"v": np.ones(6)})
+    monitor = AdmitAll()
+    eng = make_engine(model, res, UncheckedSampler(3), monitor)
+    with pytest.raises(ReservoirNotFull, match="6 of 10"):
+        eng.step()
+    assert monitor.events == [] and model.updates == [] and model.batches == []
+    res.add_batch({"v": np.ones(4)})
+    assert eng.step().step == 0 and len(model.batches[0]["v"]) == 3
+
+
 def test_zero_noise_needs_explicit_non_private_mode_and_never_claims_privacy():
     model = FakeModel(BLOCKS)
     res = full_reservoir(10)
