@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
-from stream_vips.privacy.ledger import FileLedger, MemoryLedger
+from stream_vips.privacy.ledger import FileLedger, LedgerMismatch, MemoryLedger
 
 DELTA = 1e-5
 RDP = RdpAccountant()
@@ -208,6 +209,27 @@ def test_prepay_needs_a_stride():
     assert ledger.writes == 3 and len(ledger.events()) == 3
 
 
+def test_a_stride_without_prepay_still_writes_one_step_per_admission():
+    ledger = CountingLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, stride=10)
+    assert [monitor.admit(RDP_POOL[0], position=10 * i) for i in range(3)] == [0, 1, 2]
+    assert ledger.writes == 3 and len(ledger.events()) == 3
+
+
+@pytest.mark.parametrize("field, value", [("prepay", 0), ("prepay", -2), ("prepay", True), ("prepay", 2.5),
+                                          ("window", 0), ("window", -1), ("window", True), ("window", 2.5)])
+def test_prepay_and_window_must_be_positive_integers(field, value):
+    with pytest.raises(ValueError, match=field):
+        BudgetMonitor(5.0, DELTA, RDP, MemoryLedger(), stride=10, **{field: value})
+    assert BudgetMonitor(5.0, DELTA, RDP, MemoryLedger(), stride=10, **{field: 1}).steps == 0  # 1 is allowed
+
+
+def test_key_level_accounting_refuses_a_ledger_with_steps_that_carry_no_unit():
+    """A step written without a privacy unit (a pure-DP release) was paid per record, not per key."""
+    with pytest.raises(LedgerMismatch, match="1 steps not marked as key-level"):
+        BudgetMonitor(50.0, DELTA, RDP, MemoryLedger([PureDpEvent(0.5)]), unit="key")
+
+
 @pytest.mark.parametrize("budget, delta, word", [(0.0, DELTA, "budget"), (math.inf, DELTA, "budget"),
                                                  (1.0, 0.0, "delta"), (1.0, 1.0, "delta")])
 def test_bad_budget_or_delta(budget, delta, word):
@@ -354,3 +376,52 @@ def test_a_step_taken_later_than_its_prepaid_position_pays_afresh_only_under_win
         assert step == 4 and len(ledger.events()) == 8 and ledger.last_position == 151
     else:
         assert step == 2 and len(ledger.events()) == 4 and ledger.last_position == 130
+
+
+# --- window accounting: the composition of the last L steps, across restarts and mixed events --
+
+
+def between(low: float, high: float) -> float:
+    assert low < high
+    return (low + high) / 2
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_window_accounting_remembers_the_last_steps_across_a_restart(window):
+    """A budget that fits L - 1 copies of a step but not L: the monitor takes L - 1 steps and
+    refuses the L-th, and so does a restart on that ledger (its replay must bring back the last
+    L - 1 steps, or the next window would be counted short)."""
+    event = E(5.0, 0.1, "fixed")
+    budget = between(RDP.epsilon([event] * (window - 1), DELTA), RDP.epsilon([event] * window, DELTA))
+    ledger = MemoryLedger()
+    first = BudgetMonitor(budget, DELTA, RDP, ledger, window=window)
+    assert [first.admit(event, position=i) for i in range(window)] == list(range(window - 1)) + [None]
+    restarted = BudgetMonitor(budget, DELTA, RDP, ledger, window=window)
+    assert not restarted.halted and restarted.admit(event, position=window) is None
+    assert len(ledger.events()) == window - 1
+
+
+def test_window_accounting_keeps_the_counts_of_a_window_after_it_slides():
+    """Three cheap steps slide a window of 3 (one drops out), then an expensive one: the window
+    is then A, A, B, whose epsilon is over the budget, though A, B and A, A, A are not."""
+    a, b = E(8.0, 0.05, "fixed"), E(2.0, 0.5, "fixed")
+    budget = between(max(RDP.epsilon([a] * 3, DELTA), RDP.epsilon([a, b], DELTA)), RDP.epsilon([a, a, b], DELTA))
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(budget, DELTA, RDP, ledger, window=3)
+    assert [monitor.admit(a, position=i) for i in range(4)] == [0, 1, 2, 3]
+    assert monitor.admit(b, position=4) is None and monitor.halted
+
+
+def test_window_accounting_tells_events_of_equal_count_apart():
+    """A window of one step: a cheap step that fits, then an expensive one that does not (the
+    epsilon cache is keyed by the events, not by their counts alone)."""
+    a, b = E(8.0, 0.05, "fixed"), E(2.0, 0.5, "fixed")
+    budget = between(RDP.epsilon([a], DELTA), RDP.epsilon([b], DELTA))
+    monitor = BudgetMonitor(budget, DELTA, RDP, MemoryLedger(), window=1)
+    assert monitor.admit(a, position=0) == 0 and monitor.admit(b, position=1) is None
+
+
+def test_window_accounting_admits_a_window_exactly_at_the_budget():
+    event = E(5.0, 0.1, "fixed")
+    monitor = BudgetMonitor(RDP.epsilon([event] * 2, DELTA), DELTA, RDP, MemoryLedger(), window=2)
+    assert [monitor.admit(event, position=i) for i in range(5)] == [0, 1, 2, 3, 4]
