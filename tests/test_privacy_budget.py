@@ -235,6 +235,8 @@ def test_key_level_accounting_refuses_a_ledger_with_steps_that_carry_no_unit():
 def test_bad_budget_or_delta(budget, delta, word):
     with pytest.raises(ValueError, match=word):
         BudgetMonitor(budget, delta, RDP, MemoryLedger())
+    with pytest.raises(ValueError, match=word):  # window accounting asks no accountant at the start
+        BudgetMonitor(budget, delta, RDP, MemoryLedger(), window=2)
 
 
 @pytest.mark.parametrize("prior", [[], [E(3.0, 0.2, "fixed", count=3)], [E(2.0, 1.0, "fixed", count=2)]])
