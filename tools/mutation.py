@@ -2,13 +2,13 @@
 
 A mutant is a small change to one line (a flipped comparison, an off-by-one constant, a dropped
 argument); a mutant that no test notices is a privacy rule that no test pins. This driver runs
-mutmut (the real tool, from the dev extra) module by module and records the outcome per module in
+mutmut (the ``mutation`` extra: ``pip install -e '.[mutation]'``) module by module and records the outcome per module in
 ``benchmarks/results/mutation.json``, with a hash of each module's source and target so that
 ``tests/test_mutation.py`` can tell, without mutmut, whether the record is current.
 
-Why mutmut and not cosmic-ray: mutmut forks one worker per mutant from a process that has already
-imported the code and the tests, and runs only the tests that executed the mutated function (it
-records that mapping itself), so a mutant costs a fraction of a second instead of a fresh pytest;
+Why mutmut and not cosmic-ray: mutmut forks one worker per mutant from a server process that has
+already imported the code and collected the tests, and runs only the tests that executed the mutated
+function (it records that mapping itself), so a mutant costs seconds instead of a fresh pytest;
 its mutant names carry the function (``module.xǁClassǁmethod__mutmut_7``), so ``mutmut run`` with
 name globs restricts the model files to their clipping functions. cosmic-ray starts a new test
 command per mutant and has no function-level selection. mutmut does not mutate functions with a
@@ -22,7 +22,8 @@ mutated), nor are lines that are only prose in a string literal.
 
 Usage: ``python tools/mutation.py`` re-runs the modules whose hash changed (incremental, the
 default, ``--changed``); ``--all`` re-runs every module; ``--module PATH`` re-runs the given ones;
-``--check`` only verifies the record (what CI does).
+``--check`` only verifies the record (what CI does). ``--results PATH`` writes another record (two
+runs at once, merged afterwards).
 """
 
 from __future__ import annotations
@@ -118,10 +119,14 @@ def function_label(mutant: str) -> str:
 
 
 def mutant_key(path: str, function: str, diff: str) -> str:
-    """A survivor's name that outlives line shifts: module, function and the mutated source text."""
-    added = [" ".join(line[1:].split("  # ")[0].split()) for line in diff.splitlines()
-             if line.startswith("+") and not line.startswith("+++")]
-    return f"{path} | {function} | {' / '.join(added)}"
+    """A survivor's name that outlives line shifts: module, function and the mutated source text
+    (the removed text, marked ``deleted:``, when the mutant only drops a line such as an argument)."""
+    def lines(sign: str) -> list[str]:
+        return [" ".join(line[1:].split("  # ")[0].split()) for line in diff.splitlines()
+                if line.startswith(sign) and not line.startswith(sign * 3)]
+
+    added = lines("+")
+    return f"{path} | {function} | {' / '.join(added) if added else 'deleted: ' + ' / '.join(lines('-'))}"
 
 
 def read_equivalent(path: Path = EQUIVALENT) -> dict[str, str]:
@@ -196,9 +201,6 @@ def _globs(path: str, functions: tuple[str, ...] | None) -> list[str]:
 
 def run_module(path: str, workers: int) -> dict:
     """Mutate one module in a scratch copy, run its tests against each mutant, return its record."""
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
-    from mutmut.stats import status_by_exit_code
-
     target = TARGETS[path]
     repo = _scratch_copy(path, target)
     started = time.monotonic()
@@ -207,32 +209,44 @@ def run_module(path: str, workers: int) -> dict:
     globs = _globs(path, target.functions)
     proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(workers), *globs],
                           cwd=repo, env=env, capture_output=True, text=True)
+    try:
+        record = collect(repo, path, globs)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc} (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+    finally:
+        shutil.rmtree(repo.parent, ignore_errors=True)
+    return {**record, "seconds": round(time.monotonic() - started, 1)}
+
+
+def collect(repo: Path, path: str, globs: list[str]) -> dict:
+    """The record of one module from mutmut's results in ``repo``: counts, and each survivor's key."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    target = TARGETS[path]
     meta = repo / "mutants" / (path + ".meta")
     codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"] if meta.exists() else {}
     codes = {name: code for name, code in codes.items() if any(fnmatch.fnmatch(name, g) for g in globs)}
-    if proc.returncode != 0 or not codes or None in codes.values():
-        shutil.rmtree(repo.parent, ignore_errors=True)
-        raise RuntimeError(f"mutmut did not finish {path} (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
+    if not codes or None in codes.values():
+        raise RuntimeError(f"mutmut did not finish {path}")
     counts = {"killed": 0, "survived": 0, "timeout": 0, "no tests": 0, "other": 0}
     survivors = []
     cwd = os.getcwd()
-    os.chdir(repo)
+    os.chdir(repo)  # mutmut reads its mutants relative to the working directory
     try:
         for name, code in sorted(codes.items()):
             status = status_by_exit_code[code]
             bucket = status if status in counts else "killed" if status == "caught by type check" else "other"
             counts[bucket] += 1
             if bucket in ("survived", "no tests", "other"):
-                key = mutant_key(path, function_label(name), get_diff_for_mutant(name))
-                survivors.append({"key": key, "status": status})
+                key = mutant_key(path, function_label(name), get_diff_for_mutant(name, path=path))
+                survivors.append({"key": key, "status": status, "mutant": name})
     finally:
         os.chdir(cwd)
-    shutil.rmtree(repo.parent, ignore_errors=True)
     return {"source_hash": module_hash(path), "tests": list(target.tests),
             "functions": list(target.functions) if target.functions else "all",
             "not_mutated": decorated_functions(path, target.functions), "mutants": len(codes), **counts,
-            "seconds": round(time.monotonic() - started, 1), "survivors": survivors}
+            "survivors": survivors}
 
 
 def score(record: dict, equivalent: dict[str, str], untriaged: set[str]) -> dict:
@@ -262,14 +276,14 @@ def problems(results: dict, equivalent: dict[str, str], untriaged: set[str]) -> 
     return found
 
 
-def write(results: dict, equivalent: dict[str, str], untriaged: set[str]) -> None:
+def write(results: dict, equivalent: dict[str, str], untriaged: set[str], path: Path = RESULTS) -> None:
     """Recount each module's survivors against the lists, set the target and write the record."""
     for record in results["modules"].values():
         record.update(score(record, equivalent, untriaged))
     results["target"] = "no survivor (survived or untested) in the privacy wall without a test or an equivalence reason"
     results["met"] = (set(results["modules"]) == set(TARGETS) and not problems(results, equivalent, untriaged)
                       and not any(record["untriaged"] for record in results["modules"].values()))
-    RESULTS.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,10 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--module", nargs="+", choices=sorted(TARGETS), help="re-run these modules")
     mode.add_argument("--check", action="store_true", help="only check the record (no mutmut)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the record to update (default: %(default)s)")
     args = parser.parse_args(argv)
 
     equivalent, untriaged = read_equivalent(), read_untriaged()
-    results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
+    results = json.loads(args.results.read_text(encoding="utf-8")) if args.results.exists() else {}
     results.setdefault("modules", {})
     if not args.check:
         import mutmut
@@ -303,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             record = results["modules"][path]
             print(f"[mutation] {path}: {record['mutants']} mutants, {record['killed']} killed, "
                   f"{record['survived']} survived, {record['no tests']} untested, {record['seconds']} s", flush=True)
-            write(results, equivalent, untriaged)
+            write(results, equivalent, untriaged, args.results)
         results["modules"] = {p: results["modules"][p] for p in TARGETS if p in results["modules"]}
-        write(results, equivalent, untriaged)
+        write(results, equivalent, untriaged, args.results)
     found = problems(results, equivalent, untriaged)
     for line in found:
         print(line)
