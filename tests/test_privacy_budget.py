@@ -250,6 +250,17 @@ def test_headroom_equals_a_linear_scan(prior, event, budget):
     assert RDP.headroom(counts, event, DELTA, budget) == n
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 1000])
+def test_headroom_counts_a_composition_exactly_at_the_budget_as_fitting(n):
+    """epsilon <= budget fits: a budget equal to epsilon of n copies has headroom n, and one just
+    below it n - 1, wherever the search's probes fall."""
+    event = E(4.0, 0.01, "fixed")
+    counts = RDP.group([E(3.0, 0.2, "fixed")])
+    at = RDP.epsilon_of_counts(RDP.group([E(3.0, 0.2, "fixed"), event.with_count(n)]), DELTA)
+    assert RDP.headroom(counts, event, DELTA, at) == n
+    assert RDP.headroom(counts, event, DELTA, math.nextafter(at, 0.0)) == n - 1
+
+
 def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
     """A budget that fits more copies than one headroom window keeps admitting past the window."""
     from stream_vips.privacy import budget as budget_module
