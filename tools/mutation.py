@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "mutation.json"
 EQUIVALENT = ROOT / "tests" / "mutation" / "equivalent.txt"
 UNTRIAGED = ROOT / "tests" / "mutation" / "untriaged.txt"
+PENDING = "pending: "
 #: Not mutated: raise statements and logging (message text), and lines that are only prose in a string.
 SKIP_LINES = (r"^\s*raise\b", r"^\s*(log|logger)\.\w+\(", r"^\s*warnings\.warn\(", r'^\s*f?"[^"]*\s[^"]*"')
 #: The functions of a model that bound a record's influence (clip bounds, norms, diameters).
@@ -142,12 +143,13 @@ def read_equivalent(path: Path = EQUIVALENT) -> dict[str, str]:
 
 
 def read_untriaged(path: Path = UNTRIAGED) -> set[str]:
-    """Survivors found but not yet triaged (``module | function | mutated text``): tolerated by the
-    check so that only new survivors fail it, and counted against the target until each one becomes
-    a test or an entry of the allow-list."""
+    """The backlog: survivors found but not yet triaged (``module | function | mutated text``), and
+    modules whose pass has not run yet (``pending: module``). Tolerated by the check so that only
+    new survivors and changed modules fail it; the target is not met while the backlog has a line."""
     keys = set(_entries(path))
-    if any(key.count(" | ") < 2 for key in keys):
-        raise ValueError(f"{path}: every line is 'module | function | mutated text'")
+    bad = [key for key in keys if key.count(" | ") < 2 and not (key.startswith(PENDING) and key[len(PENDING):] in TARGETS)]
+    if bad:
+        raise ValueError(f"{path}: not 'module | function | mutated text' nor 'pending: <target module>': {bad}")
     return keys
 
 
@@ -264,10 +266,14 @@ def problems(results: dict, equivalent: dict[str, str], untriaged: set[str]) -> 
     modules = results.get("modules", {})
     for path in TARGETS:
         record = modules.get(path)
+        if record is None and PENDING + path in untriaged:
+            continue
         if record is None or record["source_hash"] != module_hash(path):
             found.append(f"{path}: mutation result {'missing' if record is None else 'stale'} "
                          f"(re-run: python tools/mutation.py --module {path})")
             continue
+        if PENDING + path in untriaged:
+            found.append(f"listed as pending but recorded: {PENDING}{path}")
         recorded |= {s["key"] for s in record["survivors"]}
         found += [f"unexplained survivor: {key}" for key in score(record, equivalent, untriaged)["unexplained"]]
     current = {p for p in TARGETS if modules.get(p, {}).get("source_hash") == module_hash(p)}
@@ -282,8 +288,9 @@ def write(results: dict, equivalent: dict[str, str], untriaged: set[str], path: 
     for record in results["modules"].values():
         record.update(score(record, equivalent, untriaged))
     results["target"] = "no survivor (survived or untested) in the privacy wall without a test or an equivalence reason"
-    results["met"] = (set(results["modules"]) == set(TARGETS) and not problems(results, equivalent, untriaged)
-                      and not any(record["untriaged"] for record in results["modules"].values()))
+    results["met"] = (set(results["modules"]) == set(TARGETS) and not untriaged
+                      and not problems(results, equivalent, untriaged))
+    results["pending"] = [p for p in TARGETS if PENDING + p in untriaged]
     path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
