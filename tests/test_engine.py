@@ -13,7 +13,8 @@ from stream_vips.errors import ReservoirNotFull
 import pytest
 
 import stream_vips.core.engine as engine_mod
-from stream_vips.core.engine import PrivateEngine
+from stream_vips.core.engine import PrivateEngine, allocation_diameter, allocation_weights
+from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
@@ -223,6 +224,49 @@ def test_mean_uses_the_public_normaliser_not_the_batch_size(sampler, normaliser)
         assert len(set(sizes)) > 1  # realised sizes vary; the normaliser does not
 
 
+@pytest.mark.parametrize("sampler,normaliser", [(PoissonSampler(0.3), 0.3 * 60), (FixedSizeSampler(20), 20.0)])
+def test_the_normaliser_stays_public_when_slots_hold_rejected_records(sampler, normaliser):
+    """A rejected record that won a slot leaves it empty (privacy rule 4): the batch then holds
+    fewer records than were sampled, and the sum is still divided by S or q*M, never by the
+    number of valid slots (which depends on record values)."""
+    M = 60
+    res = Reservoir({"v": (np.float64, ())}, M, np.random.default_rng(4))
+    accepted = np.arange(M) % 3 != 0  # every third arrival fails validation: its slot stays empty
+    res.add_batch({"v": np.full(int(accepted.sum()), 0.5)}, accepted=accepted)
+    assert res.full and not res.valid.all()
+    model = FakeModel((Block("vec", (3,), 1.0),))
+    eng = PrivateEngine(model, res, sampler, None, 0.0, np.random.default_rng(3), tau0=1.0, kappa=1.0,
+                        accountant_name="none", non_private=True)
+    for _ in range(5):
+        eng.step()
+    sizes = [len(b["v"]) for b in model.batches]
+    assert max(sizes) < normaliser  # empty slots were drawn: batches are smaller than the normaliser
+    for batch, (mean, _) in zip(model.batches, model.updates):
+        np.testing.assert_allclose(mean["vec"], model.clipped_sum(batch)["vec"] / normaliser, rtol=1e-12)
+
+
+class UncheckedSampler(FixedSizeSampler):
+    """A sampler that draws from whatever the reservoir holds, without its own fullness check."""
+
+    def sample(self, reservoir_size, rng, *, capacity):
+        return np.sort(rng.choice(reservoir_size, size=min(self.batch_size, reservoir_size), replace=False))
+
+
+def test_the_engine_refuses_a_reservoir_that_is_not_full_whatever_the_sampler():
+    """Privacy rule 5 is the engine's own check: q = S / M assumes M records, so a sampler that does
+    not check fullness must still never see a partial reservoir (nothing sampled, paid or released)."""
+    model = FakeModel(BLOCKS)
+    res = Reservoir({"v": (np.float64, ())}, 10, np.random.default_rng(0))
+    res.add_batch({"v": np.ones(6)})
+    monitor = AdmitAll()
+    eng = make_engine(model, res, UncheckedSampler(3), monitor)
+    with pytest.raises(ReservoirNotFull, match="6 of 10"):
+        eng.step()
+    assert monitor.events == [] and model.updates == [] and model.batches == []
+    res.add_batch({"v": np.ones(4)})
+    assert eng.step().step == 0 and len(model.batches[0]["v"]) == 3
+
+
 def test_zero_noise_needs_explicit_non_private_mode_and_never_claims_privacy():
     model = FakeModel(BLOCKS)
     res = full_reservoir(10)
@@ -274,3 +318,111 @@ def test_private_engine_refuses_an_unbounded_block():
     model = FakeModel((Block("vec", (3,), math.inf),))
     with pytest.raises(ValueError, match="no finite per-record bound"):
         make_engine(model, full_reservoir(10), FixedSizeSampler(5), AdmitAll())
+
+
+class Allocated(FakeModel):
+    """A model whose diameter depends on the noise allocation, with an allocation rule of its own
+    and a floor on z (as logistic regression and SEP have)."""
+
+    supports_key_unit = True
+    key_unit_note = ""
+
+    def __init__(self, blocks, default_weights=None):
+        super().__init__(blocks)
+        self._default = default_weights
+
+    def default_block_weights(self):
+        return self._default
+
+    def diameter(self, weights=None):
+        return 1.0 + sum(0.3 / i * w for i, w in enumerate((weights or {}).values(), start=1))
+
+    def group_diameter(self, weights=None):
+        return 10.0 * self.diameter(weights)
+
+    def check_noise_multiplier(self, z):
+        if z < 0.5:
+            raise ValueError(f"z must be >= 0.5 for this model, got {z}")
+
+
+TWO = (Block("a", (3,), 1.0), Block("b", (2,), 2.0))
+
+
+@pytest.mark.parametrize("given, default", [(None, None), ({"a": 3.0, "b": 1.0}, None), (None, {"a": 1.0, "b": 4.0}),
+                                            ({"a": 3.0, "b": 1.0}, {"a": 1.0, "b": 4.0})])
+def test_the_diameter_and_the_noise_follow_the_allocation_the_engine_uses(given, default):
+    """Explicit block weights win over the model's own rule, which wins over a_k ~ C_k; the event's
+    diameter is the model's for exactly those weights, and so are the noise stds (privacy rule 6)."""
+    model = Allocated(TWO, default)
+    chosen = given if given is not None else default
+    weights = allocation_weights(TWO, chosen)
+    assert allocation_diameter(model, given) == model.diameter(weights)
+    assert allocation_diameter(model, given, unit="key") == model.group_diameter(weights)
+    eng = make_engine(model, full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=2.0, block_weights=given)
+    assert eng.diameter == eng.event().diameter == model.diameter(weights)
+    a = np.array([weights["a"], weights["b"]])
+    assert [eng.block_stds["a"], eng.block_stds["b"]] == pytest.approx(2.0 * np.array([1.0, 2.0]) / a, rel=1e-12)
+
+
+def test_allocation_weights_fall_back_to_equal_weights_for_a_block_without_a_bound():
+    blocks = (Block("a", (3,), 0.0), Block("b", (2,), 2.0))
+    assert allocation_weights(blocks, None) == pytest.approx({"a": 2**-0.5, "b": 2**-0.5})
+
+
+@pytest.mark.parametrize("bound", [math.inf, math.nan, 0.0])
+def test_a_private_engine_refuses_a_block_without_a_finite_positive_bound(bound):
+    model = FakeModel((Block("vec", (3,), bound), Block("ok", (2,), 1.0)))
+    with pytest.raises(ValueError, match="no finite per-record bound"):
+        make_engine(model, full_reservoir(10), FixedSizeSampler(5), AdmitAll())
+
+
+def test_the_engine_asks_the_model_to_check_z_and_refuses_key_level_for_a_model_without_it():
+    with pytest.raises(ValueError, match="z must be >= 0.5"):
+        make_engine(Allocated(TWO), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=0.4)
+    assert make_engine(Allocated(TWO), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=0.5).noise_multiplier == 0.5
+    keys = KeyReservoir({"v": (np.float64, ())}, 10, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="not supported by the fake family"):
+        make_engine(FakeModel(TWO), keys, FixedSizeSampler(5), AdmitAll(), unit="key")
+
+
+def test_noise_is_added_to_every_block_however_small_its_std():
+    """A block whose std is below 1 (small z * C / a) is noised like any other."""
+    z, M, S = 0.5, 40, 8
+    model = FakeModel((Block("small", (500,), 0.01),))
+    eng = make_engine(model, full_reservoir(M, value=0.0), FixedSizeSampler(S), AdmitAll(), z=z)
+    assert eng.block_stds["small"] == pytest.approx(z * 0.01)
+    eng.step()
+    noise = model.updates[0][0]["small"] * S  # the exact sum is 0: what was released is the noise
+    assert noise.std() == pytest.approx(z * 0.01, rel=0.15)
+
+
+def test_the_private_report_carries_the_monitor_s_delta_ledger_window_and_halt():
+    model = FakeModel(BLOCKS)
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(50.0, 1e-6, RdpAccountant(), ledger, window=4)
+    eng = make_engine(model, full_reservoir(20), FixedSizeSampler(5), monitor, z=3.0, accountant_name="rdp")
+    assert eng.step().step == 0
+    rep = eng.privacy_report(steps=1, halted=True)
+    assert (rep["delta"], rep["ledger_id"], rep["window_steps"], rep["halted"]) == (1e-6, ledger.ledger_id, 4, True)
+    assert rep["seeded"] is False  # the engine's default: only a fixed seed says otherwise (privacy rule 9)
+
+
+def test_a_non_private_engine_counts_its_own_steps_and_draws_no_noise():
+    """Without a ledger the engine numbers its steps 0, 1, 2, ...; the step size follows them, and
+    the generator draws only batches (z = 0: no noise, not even zeros)."""
+    values = np.arange(30.0)
+    res = Reservoir({"v": (np.float64, ())}, 30, np.random.default_rng(0))
+    res.add_batch({"v": values})
+    model = FakeModel((Block("vec", (3,), 1.0),))
+    eng = PrivateEngine(model, res, FixedSizeSampler(4), None, 0.0, np.random.default_rng(11), tau0=2.0, kappa=0.6,
+                        accountant_name="rdp", non_private=True)
+    assert eng.last_step is None
+    results = [eng.step() for _ in range(3)]
+    assert [r.step for r in results] == [0, 1, 2] and eng.last_step == 2
+    assert [r.rho for r in results] == pytest.approx([(2.0 + t) ** -0.6 for t in range(3)])
+    assert all(0.0 <= r.duration_s < 60.0 for r in results)
+    rng = np.random.default_rng(11)
+    expected = [res.take(FixedSizeSampler(4).sample(30, rng, capacity=30))["v"].tolist() for _ in range(3)]
+    assert [b["v"].tolist() for b in model.batches] == expected
+    rep = eng.privacy_report(steps=3, halted=False)
+    assert rep["delta"] == 1e-5 and rep["accountant"] == "none"  # the default delta, echoed

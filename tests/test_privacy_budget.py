@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
-from stream_vips.privacy.ledger import FileLedger, MemoryLedger
+from stream_vips.privacy.ledger import FileLedger, LedgerMismatch, MemoryLedger
 
 DELTA = 1e-5
 RDP = RdpAccountant()
@@ -106,6 +107,23 @@ def test_restart_replays_the_ledger_and_never_resets_spending(tmp_path):
     third.ledger.close()
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_restart_just_over_the_budget_starts_halted_and_one_at_it_does_not(window):
+    """The start-up halt compares the ledger's spent epsilon with the budget exactly: 0.1% below
+    what the ledger holds halts before any step, exactly what it holds does not."""
+    event = E(5.0, 0.1, "fixed")
+    ledger = MemoryLedger()
+    first = BudgetMonitor(50.0, DELTA, RDP, ledger, window=window)
+    for position in range(6):
+        assert first.admit(event, position=position) == position
+    spent = first.spent()
+    over = BudgetMonitor(spent * 0.999, DELTA, RDP, ledger, window=window)
+    assert over.halted and "already holds" in over.halt_reason
+    assert over.admit(E(1e4, 0.001, "fixed"), position=6) is None and len(ledger.events()) == 6
+    at = BudgetMonitor(spent, DELTA, RDP, ledger, window=window)
+    assert not at.halted and at.halt_reason is None and at.spent() == spent
+
+
 def test_unsupported_event_raises_and_records_nothing():
     ledger = MemoryLedger()
     monitor = BudgetMonitor(1.0, DELTA, RDP, ledger)
@@ -151,17 +169,34 @@ def test_prepaid_steps_write_once_per_k_steps_at_planned_positions():
 
 
 def test_prepaid_steps_never_exceed_the_budget():
-    event = RDP_POOL[0]
+    event = E(5.0, 0.1, "fixed")  # about 0.4 epsilon for the first step: a budget of 2 admits tens
     one_by_one = BudgetMonitor(2.0, DELTA, RDP, MemoryLedger())
     while one_by_one.admit(event) is not None:
         pass
-    ledger = MemoryLedger()
+    assert one_by_one.steps > 7 and one_by_one.steps % 7  # several writes of 7, and the last one is cut
+    ledger = CountingLedger()
     prepaid = BudgetMonitor(2.0, DELTA, RDP, ledger, prepay=7, stride=10)
     admitted = 0
     while prepaid.admit(event, position=10 * admitted) is not None:
         admitted += 1
     assert admitted == one_by_one.steps == len(ledger.events())  # the last write was cut to fit
-    assert RDP.epsilon(ledger.events(), DELTA) <= 2.0
+    assert ledger.writes == -(-admitted // 7)
+    assert RDP.epsilon(ledger.events(), DELTA) <= 2.0 < RDP.epsilon(ledger.events() + [event], DELTA)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_prepaid_step_is_used_only_by_the_event_it_was_paid_for(window):
+    """Steps prepaid for event A must not release event B: B (another z or q) pays its own step, so
+    the ledger holds what was released, and A's unused prepaid steps stay charged."""
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, prepay=4, stride=10, window=window)
+    a, b = E(5.0, 0.1, "fixed"), E(3.0, 0.2, "fixed")
+    assert monitor.admit(a, position=0) == 0 and monitor.admit(a, position=10) == 1
+    step = monitor.admit(b, position=20)
+    assert step == 4 and ledger.events()[step] == b
+    assert ledger.events() == [a] * 4 + [b] * 4
+    assert monitor.admit(b, position=30) == 5  # B's own prepaid steps serve B
+    assert monitor.admit(a, position=40) == 8 and ledger.events()[8] == a
 
 
 def test_prepay_needs_a_stride():
@@ -174,11 +209,34 @@ def test_prepay_needs_a_stride():
     assert ledger.writes == 3 and len(ledger.events()) == 3
 
 
+def test_a_stride_without_prepay_still_writes_one_step_per_admission():
+    ledger = CountingLedger()
+    monitor = BudgetMonitor(50.0, DELTA, RDP, ledger, stride=10)
+    assert [monitor.admit(RDP_POOL[0], position=10 * i) for i in range(3)] == [0, 1, 2]
+    assert ledger.writes == 3 and len(ledger.events()) == 3
+
+
+@pytest.mark.parametrize("field, value", [("prepay", 0), ("prepay", -2), ("prepay", True), ("prepay", 2.5),
+                                          ("window", 0), ("window", -1), ("window", True), ("window", 2.5)])
+def test_prepay_and_window_must_be_positive_integers(field, value):
+    with pytest.raises(ValueError, match=field):
+        BudgetMonitor(5.0, DELTA, RDP, MemoryLedger(), stride=10, **{field: value})
+    assert BudgetMonitor(5.0, DELTA, RDP, MemoryLedger(), stride=10, **{field: 1}).steps == 0  # 1 is allowed
+
+
+def test_key_level_accounting_refuses_a_ledger_with_steps_that_carry_no_unit():
+    """A step written without a privacy unit (a pure-DP release) was paid per record, not per key."""
+    with pytest.raises(LedgerMismatch, match="1 steps not marked as key-level"):
+        BudgetMonitor(50.0, DELTA, RDP, MemoryLedger([PureDpEvent(0.5)]), unit="key")
+
+
 @pytest.mark.parametrize("budget, delta, word", [(0.0, DELTA, "budget"), (math.inf, DELTA, "budget"),
                                                  (1.0, 0.0, "delta"), (1.0, 1.0, "delta")])
 def test_bad_budget_or_delta(budget, delta, word):
     with pytest.raises(ValueError, match=word):
         BudgetMonitor(budget, delta, RDP, MemoryLedger())
+    with pytest.raises(ValueError, match=word):  # window accounting asks no accountant at the start
+        BudgetMonitor(budget, delta, RDP, MemoryLedger(), window=2)
 
 
 @pytest.mark.parametrize("prior", [[], [E(3.0, 0.2, "fixed", count=3)], [E(2.0, 1.0, "fixed", count=2)]])
@@ -190,6 +248,17 @@ def test_headroom_equals_a_linear_scan(prior, event, budget):
     while RDP.epsilon(prior + [event.with_count(n + 1)], DELTA) <= budget:
         n += 1
     assert RDP.headroom(counts, event, DELTA, budget) == n
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 1000])
+def test_headroom_counts_a_composition_exactly_at_the_budget_as_fitting(n):
+    """epsilon <= budget fits: a budget equal to epsilon of n copies has headroom n, and one just
+    below it n - 1, wherever the search's probes fall."""
+    event = E(4.0, 0.01, "fixed")
+    counts = RDP.group([E(3.0, 0.2, "fixed")])
+    at = RDP.epsilon_of_counts(RDP.group([E(3.0, 0.2, "fixed"), event.with_count(n)]), DELTA)
+    assert RDP.headroom(counts, event, DELTA, at) == n
+    assert RDP.headroom(counts, event, DELTA, math.nextafter(at, 0.0)) == n - 1
 
 
 def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
@@ -320,3 +389,52 @@ def test_a_step_taken_later_than_its_prepaid_position_pays_afresh_only_under_win
         assert step == 4 and len(ledger.events()) == 8 and ledger.last_position == 151
     else:
         assert step == 2 and len(ledger.events()) == 4 and ledger.last_position == 130
+
+
+# --- window accounting: the composition of the last L steps, across restarts and mixed events --
+
+
+def between(low: float, high: float) -> float:
+    assert low < high
+    return (low + high) / 2
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_window_accounting_remembers_the_last_steps_across_a_restart(window):
+    """A budget that fits L - 1 copies of a step but not L: the monitor takes L - 1 steps and
+    refuses the L-th, and so does a restart on that ledger (its replay must bring back the last
+    L - 1 steps, or the next window would be counted short)."""
+    event = E(5.0, 0.1, "fixed")
+    budget = between(RDP.epsilon([event] * (window - 1), DELTA), RDP.epsilon([event] * window, DELTA))
+    ledger = MemoryLedger()
+    first = BudgetMonitor(budget, DELTA, RDP, ledger, window=window)
+    assert [first.admit(event, position=i) for i in range(window)] == list(range(window - 1)) + [None]
+    restarted = BudgetMonitor(budget, DELTA, RDP, ledger, window=window)
+    assert not restarted.halted and restarted.admit(event, position=window) is None
+    assert len(ledger.events()) == window - 1
+
+
+def test_window_accounting_keeps_the_counts_of_a_window_after_it_slides():
+    """Three cheap steps slide a window of 3 (one drops out), then an expensive one: the window
+    is then A, A, B, whose epsilon is over the budget, though A, B and A, A, A are not."""
+    a, b = E(8.0, 0.05, "fixed"), E(2.0, 0.5, "fixed")
+    budget = between(max(RDP.epsilon([a] * 3, DELTA), RDP.epsilon([a, b], DELTA)), RDP.epsilon([a, a, b], DELTA))
+    ledger = MemoryLedger()
+    monitor = BudgetMonitor(budget, DELTA, RDP, ledger, window=3)
+    assert [monitor.admit(a, position=i) for i in range(4)] == [0, 1, 2, 3]
+    assert monitor.admit(b, position=4) is None and monitor.halted
+
+
+def test_window_accounting_tells_events_of_equal_count_apart():
+    """A window of one step: a cheap step that fits, then an expensive one that does not (the
+    epsilon cache is keyed by the events, not by their counts alone)."""
+    a, b = E(8.0, 0.05, "fixed"), E(2.0, 0.5, "fixed")
+    budget = between(RDP.epsilon([a], DELTA), RDP.epsilon([b], DELTA))
+    monitor = BudgetMonitor(budget, DELTA, RDP, MemoryLedger(), window=1)
+    assert monitor.admit(a, position=0) == 0 and monitor.admit(b, position=1) is None
+
+
+def test_window_accounting_admits_a_window_exactly_at_the_budget():
+    event = E(5.0, 0.1, "fixed")
+    monitor = BudgetMonitor(RDP.epsilon([event] * 2, DELTA), DELTA, RDP, MemoryLedger(), window=2)
+    assert [monitor.admit(event, position=i) for i in range(5)] == [0, 1, 2, 3, 4]

@@ -128,3 +128,42 @@ def test_every_accountant_and_the_monitor_refuse_an_uncertified_event(accountant
     with pytest.raises(UnsupportedEvent):
         monitor.admit(e)
     assert monitor.ledger.events() == [] and not monitor.halted
+
+
+def test_numeric_fields_are_canonical_floats_and_unit_is_one_step():
+    """An integer z, q, diameter or epsilon is stored as a float (so equal events serialise alike),
+    unit() is the event with count 1 and with_count() changes only the count."""
+    g = SubsampledGaussianEvent(2, 1, "fixed", diameter=1, count=3)
+    p, u = PureDpEvent(1, count=2), UncertifiedEvent("ops", 1, "inexact sampler", count=2)
+    for value in (g.noise_multiplier, g.sampling_rate, g.diameter, p.epsilon, u.nominal_epsilon):
+        assert type(value) is float and value in (1.0, 2.0)
+    for event in (g, p, u):
+        assert event.unit().count == 1 and event.unit() == event.with_count(1)
+        assert event.with_count(2).unit().count == 1 and event.with_count(5).count == 5
+        assert event.with_count(5).unit() == event.unit()
+
+
+@pytest.mark.parametrize("make", [lambda v: SubsampledGaussianEvent(v, 0.5, "fixed"),
+                                  lambda v: SubsampledGaussianEvent(1.0, v, "fixed"),
+                                  lambda v: SubsampledGaussianEvent(1.0, 0.5, "fixed", diameter=v),
+                                  lambda v: SubsampledGaussianEvent(1.0, 0.5, "fixed", count=v),
+                                  lambda v: PureDpEvent(v), lambda v: PureDpEvent(1.0, count=v),
+                                  lambda v: UncertifiedEvent("ops", v, "inexact"),
+                                  lambda v: UncertifiedEvent("ops", 1.0, "inexact", count=v)])
+@pytest.mark.parametrize("bad", [True, "1", math.inf, 0, -1])
+def test_event_fields_refuse_booleans_text_infinities_and_values_below_their_range(make, bad):
+    assert make(1) is not None  # 1 is valid for every one of these fields
+    with pytest.raises(ValueError):
+        make(bad)
+
+
+def test_a_count_must_be_an_integer():
+    for make in (lambda: SubsampledGaussianEvent(1.0, 0.5, "fixed", count=2.5), lambda: PureDpEvent(1.0, count=2.5),
+                 lambda: UncertifiedEvent("ops", 1.0, "inexact", count=2.5)):
+        with pytest.raises(ValueError, match="count"):
+            make()
+
+
+def test_a_replace_one_diameter_anywhere_in_its_range_is_accepted():
+    for d in (0.25, 1.0, 1.5, 2.0):
+        assert SubsampledGaussianEvent(1.0, 0.5, "fixed", diameter=d).diameter == d

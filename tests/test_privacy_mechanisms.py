@@ -119,3 +119,39 @@ def test_make_rng_seeded_flag_and_os_entropy():
     assert not np.array_equal(c.normal(size=4), d.normal(size=4))
     with pytest.raises(ValueError, match="seed"):
         make_rng(-1)
+
+
+def test_block_noise_stds_validates_bounds_and_weights_and_allows_one_block():
+    assert block_noise_stds(2.0, [1.5]).tolist() == [3.0]
+    for bounds in ([], [1.0, 0.0], [1.0, -1.0], [[1.0, 2.0]]):
+        with pytest.raises(ValueError, match="bounds"):
+            block_noise_stds(1.0, bounds)
+    for weights in ([1.0], [1.0, 0.0], [-0.6, 0.8], [0.5, 0.5]):
+        with pytest.raises(ValueError, match="weights"):
+            block_noise_stds(1.0, [1.0, 2.0], weights)
+
+
+def test_noise_and_seed_arguments_are_checked_at_their_boundaries():
+    """z and C must be > 0, a std >= 0 and finite (0: no noise), a seed a non-negative integer,
+    Analyze-Gauss at least 1 x 1; each refused value is one step outside what is allowed."""
+    assert effective_noise_multiplier([1.0], [0.5]) == 0.5  # z = s / C, an s below 1 included
+    for bounds, stds in (([1.0, 1.0], [1.0]), ([0.0], [1.0]), ([1.0], [0.0]), ([-1.0], [1.0]), ([1.0], [-1.0])):
+        with pytest.raises(ValueError, match="positive"):
+            effective_noise_multiplier(bounds, stds)
+    assert noise_std(0.5, 0.5) == 0.25
+    for z, bound in ((0.0, 1.0), (1.0, 0.0), (-1.0, 1.0)):
+        with pytest.raises(ValueError, match="must be > 0"):
+            noise_std(z, bound)
+    rng = np.random.default_rng(0)
+    assert gaussian_noise(rng, 3, 0.0).tolist() == [0.0, 0.0, 0.0]
+    for std in (-1.0, np.inf, np.nan):
+        with pytest.raises(ValueError, match="std"):
+            gaussian_noise(rng, 3, std)
+    assert make_rng(0)[1] is True and make_rng(None)[1] is False
+    for seed in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="seed"):
+            make_rng(seed)
+    assert symmetric_noise(rng, 1, 2.0).shape == (1, 1)
+    for d in (0, True, 2.0):
+        with pytest.raises(ValueError, match="positive integer"):
+            symmetric_noise(rng, d, 1.0)

@@ -174,3 +174,62 @@ def test_take_and_validation():
         Reservoir(LAYOUT, capacity=0, rng=np.random.default_rng(0))
     with pytest.raises(ValueError):
         res.columns["x"][0, 0] = 1.0  # read-only view
+
+
+def test_candidates_are_exactly_the_arrivals_a_one_by_one_admission_keeps():
+    """candidates(n) names every arrival whose own draw hits a slot, no more: what admitting the n
+    arrivals one at a time would keep, drawn from a copy of the generator."""
+    for seed in range(6):
+        a = Reservoir(LAYOUT, capacity=5, rng=np.random.default_rng(seed))
+        b = Reservoir(LAYOUT, capacity=5, rng=np.random.default_rng(seed))
+        for res in (a, b):
+            res.add_batch(stream(0, 3))  # two slots still fill, then Algorithm R
+        candidates = a.candidates(40).tolist()
+        kept = []
+        for i in range(40):
+            admission = b.admit(1)
+            kept += [i] * admission.arrivals.size
+            b.place(admission, {k: v[: admission.arrivals.size] for k, v in stream(3 + i, 1).items()})
+        assert candidates == kept and 2 < len(kept) < 40
+
+
+def test_masks_of_zeros_and_ones_are_read_as_booleans_and_checked_both_ways():
+    """An accepted mask (or a restored valid mask) of 0/1 integers means what the booleans mean;
+    a mask whose length or whose count of accepted entries does not match is refused."""
+    ok = np.array([1, 0, 1, 1, 0, 1, 1, 1])
+    a = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(3))
+    b = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(3))
+    rows = {k: v[ok.astype(bool)] for k, v in stream(0, 8).items()}
+    a.add_batch(rows, accepted=ok.astype(bool))
+    b.add_batch(rows, accepted=ok)
+    assert a.valid.tolist() == b.valid.tolist() and a.columns["pos"].tolist() == b.columns["pos"].tolist()
+    c = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(3))
+    admission = c.admit(8)
+    mask = ok[admission.arrivals]
+    c.place(admission, {k: v[admission.arrivals][mask.astype(bool)] for k, v in stream(0, 8).items()}, mask)
+    assert c.valid.tolist() == a.valid.tolist() and c.columns["pos"].tolist() == a.columns["pos"].tolist()
+    state = a.get_state()
+    d = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(0))
+    d.set_state({**state, "valid": state["valid"].astype(int).tolist()})
+    assert d.valid.tolist() == a.valid.tolist()
+    e = Reservoir(LAYOUT, capacity=4, rng=np.random.default_rng(3))
+    admission = e.admit(8)
+    k = admission.arrivals.size
+    rows_k = {name: v[:k] for name, v in stream(0, 8).items()}
+    with pytest.raises(ValueError, match="accepted mask"):
+        e.place(admission, rows_k, np.arange(k + 1) < k)  # k accepted, but one entry too many
+    with pytest.raises(ValueError, match="accepted mask"):
+        e.place(admission, rows_k, np.arange(k) > 0)  # the right length, one row too many
+
+
+def test_capacity_and_indices_are_checked_at_their_boundaries():
+    assert Reservoir(LAYOUT, capacity=1, rng=np.random.default_rng(0)).capacity == 1
+    for capacity in (True, 2.5, -1):
+        with pytest.raises(ValueError, match="capacity"):
+            Reservoir(LAYOUT, capacity=capacity, rng=np.random.default_rng(0))
+    res = Reservoir(LAYOUT, capacity=6, rng=np.random.default_rng(0))
+    res.add_batch(stream(0, 4))  # four of six slots filled
+    assert res.take([0, 3])["pos"].tolist() == [0, 3]
+    for bad in ([4], [-1], [0, 4]):
+        with pytest.raises(IndexError):
+            res.take(bad)

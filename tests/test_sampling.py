@@ -86,3 +86,19 @@ def test_validation_and_factory():
         make_sampler("fixed", 200, 100)
     with pytest.raises(ValueError, match="batch_size"):
         make_sampler("poisson", 200, 100)
+
+
+def test_every_boundary_value_of_the_sampling_configuration():
+    """Inclusive where the rules allow it (S = M, q = 1, a reservoir of one), refused just outside."""
+    rng = np.random.default_rng(0)
+    assert FixedSizeSampler(1).sample(1, rng, capacity=1).tolist() == [0]
+    assert PoissonSampler(1.0).sample(1, rng, capacity=1).tolist() == [0]
+    assert FixedSizeSampler(5).rate(5) == 1.0 and FixedSizeSampler(5).normaliser(5) == 5.0
+    assert make_sampler("poisson", 5, 5).q == 1.0 and make_sampler("poisson", 1, 5).q == 0.2
+    for bad in (0, -1, True, 2.5, 6):
+        with pytest.raises(ValueError, match="batch_size"):
+            make_sampler("poisson", bad, 5)
+        with pytest.raises(ValueError, match="batch_size"):
+            make_sampler("fixed", bad, 5)
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        FixedSizeSampler(1).sample(0, rng, capacity=0)

@@ -113,3 +113,34 @@ def test_budget_monitor_admits_pure_events_then_halts():
     monitor = BudgetMonitor(1.0, 1e-5, PldAccountant(), MemoryLedger())
     assert [monitor.admit(PureDpEvent(0.4)) for _ in range(3)] == [0, 1, None]
     assert monitor.halted and monitor.spent() <= 1.0
+
+
+def test_steps_of_different_events_with_the_same_epsilon_all_count():
+    """Two events (here: pure DP under two adjacencies) with one per-step epsilon pool their
+    counts; none is lost when their epsilons coincide."""
+    acct = StrongCompositionAccountant(RdpAccountant())
+    a, b = PureDpEvent(0.2), PureDpEvent(0.2, adjacency="add_remove")
+    mixed = acct.epsilon_of_counts(acct.group([a] * 3 + [b] * 2), 1e-5)
+    assert mixed == acct.epsilon_of_counts(acct.group([a] * 5), 1e-5) > acct.epsilon_of_counts(acct.group([a] * 3), 1e-5)
+    assert acct.epsilon_of_counts({}, 1e-5) == 0.0
+
+
+def test_strong_composition_arguments_are_checked_at_their_boundaries():
+    assert strong_composition_epsilon(0.0, 5, 1e-5) == 0.0 and strong_composition_epsilon(0.1, 0, 1e-5) == 0.0
+    for eps0 in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="eps0"):
+            strong_composition_epsilon(eps0, 5, 1e-5)
+    for k in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="k must be"):
+            strong_composition_epsilon(0.1, k, 1e-5)
+    for slack in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="delta_slack"):
+            strong_composition_epsilon(0.1, 5, slack)
+        with pytest.raises(ValueError, match="delta_slack"):
+            heterogeneous_strong_epsilon({0.1: 5}, slack)
+        with pytest.raises(ValueError, match="delta must be"):
+            StrongCompositionAccountant(RdpAccountant()).epsilon_of_counts({PureDpEvent(0.1): 1}, slack)
+    assert StrongCompositionAccountant(RdpAccountant(), (0.5,)).slack_fractions == (0.5,)
+    for fractions in ((), (0.0,), (1.0,), (1.5,), (0.5, 1.0)):
+        with pytest.raises(ValueError, match="slack_fractions"):
+            StrongCompositionAccountant(RdpAccountant(), fractions)

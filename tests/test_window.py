@@ -49,6 +49,41 @@ def test_sampled_window_membership_depends_on_positions_and_rng_only():
     assert ra.get_state()["admitted"] == rb.get_state()["admitted"] < 200 * 0.4
 
 
+def test_window_steps_and_rate_refuse_values_outside_their_range():
+    assert window_steps(1, 1) == 1 and window_steps(7, 2) == 4
+    for capacity, every in ((0, 5), (5, 0), (-1, 1)):
+        with pytest.raises(ValueError, match="capacity and every_records"):
+            window_steps(capacity, every)
+    for rate in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="rate"):
+            WindowReservoir({"x": (np.float64, ())}, 3, np.random.default_rng(0), rate=rate)
+
+
+def test_a_sampled_window_restores_exactly_and_refuses_a_state_that_is_not_its_own():
+    """A sampled window that admitted fewer than M arrivals (of more than M seen) fills only the
+    admitted slots on restore; a state without the window's ring or rate is refused."""
+    layout = {"x": (np.float64, ())}
+    res = WindowReservoir(layout, 8, np.random.default_rng(3), rate=0.25)
+    res.add_batch({"x": np.arange(20.0)})
+    state = res.get_state()
+    assert state["admitted"] < 8 < state["seen"]  # the case that needs min(admitted, M), not seen
+    back = WindowReservoir(layout, 8, np.random.default_rng(99), rate=0.25)
+    back.set_state(state)
+    assert (back.size, back.seen, back.full) == (res.size, res.seen, res.full) == (state["admitted"], 20, False)
+    assert back.columns["x"].tolist() == res.columns["x"].tolist() and back.valid.tolist() == res.valid.tolist()
+    back.add_batch({"x": np.arange(20.0, 60.0)})
+    res.add_batch({"x": np.arange(20.0, 60.0)})
+    assert back.get_state()["admitted"] == res.get_state()["admitted"]
+    assert back.columns["x"].tolist() == res.columns["x"].tolist()  # same draws after the restore
+    plain = {k: v for k, v in state.items() if k not in ("admitted", "rate")}
+    for bad in (plain, {**state, "rate": 0.5}, {k: v for k, v in state.items() if k != "rate"}):
+        with pytest.raises(ValueError, match="not a window reservoir"):
+            WindowReservoir(layout, 8, np.random.default_rng(0), rate=0.25).set_state(bad)
+    full_rate = WindowReservoir(layout, 8, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="not a window reservoir"):
+        full_rate.set_state({**plain, "admitted": 5})  # no rate recorded: not taken for rate 1
+
+
 @pytest.mark.parametrize("m, k", [(10, 1), (10, 3), (10, 10), (12, 5), (4, 9)])
 def test_a_record_is_in_at_most_l_steps_and_some_record_in_exactly_l(m, k):
     """Steps every k arrivals once full (the pipeline's trigger): count, for each arrival, the steps
