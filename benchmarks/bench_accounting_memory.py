@@ -94,6 +94,8 @@ def use_old_accountant() -> None:
     sys.modules[module.__name__] = module
     exec(compile(src, module.__file__, "exec"), module.__dict__)
     pkg.accountant = module
+    # today's accountants and calibration live in two modules; the old one held both
+    sys.modules["stream_vips.privacy.accountants"] = sys.modules["stream_vips.privacy.calibration"] = module
 
 
 # --- child cases (each in its own process) ---------------------------------------------------
@@ -107,7 +109,7 @@ def child_plan(steps: int, epsilon: float | None, z: float | None) -> dict:
 
 
 def child_report(steps: int) -> dict:
-    from stream_vips.privacy.accountant import PldAccountant
+    from stream_vips.privacy.accountants import PldAccountant
     from stream_vips.privacy.events import SubsampledGaussianEvent
 
     acct = PldAccountant()
@@ -117,7 +119,7 @@ def child_report(steps: int) -> dict:
 
 
 def child_restart(steps: int, file_ledger: bool) -> dict:
-    from stream_vips.privacy.accountant import PldAccountant
+    from stream_vips.privacy.accountants import PldAccountant
     from stream_vips.privacy.budget import BudgetMonitor
     from stream_vips.privacy.events import SubsampledGaussianEvent
     from stream_vips.privacy.ledger import FileLedger, MemoryLedger, encode_genesis, encode_line, new_genesis

@@ -40,9 +40,8 @@ from dp_accounting.pld import PLDAccountant  # noqa: E402
 from dp_accounting.rdp import RdpAccountant as DpaRdp  # noqa: E402
 
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.privacy.accountant import (  # noqa: E402
-    PldAccountant, RdpAccountant, calibrate_noise_multiplier,
-)
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant  # noqa: E402
+from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
 from stream_vips.privacy.ledger import FileLedger, MemoryLedger  # noqa: E402

@@ -143,7 +143,8 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
     import yaml
 
     from stream_vips.service.build import load_config
-    from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
+    from stream_vips.privacy.accountants import make_accountant
+    from stream_vips.privacy.calibration import calibrate_noise_multiplier
 
     kafka = {"bootstrap_servers": bootstrap, "client": client}
     if name == "k8s":

@@ -64,7 +64,7 @@ except ImportError as exc:  # pragma: no cover - the peers are what this benchma
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.logistic import BayesianLogisticRegression  # noqa: E402
-from stream_vips.privacy.accountant import RdpAccountant  # noqa: E402
+from stream_vips.privacy.accountants import RdpAccountant  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 from stream_vips.core.data.reservoir import Reservoir  # noqa: E402

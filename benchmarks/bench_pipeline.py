@@ -67,7 +67,7 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # 
 from connectors.synthetic import SyntheticRegressionSource  # noqa: E402
 from stream_vips.config import config_from_dict  # noqa: E402
 from stream_vips.service.app import Application  # noqa: E402
-from stream_vips.privacy.accountant import Accountant, make_accountant  # noqa: E402
+from stream_vips.privacy.accountants import Accountant, make_accountant  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 

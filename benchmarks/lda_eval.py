@@ -59,7 +59,8 @@ from datasets import cache_dir  # noqa: E402
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.lda import LDA, topic_recovery  # noqa: E402
-from stream_vips.privacy.accountant import PldAccountant, calibrate_noise_multiplier  # noqa: E402
+from stream_vips.privacy.accountants import PldAccountant  # noqa: E402
+from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 from stream_vips.core.data.reservoir import Reservoir  # noqa: E402

@@ -58,9 +58,10 @@ from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExac
 from stream_vips.models.baselines.sgld import DPSGLD  # noqa: E402
 from stream_vips.models.logistic import BayesianLogisticRegression, roc_auc  # noqa: E402
 from stream_vips.models.sep.probit import ProbitSEP  # noqa: E402
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, calibrate_noise_multiplier  # noqa: E402
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant  # noqa: E402
+from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.composition import StrongCompositionAccountant  # noqa: E402
+from stream_vips.privacy.accountants import StrongCompositionAccountant  # noqa: E402
 from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 from stream_vips.core.data.reservoir import Reservoir  # noqa: E402

@@ -49,8 +49,8 @@ from scipy.optimize import brentq  # noqa: E402
 
 from datasets import load_mnist_binary  # noqa: E402
 from stream_vips.models.sbn import SigmoidBeliefNetwork, fit_rule, pixel_accuracy  # noqa: E402
-from stream_vips.privacy.accountant import RdpAccountant  # noqa: E402
-from stream_vips.privacy.composition import StrongCompositionAccountant  # noqa: E402
+from stream_vips.privacy.accountants import RdpAccountant  # noqa: E402
+from stream_vips.privacy.accountants import StrongCompositionAccountant  # noqa: E402
 from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
 
 N, DELTA, SIGMA = 60_000, 1e-4, 1.0

@@ -45,7 +45,8 @@ from scipy.optimize import linear_sum_assignment  # noqa: E402
 from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
 from stream_vips.core.engine import PrivateEngine  # noqa: E402
 from stream_vips.models.sep.mixture import MixtureSEP  # noqa: E402
-from stream_vips.privacy.accountant import PldAccountant, calibrate_noise_multiplier  # noqa: E402
+from stream_vips.privacy.accountants import PldAccountant  # noqa: E402
+from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
 from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
 from stream_vips.core.data.reservoir import Reservoir  # noqa: E402

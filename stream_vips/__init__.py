@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "config_from_dict": "stream_vips.service.build",
     "posterior_from_message": "stream_vips.client",
     "ModelReader": "stream_vips.client",
-    "make_accountant": "stream_vips.privacy.accountant",
+    "make_accountant": "stream_vips.privacy.accountants",
     "BudgetMonitor": "stream_vips.privacy.budget",
     "SubsampledGaussianEvent": "stream_vips.privacy.events",
     "StreamVipsError": "stream_vips.errors",

@@ -43,7 +43,8 @@ import yaml
 
 from stream_vips.errors import ConfigError
 from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
-from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL, MIN_NOISE_MULTIPLIER
+from stream_vips.privacy.accountants import MIN_NOISE_MULTIPLIER
+from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL
 
 
 ENV_PREFIX = "STREAM_VIPS__"

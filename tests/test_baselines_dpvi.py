@@ -9,7 +9,7 @@ from scipy.special import log_expit
 
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.dpvi import DPVI
-from stream_vips.privacy.accountant import RdpAccountant
+from stream_vips.privacy.accountants import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir

@@ -13,9 +13,9 @@ from scipy.special import log_expit, logsumexp
 
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.composition import StrongCompositionAccountant
+from stream_vips.privacy.accountants import StrongCompositionAccountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir

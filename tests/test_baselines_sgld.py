@@ -9,7 +9,7 @@ import pytest
 
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.sgld import DPSGLD, SgldConditionError
-from stream_vips.privacy.accountant import RdpAccountant
+from stream_vips.privacy.accountants import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir

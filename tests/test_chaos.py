@@ -28,7 +28,7 @@ from connectors.kafka import KafkaConnectorError, KafkaSource, dead_letter_from_
 from kafka_broker import CLIENTS, WEAK_LEDGER, build_app, create_topic, pipeline_config, produce, unique_topic
 from stream_vips.service.checkpoint import Checkpoint
 from stream_vips.service.app import DeadLetterError
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerMismatch
 
 pytestmark = pytest.mark.kafka

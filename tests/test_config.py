@@ -225,7 +225,8 @@ def test_privacy_bounds_are_where_the_accountant_arithmetic_stays_finite():
     import math
 
     from stream_vips.config import MAX_EPSILON, MIN_NOISE_MULTIPLIER
-    from stream_vips.privacy.accountant import SubsampledGaussianEvent, calibrate_noise_multiplier, make_accountant
+    from stream_vips.privacy.accountants import SubsampledGaussianEvent, make_accountant
+    from stream_vips.privacy.calibration import calibrate_noise_multiplier
 
     cfg = config_from_dict({"privacy": {"epsilon": MAX_EPSILON, "seed": 0}}, env={})
     assert cfg.privacy.epsilon == MAX_EPSILON

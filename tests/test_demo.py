@@ -21,7 +21,7 @@ from stream_vips.service.build import config_from_dict
 from stream_vips.cli.demo import FAMILIES
 from stream_vips.models.lda import topic_recovery
 from stream_vips.service.app import Application
-from stream_vips.privacy.accountant import PldAccountant
+from stream_vips.privacy.accountants import PldAccountant
 from stream_vips.privacy.ledger import FileLedger
 
 

@@ -16,7 +16,7 @@ import stream_vips.core.engine as engine_mod
 from stream_vips.core.engine import PrivateEngine, allocation_diameter, allocation_weights
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger

@@ -17,7 +17,8 @@ from stream_vips import messages
 from stream_vips.client import check_message, posterior_from_message
 from scipy.stats import norm
 
-from stream_vips.privacy.accountant import calibrate_noise_multiplier, make_accountant
+from stream_vips.privacy.accountants import make_accountant
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
 
 fitmod = importlib.import_module("stream_vips.fitting")
 fitcli = importlib.import_module("stream_vips.cli.fit")
@@ -654,7 +655,7 @@ def test_an_os_error_during_the_run_keeps_the_last_paid_step(tmp_path, capsys, m
     """The ledger write of step 3 of 4 fails (disk full) inside the run: no traceback, exit 5, and
     the saved model is the one of the last paid step (step 2), not the first published version
     (the fit holds versions back until the loop ends): its steps and epsilon are the ledger's."""
-    from stream_vips.privacy.accountant import make_accountant
+    from stream_vips.privacy.accountants import make_accountant
     from stream_vips.privacy.ledger import FileLedger
 
     original, calls = FileLedger.append_many, []

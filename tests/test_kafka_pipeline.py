@@ -26,7 +26,7 @@ from stream_vips.cli import inspect as sv_inspect
 from stream_vips import messages
 from stream_vips.service.checkpoint import Checkpoint
 from stream_vips.client import ModelReader
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 
 pytestmark = pytest.mark.kafka

@@ -18,7 +18,7 @@ from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_i
 from stream_vips.models.base import group_gram_norms, group_sum
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.sampling import make_sampler

@@ -15,7 +15,7 @@ from stream_vips.config import check_kwargs
 from stream_vips.models import model_class
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.lda import LDA, Bags, _theta_phinorm, e_step, hellinger, topic_recovery
-from stream_vips.privacy.accountant import PldAccountant
+from stream_vips.privacy.accountants import PldAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir

@@ -242,7 +242,7 @@ def test_error_shrinks_as_epsilon_grows():
     the accountant's epsilon strictly increasing (PLD, replace-one, delta 1e-5).
     """
     from stream_vips.core.engine import PrivateEngine
-    from stream_vips.privacy.accountant import PldAccountant
+    from stream_vips.privacy.accountants import PldAccountant
     from stream_vips.privacy.events import SubsampledGaussianEvent
     from stream_vips.core.data.reservoir import Reservoir
     from stream_vips.core.data.sampling import PoissonSampler

@@ -18,7 +18,7 @@ from stream_vips.models.logistic import (
     pg_mean,
     roc_auc,
 )
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir

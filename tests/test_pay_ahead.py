@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stream_vips.privacy.accountant import RdpAccountant
+from stream_vips.privacy.accountants import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import LedgerWriteError, MemoryLedger

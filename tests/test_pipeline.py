@@ -29,7 +29,7 @@ from stream_vips.config import ConfigError
 from stream_vips.service.build import config_from_dict
 from stream_vips.io import RawRecord
 from stream_vips.service.app import Application, DeadLetterError, PublishError
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
 
 REPO = Path(__file__).resolve().parents[1]

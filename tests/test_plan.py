@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stream_vips.cli import plan as plan_mod
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,8 @@ from dp_accounting.rdp import RdpAccountant as DpaRdp
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from stream_vips.privacy.accountant import (
-    PldAccountant, RdpAccountant, UnsupportedEvent, calibrate_noise_multiplier, make_accountant,
-)
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent, make_accountant
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
 
 NR = dpa.NeighboringRelation
@@ -291,7 +290,7 @@ def test_calibration_is_memoized_per_accountant_settings():
 
 # --- PLD reports in bounded time and memory: grid of counts, interval following epsilon ------
 
-from stream_vips.privacy.accountant import GRID_EXACT_COUNTS, GRID_RATIO, grid_count, pmf_epsilon  # noqa: E402
+from stream_vips.privacy.accountants import GRID_EXACT_COUNTS, GRID_RATIO, grid_count, pmf_epsilon  # noqa: E402
 
 
 def test_grid_count_rounds_up_monotonically_and_idempotently():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
@@ -264,7 +264,7 @@ def test_headroom_counts_a_composition_exactly_at_the_budget_as_fitting(n):
 def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
     """A budget that fits more copies than one headroom window keeps admitting past the window."""
     from stream_vips.privacy import budget as budget_module
-    from stream_vips.privacy.accountant import RdpAccountant
+    from stream_vips.privacy.accountants import RdpAccountant
     from stream_vips.privacy.events import SubsampledGaussianEvent
     from stream_vips.privacy.ledger import MemoryLedger
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.composition import StrongCompositionAccountant
+from stream_vips.privacy.accountants import StrongCompositionAccountant
 from stream_vips.privacy.events import (
     PureDpEvent,
     SubsampledGaussianEvent,

@@ -171,7 +171,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[PromAPI, Path, subprocess.Popen]]:
 
 def ledger_epsilon(path: Path) -> tuple[float, int]:
     """(epsilon, number of events) computed from the ledger file alone."""
-    from stream_vips.privacy.accountant import make_accountant
+    from stream_vips.privacy.accountants import make_accountant
     from stream_vips.privacy.ledger import FileLedger
 
     ledger = FileLedger(path)

@@ -22,7 +22,7 @@ from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import report as sv_report
 from stream_vips.service.build import config_from_dict
 from stream_vips.service.app import Application
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger
 

@@ -17,7 +17,7 @@ from stream_vips.models.sep.core import SITE, pack, packed_size, unpack
 from stream_vips.models.sep.gaussian import GaussianMeanSEP
 from stream_vips.models.sep.mixture import MixtureSEP
 from stream_vips.models.sep.probit import ProbitSEP
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger

@@ -6,13 +6,10 @@ import math
 
 import pytest
 
-from stream_vips.privacy.accountant import PldAccountant, RdpAccountant, UnsupportedEvent, make_accountant
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent, make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.composition import (
-    StrongCompositionAccountant,
-    heterogeneous_strong_epsilon,
-    strong_composition_epsilon,
-)
+from stream_vips.privacy.accountants import (StrongCompositionAccountant, heterogeneous_strong_epsilon,
+                                             strong_composition_epsilon)
 from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent, UnknownEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
 

@@ -10,7 +10,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from stream_vips import ConfigError, PrivateLearner
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger

@@ -71,11 +71,14 @@ class Target:
 _BUDGET_TESTS = ("tests/test_privacy_budget.py", "tests/test_window.py", "tests/test_window_life.py",
                  "tests/test_key_privacy.py", "tests/test_privacy_events.py", "tests/test_strong_composition.py")
 _MODEL_TESTS = ("tests/test_model_validate.py", "tests/test_audit.py")
+_ACCOUNTANT_TESTS = ("tests/test_privacy_accountant.py", "tests/test_privacy_budget.py", "tests/test_strong_composition.py",
+                     "tests/test_window.py")
 TARGETS: dict[str, Target] = {
-    "stream_vips/privacy/accountant.py": Target(("tests/test_privacy_accountant.py", "tests/test_privacy_budget.py",
-                                                 "tests/test_strong_composition.py", "tests/test_window.py")),
+    **{f"stream_vips/privacy/accountants/{name}.py": Target(_ACCOUNTANT_TESTS) for name in ("base", "rdp", "pld")},
+    "stream_vips/privacy/calibration.py": Target(_ACCOUNTANT_TESTS),
     "stream_vips/privacy/budget.py": Target(_BUDGET_TESTS),
-    "stream_vips/privacy/composition.py": Target(("tests/test_strong_composition.py", "tests/test_privacy_events.py")),
+    "stream_vips/privacy/accountants/strong.py": Target(("tests/test_strong_composition.py",
+                                                         "tests/test_privacy_events.py")),
     "stream_vips/privacy/events.py": Target(("tests/test_privacy_events.py", "tests/test_privacy_accountant.py",
                                              "tests/test_privacy_budget.py", "tests/test_strong_composition.py",
                                              "tests/test_privacy_ledger.py")),

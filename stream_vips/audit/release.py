@@ -26,7 +26,7 @@ import numpy as np
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.models.base import Block, Model
-from stream_vips.privacy.accountant import make_accountant
+from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger

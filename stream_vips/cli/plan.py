@@ -3,7 +3,7 @@
 Given the sampling scheme, batch size S, reservoir capacity M (q = S/M), number of steps T and
 delta, prints epsilon for a noise multiplier z (z = noise std / C, privacy rule 2 in
 docs/privacy.md), or the smallest z whose epsilon meets a target, with epsilon after a few step
-counts. The accounting is the pipeline's own (``stream_vips.privacy.accountant``): pld for
+counts. The accounting is the pipeline's own (``stream_vips.privacy.accountants``): pld for
 Poisson, autodp for fixed-size unless ``--accountant`` says otherwise; guarantees are under
 replace-one adjacency (privacy rule 1). Every epsilon printed is what the budget monitor will
 report after that many steps: with pld an upper bound that is exact at a grid of step counts
@@ -109,7 +109,8 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
          noise_multiplier: float | None = None, epsilon: float | None = None,
          accountant: str | None = None, unit: str = "record", max_records_per_key: int | None = None) -> dict:
     """The planning report as a dict (what ``--json`` prints)."""
-    from stream_vips.privacy.accountant import UnsupportedEvent, calibrate_noise_multiplier, make_accountant
+    from stream_vips.privacy.accountants import UnsupportedEvent, make_accountant
+    from stream_vips.privacy.calibration import calibrate_noise_multiplier
     from stream_vips.privacy.events import SubsampledGaussianEvent
 
     if batch_size > reservoir:
@@ -190,7 +191,7 @@ def _unit_lines(report: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``stream-vips plan`` for parsed ``args``; returns the exit status."""
-    from stream_vips.privacy.accountant import UnsupportedEvent
+    from stream_vips.privacy.accountants import UnsupportedEvent
 
     try:
         report = plan(args.sampling, args.batch_size, args.reservoir, args.steps, args.delta,

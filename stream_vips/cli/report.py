@@ -416,7 +416,7 @@ def build_report(ledger: LedgerView, models: Models, dead_letters: Counter | Non
                  points: int = DEFAULT_POINTS) -> Report:
     """Recompute the privacy numbers from the ledger and check them against the latest model."""
     from stream_vips.messages import is_private
-    from stream_vips.privacy.accountant import UnsupportedEvent, make_accountant
+    from stream_vips.privacy.accountants import UnsupportedEvent, make_accountant
 
     msg = models.latest
     privacy = msg["privacy"]

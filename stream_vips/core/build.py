@@ -27,7 +27,8 @@ from stream_vips.core.engine import PrivateEngine, allocation_diameter
 from stream_vips.errors import ConfigError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
-from stream_vips.privacy.accountant import Accountant, calibrate_noise_multiplier, make_accountant
+from stream_vips.privacy.accountants import Accountant, make_accountant
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, Ledger, MemoryLedger

@@ -29,7 +29,7 @@ z = 0: no events, no ledger, epsilon reported as infinite, and the report never 
 (``delta`` is then only echoed into the report).
 
 >>> from stream_vips.models.linreg import LinearRegression
->>> from stream_vips.privacy.accountant import make_accountant
+>>> from stream_vips.privacy.accountants import make_accountant
 >>> from stream_vips.privacy.budget import BudgetMonitor
 >>> from stream_vips.privacy.ledger import MemoryLedger
 >>> from stream_vips.core.data.reservoir import Reservoir

@@ -104,7 +104,7 @@ def accountant_for(q: float) -> str:
     (sigma = z / D; T steps compose to alpha T D^2 / (2 z^2), i.e. mu-GDP with mu = sqrt(T) D / z,
     and its conversion to (epsilon, delta) is within 0.1% of that exact curve: tests/test_fit.py).
     The ``pld`` accountant accounts a replace-one step at diameter 2 whatever the model proves
-    (its dominating pair is only known for 2; stream_vips/privacy/accountant.py), so for the
+    (its dominating pair is only known for 2; stream_vips/privacy/accountants/), so for the
     logistic family (D = 1.44 with the rule's weights) it needs a 2 / D = 1.39 times larger z at
     the same budget. Subsampled steps (q < 1) keep ``pld``: autodp bounds Poisson sampling under
     add/remove only.
@@ -340,7 +340,7 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
                  names: Mapping[str, str] | None = None) -> None:
     """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1),
     and epsilon is not so small that its calibration tolerance (:func:`calibration_rtol`) is below
-    what the calibration can resolve (:data:`~stream_vips.privacy.accountant.MIN_CALIBRATION_RTOL`)."""
+    what the calibration can resolve (:data:`~stream_vips.privacy.accountants.MIN_CALIBRATION_RTOL`)."""
     if family not in RULES:
         raise FitError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
     if not non_private and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
@@ -348,7 +348,7 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise FitError(f"delta must be in (0, 1), got {delta!r}")
     if not non_private:
-        from stream_vips.privacy.accountant import MIN_CALIBRATION_RTOL
+        from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL
 
         rtol = calibration_rtol(epsilon, delta)
         if rtol < MIN_CALIBRATION_RTOL:

@@ -10,9 +10,9 @@ import importlib
 
 _EXPORTS = {
     "SubsampledGaussianEvent": "events", "event_from_dict": "events", "UnknownEvent": "events",
-    "Accountant": "accountant", "PldAccountant": "accountant", "RdpAccountant": "accountant",
-    "UnsupportedEvent": "accountant", "make_accountant": "accountant",
-    "calibrate_noise_multiplier": "accountant",
+    "Accountant": "accountants", "PldAccountant": "accountants", "RdpAccountant": "accountants",
+    "UnsupportedEvent": "accountants", "make_accountant": "accountants",
+    "calibrate_noise_multiplier": "calibration",
     "clip_rows": "mechanisms", "clip_factors": "mechanisms", "gaussian_noise": "mechanisms",
     "symmetric_noise": "mechanisms", "project_pd": "mechanisms", "make_rng": "mechanisms",
     "noise_std": "mechanisms", "block_noise_stds": "mechanisms",

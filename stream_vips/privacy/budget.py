@@ -1,7 +1,7 @@
 """BudgetMonitor: every release is checked against the budget and durably in the ledger before
 its noise is drawn (privacy rule 7 in docs/privacy.md).
 
->>> from stream_vips.privacy.accountant import RdpAccountant
+>>> from stream_vips.privacy.accountants import RdpAccountant
 >>> from stream_vips.privacy.events import SubsampledGaussianEvent
 >>> from stream_vips.privacy.ledger import MemoryLedger
 >>> monitor = BudgetMonitor(1.5, 1e-5, RdpAccountant(), MemoryLedger())
@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
-from .accountant import Accountant
+from stream_vips.privacy.accountants import Accountant
 
 
 HEADROOM_WINDOW = 2**20

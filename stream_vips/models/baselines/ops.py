@@ -69,7 +69,7 @@ from scipy.special import expit, log_expit
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
-from stream_vips.privacy.accountant import Accountant
+from stream_vips.privacy.accountants import Accountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
 from stream_vips.errors import ReservoirNotFull

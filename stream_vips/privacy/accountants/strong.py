@@ -35,8 +35,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from .accountant import Accountant, Counts
-from .events import PureDpEvent
+from stream_vips.privacy.accountants.base import Accountant, Counts
+from stream_vips.privacy.events import PureDpEvent
 
 #: Fractions of the total delta tried as the slack delta' of Theorem 3.20.
 SLACK_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
