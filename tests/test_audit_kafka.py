@@ -197,7 +197,7 @@ def run_side(bs: str, record: Mapping[str, Any], seed: int, tmp: Path, *, n: int
             assert not took  # life 2 committed the record at the revocation: nothing left for it
         finally:
             member.close()  # leaves the group: the partition goes back to life 2
-        consumer = second.source.inner._consumer
+        consumer = second.source._consumer
         _wait(lambda: bool(consumer.assignment()), "life 2 to get the partition back", errors)
         produce(bs, topic, _values(CAPACITY - RESTORED - 1))
         thread.join(WAIT_S + 60)
@@ -207,7 +207,7 @@ def run_side(bs: str, record: Mapping[str, Any], seed: int, tmp: Path, *, n: int
         thread.join(30)
     assert not errors, "\n".join(errors)
     return Side(capture.releases(), claimed_epsilon(second.engine.event(), AUDIT_DELTA), second.reservoir.seen,
-                copies_in_reservoir(second, record), second.source.inner.duplicates_dropped, second.stats.duplicates)
+                copies_in_reservoir(second, record), second.source.duplicates_dropped, second.stats.duplicates)
 
 
 def audit(bs: str, tmp: Path, *, broken: bool) -> tuple[AuditResult, Side, Side]:
