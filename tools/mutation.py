@@ -108,11 +108,36 @@ TARGETS: dict[str, Target] = {
 
 
 def module_hash(path: str) -> str:
-    """sha256 of a module's source and its target: either changing makes the recorded result stale."""
+    """sha256 of a module's code and its target: changing either makes the recorded result stale.
+
+    The code is the module's syntax tree without its imports, docstrings and type annotations
+    (mutmut mutates none of them, and the tests that run decide the rest), so a comment, a
+    docstring, a type hint, an import moved or a line moved does not invalidate a pass; any
+    change to a function, a class or a module-level value does."""
     target = TARGETS[path]
-    digest = hashlib.sha256((ROOT / path).read_bytes())
+    digest = hashlib.sha256(_code_of((ROOT / path).read_text()).encode())
     digest.update(repr((target.tests, target.functions, SKIP_LINES, PYTEST_ARGS, MUTMUT)).encode())
     return digest.hexdigest()
+
+
+def _code_of(source: str) -> str:
+    """``ast.dump`` of ``source`` without imports, docstrings and annotations."""
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+            for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                        *filter(None, (node.args.vararg, node.args.kwarg))):
+                arg.annotation = None
+        if isinstance(node, ast.AnnAssign):
+            node.annotation = ast.Constant(None)
+    return ast.dump(tree)
 
 
 def function_label(mutant: str) -> str:
