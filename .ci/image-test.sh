@@ -240,7 +240,7 @@ for _ in $(seq 120); do
   kill -0 "$broker_pid" 2>/dev/null || { cat "$work/broker.log" >&2; die "the test broker did not start"; }
   sleep 1
 done
-bootstrap=$(sed -n 's/.*broker ready at \([^ ]*\) in.*/\1/p' "$work/broker.log")
+bootstrap=$(sed -n 's/.*broker ready at \([^ ]*\) .*/\1/p' "$work/broker.log")
 [ -n "$bootstrap" ] || die "the test broker did not report its address"
 log "test broker at $bootstrap"
 
