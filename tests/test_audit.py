@@ -33,7 +33,7 @@ from stream_vips.audit.release import EngineTrials, claimed_epsilon
 from stream_vips.audit.stats import (
     audit_samples, clopper_pearson_upper, epsilon_lower_bound, ideal_lower_bound,
 )
-from stream_vips.config import MODEL_FAMILIES
+from stream_vips.models import MODEL_FAMILIES
 from stream_vips.models import linreg as linreg_module
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression

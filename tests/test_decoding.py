@@ -12,7 +12,8 @@ import pytest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticLdaSource, SyntheticRegressionSource
-from stream_vips.config import ConfigError, model_class
+from stream_vips.config import ConfigError
+from stream_vips.models import model_class
 from stream_vips.service.build import config_from_dict
 from stream_vips.core.data.decoding import DecoderError, InlineDecoder, ProcessDecoder, make_decoder
 from stream_vips.service.app import Application

@@ -11,7 +11,8 @@ import pytest
 from scipy.special import gammaln, psi
 
 from stream_vips import messages
-from stream_vips.config import check_kwargs, model_class
+from stream_vips.config import check_kwargs
+from stream_vips.models import model_class
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.lda import LDA, Bags, _theta_phinorm, e_step, hellinger, topic_recovery
 from stream_vips.privacy.accountant import PldAccountant
