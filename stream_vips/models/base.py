@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stream_vips.fitting.rules import Settings
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,48 @@ class ParsedBatch:
 
 
 class Model(ABC):
-    """A streaming Bayesian model with a private update."""
+    """A streaming Bayesian model with a private update.
+
+    Besides the protocol (records, blocks, ``clipped_sum``, ``update``, state), a family states
+    here everything the rest of the package needs to know about it, so that a family is its
+    module (:mod:`stream_vips.models.registry`): the hooks below, each with a default.
+    """
 
     family: ClassVar[str]
     #: The record field holding the family's vector, and the constructor parameter giving its
     #: public length d (``fit`` and ``learn_many`` put array columns there).
     record_field: ClassVar[str] = "x"
     dim_param: ClassVar[str] = "dim"
+    #: Why ``fit`` refuses the family (``None``: it has a rule, :meth:`fit_rule`).
+    fit_refusal: ClassVar[str | None] = None
+    #: Per rejection reason, what a user whose records are rejected for it most likely got wrong
+    #: (``fit`` adds it to its warning about rejected records).
+    rejection_hints: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """``fit``'s settings for N = ``n`` records of public dimension ``d`` at budget (``epsilon``,
+        ``delta``) (``epsilon`` is ``None`` when ``non_private``), from these public quantities
+        only, never from a record: the Poisson rate q, the steps, the step-size schedule, the
+        noise allocation and the family's parameters (its bounds among them), with one reason per
+        choice in ``why``, which the rule's docstring explains. The default refuses fit."""
+        from stream_vips.errors import FitError
+
+        raise FitError(f"fit refuses the {cls.family} family: {cls.fit_refusal or 'it states no settings rule'}")
+
+    @classmethod
+    def fit_with(cls, settings: Settings, params: Mapping[str, Any], steps: int | None) -> Settings:
+        """The rule's ``settings`` once the caller's own model ``params`` and step count ``steps``
+        (``None``: the rule's) are known, for a family whose parameters change what its rule
+        chooses (logistic's ``release``); the default keeps them."""
+        return settings
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """The settings a fit runs with (the rule's or the caller's, with the final step count),
+        completed and checked against the caller's own model ``params`` before anything is
+        spent: a ValueError names a parameter that cannot work with them. The default keeps them."""
+        return settings
 
     @abstractmethod
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

@@ -295,6 +295,7 @@ class LDA(Model):
     """
 
     family: ClassVar[str] = "lda"
+    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,

@@ -67,12 +67,14 @@ noise's spectral edge. Only public quantities enter, so this is post-processing;
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy import linalg, stats
 
+from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
@@ -160,6 +162,31 @@ class LinearRegression(Model):
         self.prior_mean = m0
         self._prior = self._prior_state()
         self._eta = {k: v.copy() for k, v in self._prior.items()}
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """One step with rho = 1 at q = 1. The family is conjugate: its statistics do not depend on
+        the posterior, so T releases averaged are worth no more than one release with the whole
+        budget, and one step gives the exact posterior of the noisy statistics. The noise is
+        allocated by :func:`default_block_weights` (the family's default)."""
+        why = {"q": WHY_Q,
+               "steps": ("1 step, rho = 1: conjugate, the statistics do not depend on the posterior, so one "
+                         "release with the whole budget is the exact posterior of the noisy statistics"),
+               "block_weights": ("linreg default allocation: equal shares for xx and xy (equal influence on the "
+                                 "posterior mean), 1/(d + 1) of the budget for yy (noise precision only)"),
+               "accountant": why_accountant(1.0)}
+        return Settings("linreg", n, d, epsilon, delta, 1.0, 1, 1.0, 1.0, None, why=why,
+                        accountant=accountant_for(1.0))
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """A private fit that leaves the allocation to the family states it: :func:`default_block_weights`
+        for the caller's ``noise``, ``x_bound`` and ``y_bound`` (checked here, before the model is built)."""
+        if settings.block_weights is not None or settings.epsilon is None:
+            return settings
+        weights = default_block_weights(settings.d, params.get("x_bound", 1.0), params.get("y_bound", 1.0),
+                                        gamma=params.get("noise", "known") == "gamma")
+        return dataclasses.replace(settings, block_weights=weights)
 
     # -- configuration ---------------------------------------------------------------------
 

@@ -107,6 +107,8 @@ True
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -115,6 +117,7 @@ from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
+from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
@@ -191,6 +194,8 @@ class BayesianLogisticRegression(Model):
     """
 
     family: ClassVar[str] = "logistic"
+    rejection_hints: ClassVar[Mapping[str, str]] = {
+        "out_of_range": "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
 
     def __init__(
         self,
@@ -237,6 +242,47 @@ class BayesianLogisticRegression(Model):
         self._averaged, self._updates = 0, 0
         self._weight = 0.0  # total weight of the blend S (1 - prod (1 - rho)): public, de-biases it
         self._refresh_posterior()
+
+    # ------------------------------------------------------------------ fit
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The s1 release (:func:`logistic_sums_rule`), or the centred release (:func:`centred_logistic`)
+        where N and d are large enough (:data:`CENTRED_MIN_N`, :data:`CENTRED_MIN_D`); non-private:
+        :data:`NON_PRIVATE_LOGISTIC_STEPS` damped fixed-point steps."""
+        settings = logistic_sums_rule(n, d, epsilon, delta, non_private)
+        if non_private:
+            return settings
+        if centred_by_size(n, d):
+            return centred_logistic(settings)
+        why = {**settings.why, "release": (f"s1 (the paper's): N < {CENTRED_MIN_N} or d < {CENTRED_MIN_D}, where "
+                                           "the centred release lost to it on the tuning sets (docs/fit.md)")}
+        return dataclasses.replace(settings, why=why)
+
+    @classmethod
+    def fit_with(cls, settings: Settings, params: Mapping[str, Any], steps: int | None) -> Settings:
+        """A private fit asking for a ``release`` gets that release's settings (the centred one
+        with the caller's ``steps``, ``residual_clip``, ``step_size`` and ``average_from``)."""
+        if settings.epsilon is None:
+            return settings
+        asked = params.get("release")
+        n, d, epsilon, delta = settings.n, settings.d, settings.epsilon, settings.delta
+        if asked == "centred" or (asked is None and settings.model_params.get("release") == "centred"):
+            return centred_logistic(logistic_sums_rule(n, d, epsilon, delta, False), steps, params,
+                                    asked=asked == "centred")
+        if asked is not None:
+            return logistic_sums_rule(n, d, epsilon, delta, False)
+        return settings
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """A centred release must average at least one iterate: ``average_from`` below the steps."""
+        merged = {**settings.model_params, **params}
+        average_from = merged.get("average_from", 0)
+        if (merged.get("release") == "centred" and isinstance(average_from, int)
+                and not isinstance(average_from, bool) and average_from >= settings.steps):
+            raise ValueError(f"average_from = {average_from} is not below the {settings.steps} steps, so no iterate "
+                             "would be averaged into the published mean (set a smaller one)")
+        return settings
 
     # ------------------------------------------------------------------ protocol: records
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -589,3 +635,92 @@ def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
         raise ValueError("roc_auc needs both classes in y")
     ranks = rankdata(np.asarray(score, dtype=float))
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+# ------------------------------------------------------------------------------ the fit rule
+
+#: Logistic rule constants, chosen on synthetic data and public tuning sets (not the evaluated ones) by
+#: benchmarks/fit_rule_evidence.py (docs/fit.md).
+LOGISTIC_STEPS = 2
+LOGISTIC_KAPPA = 1.0
+LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
+#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
+#: little below the spectral edge sqrt(2) of the symmetric noise (module docstring).
+LOGISTIC_FLOOR_FACTOR = 1.0
+#: The centred release (module docstring), with the settings of its best candidate in stage D of
+#: benchmarks/fit_rule_evidence.py.
+CENTRED_LOGISTIC = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5, "step_size": 0.5,
+                    "averaged_share": 0.75}
+#: The rule takes the centred release when N >= this and d >= CENTRED_MIN_D: chosen on the tuning
+#: sets and validated on 90 other public sets (benchmarks/fit_release_validation.py).
+CENTRED_MIN_N = 1000
+CENTRED_MIN_D = 6
+#: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
+NON_PRIVATE_LOGISTIC_STEPS = 30
+NON_PRIVATE_KAPPA = 0.51
+
+
+def logistic_rule_summary() -> dict[str, Any]:
+    """The private logistic rule's s1 release (N < CENTRED_MIN_N or d < CENTRED_MIN_D), in the
+    form benchmarks/fit_rule_evidence.py reports (its stages 0-C choose it)."""
+    return {"q": 1.0, "steps": LOGISTIC_STEPS, "floor_factor": LOGISTIC_FLOOR_FACTOR,
+            "s2_over_s1": LOGISTIC_WEIGHTS["s2"] / LOGISTIC_WEIGHTS["s1"], "kappa": LOGISTIC_KAPPA,
+            "accountant": accountant_for(1.0), "release": "sums"}
+
+
+def centred_by_size(n: int, d: int) -> bool:
+    """Whether the rule takes the centred release for a private logistic fit of N records in d."""
+    return n >= CENTRED_MIN_N and d >= CENTRED_MIN_D
+
+
+_WHY_CENTRED_SIZE = (f"N >= {CENTRED_MIN_N} and d >= {CENTRED_MIN_D}: better than the s1 release there on the "
+                     "tuning sets and on 90 other public sets, benchmarks/fit_release_validation.py")
+
+
+def logistic_sums_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+    """Few uniformly averaged steps, s2-heavy weights, noise-aware floor (benchmarks/fit_rule_evidence.py)."""
+    why = {"q": WHY_Q}
+    if non_private:
+        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
+                        "no noise to average, so steps serve convergence only")
+        return Settings("logistic", n, d, None, delta, 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0, NON_PRIVATE_KAPPA,
+                        None, why=why)
+    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
+                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
+                    "budget (benchmarks/fit_rule_evidence.py)")
+    why["block_weights"] = (f"s2:s1 weights {LOGISTIC_WEIGHTS['s2']:g}:{LOGISTIC_WEIGHTS['s1']:g}: the noise on "
+                            "s2 multiplies the whole mean, so s2 gets more than its bound-proportional share "
+                            "(best on synthetic and public tuning data, benchmarks/fit_rule_evidence.py)")
+    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
+                           "its diagonal noise std (public), a little below the noise's spectral edge sqrt(2): "
+                           "directions the noise swamps are not inverted (best of 1, sqrt(2), 2 on tuning data)")
+    why["accountant"] = why_accountant(1.0)
+    return Settings("logistic", n, d, epsilon, delta, 1.0, LOGISTIC_STEPS, 1.0, LOGISTIC_KAPPA,
+                    dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR}, why=why,
+                    accountant=accountant_for(1.0))
+
+
+def centred_logistic(settings: Settings, steps: int | None = None,
+                     params: Mapping[str, Any] | None = None, asked: bool = False) -> Settings:
+    """The private logistic rule with the centred release (the rule's choice for N >= CENTRED_MIN_N
+    and d >= CENTRED_MIN_D, or ``release="centred"``): more steps, the residual block g in place
+    of s1, the mean averaged over the last iterates.
+    ``steps`` (the caller's step count) and the caller's ``residual_clip``, ``step_size`` and
+    ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
+    c = CENTRED_LOGISTIC
+    T = c["steps"] if steps is None else int(steps)
+    chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
+              "average_from": int(T * (1.0 - c["averaged_share"]))}
+    chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
+    shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values
+    why = {**settings.why,
+           "release": (f"centred ({'asked for' if asked else _WHY_CENTRED_SIZE}): each step releases "
+                       f"g = sum clip(y - 1/2 - E[omega] x^T m, +-{shown['residual_clip']}) x at the iterate m "
+                       f"instead of s1 and moves m by a step of {shown['step_size']} preconditioned by the "
+                       f"averaged s2; the mean is the average of the iterates after step {shown['average_from']}. "
+                       "Defaults: the best centred candidate "
+                       "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
+           "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
+           "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
+    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]),
+                               model_params={**settings.model_params, "release": "centred", **chosen}, why=why)

@@ -130,6 +130,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import expit, kve
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.logistic import pg_mean
@@ -177,6 +178,13 @@ class SigmoidBeliefNetwork(Model):
     family: ClassVar[str] = "sbn"
     record_field: ClassVar[str] = "y"
     dim_param: ClassVar[str] = "n_visible"
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The module's :func:`fit_rule` (its docstring gives the reasons), with d as ``n_visible``."""
+        r = fit_rule(n, d, None if non_private else epsilon, delta)
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  {**r, "model_params": {**r["model_params"], "n_visible": d}})
 
     def __init__(
         self,

@@ -64,6 +64,7 @@ class DPVI(LogisticRecords):
     """
 
     family: ClassVar[str] = "dpvi"
+    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,

@@ -94,6 +94,9 @@ class OPS(LogisticRecords):
     """
 
     family: ClassVar[str] = "ops"
+    fit_refusal: ClassVar[str | None] = (
+        "it releases one posterior sample through OPS.release, not the engine, and that release is "
+        "uncertified (every accountant refuses its event), so no budget can be calibrated or promised")
 
     def __init__(
         self,

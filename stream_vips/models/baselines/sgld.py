@@ -70,6 +70,7 @@ class DPSGLD(LogisticRecords):
     """
 
     family: ClassVar[str] = "sgld"
+    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,

@@ -85,6 +85,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import ndtr
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import SITE, DampedSite, public_vector
@@ -232,6 +233,12 @@ class BNNSEP(DampedSite, Model):
     """
 
     family: ClassVar[str] = "sep_bnn"
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The module's :func:`fit_rule` (its docstring gives the reasons)."""
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  fit_rule(n, d, None if non_private else epsilon, delta))
 
     def __init__(
         self,

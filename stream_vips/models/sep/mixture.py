@@ -47,6 +47,7 @@ class MixtureSEP(SEPModel):
     """(DP-)SEP posterior over the means of a Gaussian mixture with known isotropic covariance."""
 
     family: ClassVar[str] = "sep_mixture"
+    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,

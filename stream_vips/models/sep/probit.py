@@ -76,6 +76,7 @@ class ProbitSEP(SEPModel):
     """
 
     family: ClassVar[str] = "sep_probit"
+    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,
