@@ -61,6 +61,9 @@ class Model(ABC):
     #: public length d (``fit`` and ``learn_many`` put array columns there).
     record_field: ClassVar[str] = "x"
     dim_param: ClassVar[str] = "dim"
+    #: Parameters a bare configuration of the family needs that its constructor does not default,
+    #: merged under the configured ones so that the default configuration runs (linreg: ``dim``).
+    default_params: ClassVar[Mapping[str, Any]] = {}
     #: Why ``fit`` refuses the family (``None``: it has a rule, :meth:`fit_rule`).
     fit_refusal: ClassVar[str | None] = None
     #: Per rejection reason, what a user whose records are rejected for it most likely got wrong

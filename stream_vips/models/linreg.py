@@ -125,6 +125,7 @@ class LinearRegression(Model):
     """Bayesian linear regression on clipped features with a privatized natural-parameter update."""
 
     family: ClassVar[str] = "linreg"
+    default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
 
     def __init__(
         self,
