@@ -164,6 +164,14 @@ class Model(ABC):
         the noise level. The default ignores it.
         """
 
+    def summary(self) -> dict[str, Any]:
+        """What the model says, for the predictive summary of ``stream-vips report`` (post-processing
+        of the published state): ``{"kind": "coefficients", "mean": [...], "sd": [...]}`` for a
+        posterior over coefficients, ``{"kind": "topics", "top_words": [[...], ...]}`` for topics,
+        with any ``"notes"``; the default ``{}`` leaves the report to the hyperparameters and the
+        natural parameters' shapes."""
+        return {}
+
     def joint_bound(self) -> float:
         """L2 bound on one record's contribution to all blocks together."""
         return float(np.sqrt(sum(b.bound**2 for b in self.blocks())))

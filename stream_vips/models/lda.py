@@ -531,6 +531,10 @@ class LDA(Model):
         vocab = np.asarray(self.vocabulary, dtype=object)
         return [list(vocab[row]) for row in top]
 
+    def summary(self) -> dict[str, Any]:
+        """The eight most probable words of each topic."""
+        return {"kind": "topics", "top_words": [list(map(str, t)) for t in self.top_words(8)]}
+
     def perplexity(self, docs: Sequence[Any]) -> float:
         """Held-out per-word perplexity bound (paper eq. 32; Hoffman et al. 2010).
 

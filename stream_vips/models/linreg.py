@@ -359,6 +359,21 @@ class LinearRegression(Model):
         """E[w] = precision^-1 shift."""
         return linalg.cho_solve(self._cho(), self._eta["shift"])
 
+    def summary(self) -> dict[str, Any]:
+        """Posterior mean and marginal sd of each coefficient (Student-t under the Gamma noise:
+        its sd where finite)."""
+        cov = np.linalg.inv(self._eta["precision"])
+        if self.gamma:
+            a = float(np.asarray(self._eta["shape"]).reshape(-1)[0])
+            b = self.noise_rate()
+            cov = cov * (b / a * (a / (a - 1.0) if a > 1.0 else math.inf))
+            note = (f"noise precision ~ Gamma(a={a:.4g}, b={b:.4g}), mean {a / b:.4g}; coefficients are Student-t, "
+                    "sd shown where finite")
+        else:
+            note = f"known noise precision {self.noise_precision:g}"
+        return {"kind": "coefficients", "mean": self.posterior_mean().tolist(),
+                "sd": np.sqrt(np.clip(np.diag(cov), 0, None)).tolist(), "notes": [note]}
+
     def noise_rate(self) -> float:
         """Posterior rate b of the noise precision (``noise="gamma"`` only)."""
         if not self.gamma:

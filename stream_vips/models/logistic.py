@@ -608,6 +608,12 @@ class BayesianLogisticRegression(Model):
         }
 
     # ------------------------------------------------------------------ prediction
+    def summary(self) -> dict[str, Any]:
+        """Posterior mean and marginal sd of each coefficient under q(m) = N(mu, Sigma)."""
+        return {"kind": "coefficients", "mean": np.asarray(self.mu).tolist(),
+                "sd": np.sqrt(np.clip(np.diag(self.Sigma), 0, None)).tolist(),
+                "notes": ["Polya-Gamma variational posterior q(w) = N(mu, Sigma)"]}
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(y = 1 | x) by the probit approximation sigmoid(mu^T x / sqrt(1 + pi s^2 / 8)),
         s^2 = x^T Sigma x; inputs get the training preprocessing (clip to norm 1)."""
