@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
     from stream_vips.fitting.rules import Settings
 
 
@@ -163,6 +164,14 @@ class Model(ABC):
         the normaliser), so a model can set post-processing such as an eigenvalue floor from
         the noise level. The default ignores it.
         """
+
+    @classmethod
+    def audit(cls) -> FamilyAudit | str:
+        """The family's empirical privacy audit (:mod:`stream_vips.audit`): candidate records built
+        from its own bounds, the least ratio its worst pair reaches to the claimed sensitivity and
+        why it stops there; or, as a string, why the family has none. There is no default: a
+        family arrives with its audit."""
+        raise NotImplementedError(f"the {cls.family} family states no audit")
 
     def summary(self) -> dict[str, Any]:
         """What the model says, for the predictive summary of ``stream-vips report`` (post-processing

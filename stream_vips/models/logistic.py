@@ -110,7 +110,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.linalg import blas, solve_triangular
@@ -123,6 +123,9 @@ from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_facto
                                     group_sum)
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.core.data.records import FieldBatch
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4
@@ -168,6 +171,10 @@ def joint_diameter(a1: float, a2: float) -> float:
     if u1 < 2.0 * u2:
         d2 = max(d2, 2.0 + u1 * u1 / (2.0 * u2))
     return float(min(2.0, math.sqrt(d2)))
+
+
+#: Audit candidates of the families on logistic records: unit x on the axes and at an angle, both labels.
+AUDIT_RECORDS = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]) for y in (0, 1))
 
 
 class BayesianLogisticRegression(Model):
@@ -283,6 +290,19 @@ class BayesianLogisticRegression(Model):
             raise ValueError(f"average_from = {average_from} is not below the {settings.steps} steps, so no iterate "
                              "would be averaged into the published mean (set a smaller one)")
         return settings
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Unit x on the axes and at an angle, with both labels (:data:`AUDIT_RECORDS`): a label flip
+        at the same x moves s1 by twice its bound and s2 not at all."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "logistic", lambda capacity: BayesianLogisticRegression(dim=2, dataset_size=capacity), AUDIT_RECORDS,
+            ratio_floor=0.96, floor_reason="a label flip leaves s2 unchanged; the pair reaches 0.97 of sqrt(3.4)",
+            note="label flip at the same x moves s1 by ||x|| = 2 C1, s2 not at all; the engine "
+                 "accounts the allocation-aware diameter sqrt(3.4) = 1.84 of its default weights, "
+                 "which the pair reaches to 0.97")
 
     # ------------------------------------------------------------------ protocol: records
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

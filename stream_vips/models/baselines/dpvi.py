@@ -41,7 +41,7 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 from scipy.special import expit
@@ -49,7 +49,11 @@ from scipy.special import expit
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
+from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 #: Guards the AdaGrad division before any gradient arrived.
 _ADAGRAD_EPS = 1e-12
@@ -90,6 +94,17 @@ class DPVI(LogisticRecords):
         self.mu = np.zeros(self.dim)
         self.log_sigma = np.full(self.dim, self.init_log_sigma)
         self._G = np.zeros(2 * self.dim)
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """A label flip at one x with one Monte Carlo draw: antiparallel gradients, both clipped to c."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "dpvi", lambda capacity: DPVI(dim=2, dataset_size=capacity, clip=0.25, seed=0), AUDIT_RECORDS[:2],
+            ratio_floor=0.99, floor_reason="attained: a label flip gives antiparallel clipped gradients",
+            note="one Monte Carlo draw: a label flip makes the two gradients antiparallel, both "
+                 "clipped to c, so they differ by 2c, the claimed diameter")
 
     # ------------------------------------------------------------------ release
     def blocks(self) -> tuple[Block, ...]:

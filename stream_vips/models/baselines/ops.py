@@ -98,6 +98,13 @@ class OPS(LogisticRecords):
         "it releases one posterior sample through OPS.release, not the engine, and that release is "
         "uncertified (every accountant refuses its event), so no budget can be calibrated or promised")
 
+    @classmethod
+    def audit(cls) -> str:
+        """Not audited: the release claims no certified guarantee (the string says why)."""
+        return ("releases one posterior sample through OPS.release, not the engine, and claims no "
+                "certified guarantee (its event is uncertified and every accountant refuses it), so "
+                "there is no claim to test; auditing a nominal claim needs a sampler-specific test")
+
     def __init__(
         self,
         dim: int,

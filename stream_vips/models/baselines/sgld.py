@@ -44,7 +44,7 @@ stream_vips.models.baselines.sgld.SgldConditionError: sgld privacy condition (Th
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 from scipy.special import expit
@@ -53,7 +53,11 @@ from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
+from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_rows
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 
 class SgldConditionError(StreamVipsError, ValueError):
@@ -144,6 +148,21 @@ class DPSGLD(LogisticRecords):
     def implied_variance(self, noise_multiplier: float) -> float:
         """Variance on theta of gradient noise with multiplier z: (eta N z L / tau)^2."""
         return (self.step_size * self.dataset_size * noise_multiplier * self.lipschitz / self.batch_size) ** 2
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """A label flip at one x at theta = 0: gradients +-x/2 clipped to L = 1/4, antiparallel."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        # The model's own check needs the engine's z >= the paper's: with step 1 the Langevin
+        # branch gives z = tau / (N L sqrt(eta)) = 4 at tau = N, L = 1/4.
+        return FamilyAudit(
+            "sgld", lambda capacity: DPSGLD(dim=2, dataset_size=capacity, batch_size=capacity, step_size=1.0,
+                                            epsilon=9.7, delta=0.1, passes=1.0, lipschitz=0.25),
+            AUDIT_RECORDS[:2], noise_multiplier=4.0,
+            ratio_floor=0.99, floor_reason="attained: the clipped gradients at theta = 0 are antiparallel",
+            note="at theta = 0 the gradients are +-x/2, clipped to L = 1/4: they differ by 2L, the "
+                 "claimed diameter (z = 4 is the paper's minimum for this configuration)")
 
     # ------------------------------------------------------------------ release
     def blocks(self) -> tuple[Block, ...]:

@@ -80,7 +80,7 @@ random initial means) at zero site precision: theta_f = (m_init lambda / N, 0, 0
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtr
@@ -91,6 +91,9 @@ from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import SITE, DampedSite, public_vector
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.core.data.records import FieldBatch
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -239,6 +242,18 @@ class BNNSEP(DampedSite, Model):
         """The module's :func:`fit_rule` (its docstring gives the reasons)."""
         return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
                                   fit_rule(n, d, None if non_private else epsilon, delta))
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Targets -3 to 3 at three inputs, every site clipped to C = 1/4."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_bnn", lambda capacity: BNNSEP(dim=1, hidden=2, dataset_size=capacity, clip=0.25),
+            tuple({"x": [v], "y": t} for v in (-2.0, 0.0, 2.0) for t in (-3.0, 0.0, 1.5, 3.0)),
+            ratio_floor=0.96, floor_reason="sites of two records share their Gamma and precision parts; best 0.969",
+            note="clip 0.25 clips every site to C; sites of different targets share their Gamma and "
+                 "precision parts, so ||u - u'|| < 2C (0.83 at clip 1 with targets -3, 0, 3)")
 
     def __init__(
         self,

@@ -34,13 +34,16 @@ Components start apart: the initial posterior means are drawn from the prior wit
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import softmax
 
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.sep.core import SEPModel
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 
 class MixtureSEP(SEPModel):
@@ -76,6 +79,19 @@ class MixtureSEP(SEPModel):
         K, d = self.n_factors, self.dim
         start = self.prior_mean + np.sqrt(self.prior_var) * np.random.default_rng(self.init_seed).standard_normal((K, d))
         self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Points across the line, every site clipped to C = 1/4."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_mixture",
+            lambda capacity: MixtureSEP(n_components=2, dim=1, dataset_size=capacity, clip=0.25, init_seed=0),
+            tuple({"x": [v]} for v in (-8.0, -3.0, -1.0, 0.0, 1.0, 3.0, 8.0)),
+            ratio_floor=0.98, floor_reason="the two sites share part of their precision direction; best 0.988",
+            note="clip 0.25 clips every site to C; sites of different points share part of their "
+                 "precision part, so ||u - u'|| stays just under 2C (0.94 at clip 1)")
 
     def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log N(x; mean_j, cov_j + noise_sd^2 I) (B, J) and the differences x - mean_j (B, J, d)."""

@@ -30,7 +30,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr
@@ -39,6 +39,9 @@ from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors
 from stream_vips.privacy.mechanisms import clip_factors
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -101,6 +104,21 @@ class ProbitSEP(SEPModel):
             damping=damping, prior_mean=0.0, prior_var=prior_var, precision_floor=precision_floor,
             floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
         )
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Label flips at x in {-1, 0, 1} under a wide prior, both sites clipped to C = 0.1."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_probit",
+            lambda capacity: ProbitSEP(dim=1, dataset_size=capacity, clip=0.1, x_clip=1.0, prior_var=100.0),
+            tuple({"x": [v], "y": y} for v in (-1.0, 0.0, 1.0) for y in (0, 1)),
+            ratio_floor=0.99, floor_reason="a label flip keeps the site's precision part, here 1/12 of its eta",
+            note="a label flip negates the site's eta but not its precision part tau; at x = 0 (the "
+                 "intercept alone) with the wide prior (variance 100) the cavity variance makes "
+                 "eta / tau about 12, and clip 0.1 holds both sites at C: 0.997 of 2C (0.84 at "
+                 "prior variance 1, clip 1)")
 
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         return {"x": (np.dtype(np.float64), (self.dim,)), "y": (np.dtype(np.int8), ())}
