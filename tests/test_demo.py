@@ -12,8 +12,9 @@ from scipy.special import expit
 
 from connectors import connector_class
 from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import (MALFORMED_DOCUMENTS, MALFORMED_KINDS, SyntheticLdaSource,
-                                  SyntheticLogisticSource, _fill)
+from connectors.synthetic import SyntheticLdaSource, SyntheticLogisticSource
+from stream_vips.models.lda import MALFORMED_DOCUMENTS
+from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips import messages
 from stream_vips.cli import main
 from stream_vips.config import ConfigError
@@ -188,7 +189,7 @@ def test_new_synthetic_sources_are_seeded_and_dead_letter_their_malformed_fracti
     # Binomial(3000, 0.1): mean 300, sd ~16.4; every malformed kind appears and nothing else fails.
     assert abs(len(letters) - n * f) < 5 * np.sqrt(n * f * (1 - f))
     assert {letter.reason for letter in letters} == reasons
-    assert {letter.record.value.decode() for letter in letters} <= {_fill(t, 5) for t in malformed.values()}
+    assert {letter.record.value.decode() for letter in letters} <= {fill(t, 5) for t in malformed.values()}
 
 
 def test_synthetic_logistic_records_follow_the_model():

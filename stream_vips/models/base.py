@@ -18,6 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from stream_vips.audit.spec import FamilyAudit
     from stream_vips.fitting.rules import Settings
+    from stream_vips.models.synthetic import SyntheticData
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Model(ABC):
     #: Parameters a bare configuration of the family needs that its constructor does not default,
     #: merged under the configured ones so that the default configuration runs (linreg: ``dim``).
     default_params: ClassVar[Mapping[str, Any]] = {}
+    #: The family's synthetic data (:mod:`stream_vips.models.synthetic`): records drawn from a known
+    #: model, for the demo, tests and benchmarks (``None``: the family has none).
+    synthetic: ClassVar[type[SyntheticData] | None] = None
     #: Why ``fit`` refuses the family (``None``: it has a rule, :meth:`fit_rule`).
     fit_refusal: ClassVar[str | None] = None
     #: Per rejection reason, what a user whose records are rejected for it most likely got wrong

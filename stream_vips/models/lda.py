@@ -38,6 +38,7 @@ Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -50,6 +51,7 @@ from scipy.special import gammaln, psi
 
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.synthetic import SyntheticData
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.core.data.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
 
@@ -274,6 +276,68 @@ def load_vocabulary(vocabulary: Sequence[str] | str | Path) -> list[str]:
     return words
 
 
+#: Malformed documents: kind -> line (the unknown token is never in a generated vocabulary).
+MALFORMED_DOCUMENTS: dict[str, str] = {
+    "bad_json": '{"tokens": ["w0"',
+    "empty_document": '{"tokens": ["not-a-vocabulary-word"]}',
+    "wrong_type": '{"tokens": "not a list"}',
+    "missing_field": '{"words": ["w0"]}',
+    "out_of_range": '{"counts": {"w0": -1}}',
+    "not_object": "[1, 2, 3]",
+}
+
+
+class DocumentData(SyntheticData):
+    """Documents ``{"tokens": [...]}`` from K known topics.
+
+    The public vocabulary is ``vocabulary = ["w0", ..., "w{V-1}"]``; the topics (K x V,
+    :attr:`topics`) are ``Dirichlet(topic_concentration)`` draws (small concentrations give
+    peaked, well separated topics). Each document draws ``theta ~ Dirichlet(alpha)``, a length
+    ``1 + Poisson(doc_length - 1)`` (mean ``doc_length``), and for each token a topic ``z ~ theta``
+    and a word ``w ~ topics[z]``; all documents of a call are drawn together (inverse-CDF lookups
+    on the stacked cumulative topics).
+    """
+
+    def __init__(self, rng: np.random.Generator, n_topics: int = 5, vocabulary_size: int = 100,
+                 doc_length: int = 50, alpha: float = 0.5, topic_concentration: float = 0.05) -> None:
+        for key, value in (("n_topics", n_topics), ("vocabulary_size", vocabulary_size), ("doc_length", doc_length)):
+            if int(value) < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if not (float(alpha) > 0 and float(topic_concentration) > 0):
+            raise ValueError("alpha and topic_concentration must be > 0")
+        super().__init__(rng)
+        self.n_topics, self.doc_length, self.alpha = int(n_topics), int(doc_length), float(alpha)
+        V = int(vocabulary_size)
+        self.vocabulary = [f"w{v}" for v in range(V)]
+        self.topics = rng.dirichlet(np.full(V, float(topic_concentration)), self.n_topics)
+        cum = np.cumsum(self.topics, axis=1)
+        cum[:, -1] = 1.0
+        self._stacked_cdf = (cum + np.arange(self.n_topics)[:, None]).ravel()  # row k spans (k, k + 1]
+        self._words = np.asarray(self.vocabulary, dtype=object)
+        self.malformed = tuple(line.encode() for line in MALFORMED_DOCUMENTS.values())
+
+    def documents(self, n: int) -> list[list[str]]:
+        """``n`` fresh documents as token lists (advances the generator)."""
+        K, V = self.n_topics, len(self.vocabulary)
+        lengths = 1 + self._rng.poisson(self.doc_length - 1, n)
+        theta_cdf = np.cumsum(self._rng.dirichlet(np.full(K, self.alpha), n), axis=1)
+        theta_cdf[:, -1] = 1.0
+        doc = np.repeat(np.arange(n), lengths)
+        z = (self._rng.random(doc.size)[:, None] >= theta_cdf[doc]).sum(axis=1)
+        idx = np.searchsorted(self._stacked_cdf, z + self._rng.random(doc.size), side="right")
+        w = np.minimum(idx - z * V, V - 1)  # z + u rounds to z + 1 for u within 2^-52 z of 1
+        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        words = self._words[w].tolist()
+        return [words[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def records(self, n: int) -> list[bytes]:
+        return [json.dumps({"tokens": doc}).encode() for doc in self.documents(n)]
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"vocabulary": list(self.vocabulary)}
+
+
 class LDA(Model):
     """VIPS LDA with K topics over a public vocabulary of V words.
 
@@ -298,6 +362,7 @@ class LDA(Model):
     """
 
     family: ClassVar[str] = "lda"
+    synthetic: ClassVar[type[SyntheticData]] = DocumentData
     fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(

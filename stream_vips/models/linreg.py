@@ -78,6 +78,7 @@ from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accou
 from stream_vips.models._validate import integer
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
+from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.core.data.records import FieldBatch
 
@@ -129,11 +130,41 @@ def _positive(name: str, value: Any) -> float:
     return v
 
 
+class RegressionData(SyntheticData):
+    """``{"x": [x_1..x_d], "y": y}`` from a fixed linear model: ``x ~ N(0, (x_scale^2 / d) I)`` (so
+    that ``E|x|^2 = x_scale^2``) and ``y = x . w + noise_std * e``, ``e ~ N(0, 1)``; ``weights``
+    default to ``N(0, I)`` draws."""
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 5, weights: Sequence[float] | None = None,
+                 noise_std: float = 0.1, x_scale: float = 0.5) -> None:
+        self.dimension = check_dimension(dimension)
+        if float(noise_std) < 0 or float(x_scale) <= 0:
+            raise ValueError("noise_std must be >= 0 and x_scale > 0")
+        super().__init__(rng)
+        if weights is None:
+            self.weights = rng.standard_normal(self.dimension)
+        else:
+            self.weights = check_weights(weights, self.dimension)
+        self.noise_std = float(noise_std)
+        self.x_scale = float(x_scale)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def records(self, n: int) -> list[bytes]:
+        x = self._rng.standard_normal((n, self.dimension)) * (self.x_scale / np.sqrt(self.dimension))
+        y = x @ self.weights + self.noise_std * self._rng.standard_normal(n)
+        return vector_lines(x, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
 class LinearRegression(Model):
     """Bayesian linear regression on clipped features with a privatized natural-parameter update."""
 
     family: ClassVar[str] = "linreg"
     default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
+    synthetic: ClassVar[type[SyntheticData]] = RegressionData
 
     def __init__(
         self,

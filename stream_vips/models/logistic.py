@@ -121,6 +121,7 @@ from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accou
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
+from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.core.data.records import FieldBatch
 
@@ -173,6 +174,53 @@ def joint_diameter(a1: float, a2: float) -> float:
     return float(min(2.0, math.sqrt(d2)))
 
 
+class LogisticData(SyntheticData):
+    """Logistic-regression records ``{"x": [...], "y": 0 | 1}`` from fixed weights.
+
+    ``x = [f, bias]``: the last of the ``dimension`` features is the constant ``bias``, and the
+    others are ``f ~ N(0, (x_scale^2 / (d - 1)) I)`` with ``f`` clipped to norm
+    ``sqrt(1 - bias^2)``, so ``||x|| <= 1`` (the model's input bound, nothing is clipped again).
+    ``y ~ Bernoulli(sigmoid(w . x))``. ``weights`` default to ``weight_scale * N(0, I)`` draws;
+    with ``||x|| <= 1`` the logit is at most ``||w||``, so the weights must be large for the
+    labels to carry signal. None of the malformed records is a valid logistic record (y = 0.5 is
+    not a label).
+    """
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 5, weights: Sequence[float] | None = None,
+                 weight_scale: float = 4.0, x_scale: float = 0.8, bias: float = 0.5) -> None:
+        self.dimension = check_dimension(dimension, 2, " (features and the bias)")
+        if float(x_scale) <= 0 or float(weight_scale) <= 0:
+            raise ValueError("x_scale and weight_scale must be > 0")
+        if not 0.0 <= float(bias) < 1.0:
+            raise ValueError(f"bias must be in [0, 1) so that ||x|| <= 1 leaves room for features, got {bias}")
+        super().__init__(rng)
+        if weights is None:
+            self.weights = float(weight_scale) * rng.standard_normal(self.dimension)
+        else:
+            self.weights = check_weights(weights, self.dimension)
+        self.x_scale, self.bias = float(x_scale), float(bias)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        d = self.dimension
+        f = self._rng.standard_normal((n, d - 1)) * (self.x_scale / np.sqrt(d - 1))
+        norms = np.linalg.norm(f, axis=1, keepdims=True)
+        room = np.sqrt(1.0 - self.bias**2) * (1.0 - 4 * np.finfo(float).eps)  # ||x|| <= 1 after rounding
+        f *= np.minimum(1.0, room / np.maximum(norms, np.finfo(float).tiny))
+        X = np.hstack([f, np.full((n, 1), self.bias)])
+        y = (self._rng.random(n) < expit(X @ self.weights)).astype(np.int64)
+        return X, y
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
 #: Audit candidates of the families on logistic records: unit x on the axes and at an angle, both labels.
 AUDIT_RECORDS = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]) for y in (0, 1))
 
@@ -201,6 +249,7 @@ class BayesianLogisticRegression(Model):
     """
 
     family: ClassVar[str] = "logistic"
+    synthetic: ClassVar[type[SyntheticData]] = LogisticData
     rejection_hints: ClassVar[Mapping[str, str]] = {
         "out_of_range": "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
 

@@ -134,6 +134,7 @@ from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.logistic import pg_mean
+from stream_vips.models.synthetic import SyntheticData
 from stream_vips.core.data.records import OUT_OF_RANGE, FieldBatch
 
 if TYPE_CHECKING:
@@ -160,6 +161,50 @@ def _gig_moments(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sqrt(b / a) * ratio, np.sqrt(a / b) * ratio
 
 
+#: Malformed images: kind -> line (none is a valid binary image).
+MALFORMED_IMAGES: dict[str, str] = {
+    "bad_json": '{"y": [1, 0',
+    "out_of_range": '{"y": [2, 0, 0, 0]}',
+    "wrong_type": '{"y": true}',
+    "missing_field": '{"x": [0, 1]}',
+    "not_object": "[1, 2, 3]",
+}
+
+
+class ImageData(SyntheticData):
+    """Binary images ``{"y": [J bits]}`` from a known sigmoid belief network.
+
+    ``n_latent`` units each switch on a disjoint block of the ``n_visible`` pixels with weight
+    ``weight`` (the pattern is easy to read back); pixel biases ``visible_bias``, latent priors
+    p(z_k = 1) = sigmoid(``latent_bias``). ``weights`` (J, K), ``visible_bias`` (J,) and
+    ``latent_bias`` (K,) are the truth, kept as attributes for scoring.
+    """
+
+    def __init__(self, rng: np.random.Generator, n_visible: int = 24, n_latent: int = 3, weight: float = 4.0,
+                 visible_bias: float = -2.0, latent_bias: float = 0.0) -> None:
+        if int(n_latent) < 1 or int(n_visible) < int(n_latent):
+            raise ValueError(f"need 1 <= n_latent <= n_visible, got {n_latent}, {n_visible}")
+        super().__init__(rng)
+        self.n_visible, self.n_latent = int(n_visible), int(n_latent)
+        owner = np.arange(self.n_visible) * self.n_latent // self.n_visible
+        self.weights = float(weight) * (owner[:, None] == np.arange(self.n_latent)[None, :])
+        self.visible_bias = np.full(self.n_visible, float(visible_bias))
+        self.latent_bias = np.full(self.n_latent, float(latent_bias))
+        self.malformed = tuple(t.encode() for t in MALFORMED_IMAGES.values())
+
+    def sample(self, n: int) -> np.ndarray:
+        """``n`` fresh images (n, J) of 0/1 (advances the generator)."""
+        z = (self._rng.random((n, self.n_latent)) < expit(self.latent_bias)).astype(float)
+        return (self._rng.random((n, self.n_visible)) < expit(z @ self.weights.T + self.visible_bias)).astype(np.int64)
+
+    def records(self, n: int) -> list[bytes]:
+        return [b'{"y": [%s]}' % ", ".join(map(str, row)).encode() for row in self.sample(n).tolist()]
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"n_visible": self.n_visible}
+
+
 class SigmoidBeliefNetwork(Model):
     """Streaming private VIPS sigmoid belief network (records ``{"y": [J bits]}``).
 
@@ -181,6 +226,7 @@ class SigmoidBeliefNetwork(Model):
     family: ClassVar[str] = "sbn"
     record_field: ClassVar[str] = "y"
     dim_param: ClassVar[str] = "n_visible"
+    synthetic: ClassVar[type[SyntheticData]] = ImageData
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:

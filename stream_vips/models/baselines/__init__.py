@@ -13,13 +13,14 @@ exactly the record handling of :class:`~stream_vips.models.logistic.BayesianLogi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Model
-from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.models.logistic import BayesianLogisticRegression, LogisticData
+from stream_vips.models.synthetic import SyntheticData
 
 
 class LogisticRecords(Model):
@@ -27,6 +28,7 @@ class LogisticRecords(Model):
 
     row_layout = BayesianLogisticRegression.row_layout
     parse_batch = BayesianLogisticRegression.parse_batch
+    synthetic: ClassVar[type[SyntheticData]] = LogisticData
 
     def _init_records(self, dim: Any, dataset_size: Any) -> None:
         self.dim = integer("dim", dim)

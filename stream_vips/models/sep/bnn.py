@@ -89,6 +89,7 @@ from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import SITE, DampedSite, public_vector
+from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.core.data.records import FieldBatch
 
@@ -212,6 +213,42 @@ def gamma_site(mf: np.ndarray, vf: np.ndarray, y: np.ndarray, alpha: float, beta
     return np.where(ok, a_new - alpha, 0.0), np.where(ok, beta - b_new, 0.0), ok
 
 
+class NonlinearData(SyntheticData):
+    """Regression records ``{"x": [...], "y": y}`` from a fixed smooth function.
+
+    ``x ~ N(0, I)`` in ``dimension`` features and ``y = sin(2 x_1) + 0.5 x_2^2 - 0.5 + N(0,
+    noise_std^2)`` (with one feature, the quadratic term uses x_1 too): a function a linear model
+    cannot fit and a one-hidden-layer network can.
+    """
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 2, noise_std: float = 0.1) -> None:
+        self.dimension = check_dimension(dimension)
+        if float(noise_std) < 0:
+            raise ValueError("noise_std must be >= 0")
+        super().__init__(rng)
+        self.noise_std = float(noise_std)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def function(self, X: np.ndarray) -> np.ndarray:
+        """The noise-free regression function at rows X."""
+        X = np.atleast_2d(X)
+        second = X[:, 1] if X.shape[1] > 1 else X[:, 0]
+        return np.sin(2.0 * X[:, 0]) + 0.5 * second**2 - 0.5
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        X = self._rng.standard_normal((n, self.dimension))
+        return X, self.function(X) + self.noise_std * self._rng.standard_normal(n)
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
 class BNNSEP(DampedSite, Model):
     """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
 
@@ -236,6 +273,7 @@ class BNNSEP(DampedSite, Model):
     """
 
     family: ClassVar[str] = "sep_bnn"
+    synthetic: ClassVar[type[SyntheticData]] = NonlinearData
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:

@@ -1,0 +1,86 @@
+"""Synthetic records of a family, drawn from a known model so that a run can be scored against the truth.
+
+A family names its generator in :attr:`~stream_vips.models.base.Model.synthetic`: a
+:class:`SyntheticData` subclass built as ``cls(rng, **options)``, which draws its truth from
+``rng`` and then, per call of :meth:`SyntheticData.records`, the next ``n`` well-formed records as
+JSON lines from the same generator. :class:`connectors.synthetic.SyntheticSource` streams any
+family's records and mixes in the generator's ``malformed`` lines (the dead-letter path). The
+shared pieces of the families whose records are vectors live here too.
+
+>>> fill('{"x": [NaN%s], "y": 0.5}', 3)
+'{"x": [NaN, 0.1, 0.1], "y": 0.5}'
+>>> vector_lines(np.array([[0.5, -1.0]]), [2.0])
+[b'{"x": [0.5, -1.0], "y": 2.0}']
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+#: Malformed vector records: kind -> template (``%s`` is filled up to the dimension). None is a
+#: valid record of any family that reads ``{"x": [d numbers], ...}``.
+MALFORMED_KINDS: dict[str, str] = {
+    "bad_json": '{"x": [0.1, 0.2',
+    "nan": '{"x": [NaN%s], "y": 0.5}',
+    "wrong_shape": '{"x": [0.1%s, 0.1], "y": 0.5}',
+    "huge": '{"x": [1e400%s], "y": 0.5}',
+    "wrong_type": '{"x": "not a vector", "y": 0.5}',
+    "not_object": "[1, 2, 3]",
+}
+
+
+def fill(template: str, dimension: int) -> str:
+    """A :data:`MALFORMED_KINDS` template with its ``%s`` filled up to ``dimension`` entries."""
+    return template % (", 0.1" * (dimension - 1)) if "%s" in template else template
+
+
+def malformed_vectors(dimension: int) -> tuple[bytes, ...]:
+    """Every :data:`MALFORMED_KINDS` line at ``dimension``."""
+    return tuple(fill(t, dimension).encode() for t in MALFORMED_KINDS.values())
+
+
+def vector_lines(x: np.ndarray, y: Sequence[Any]) -> list[bytes]:
+    """``{"x": [...], "y": ...}`` lines of the rows of ``x`` and the values ``y`` (Python reprs)."""
+    return [b'{"x": [%s], "y": %r}' % (", ".join(map(repr, row)).encode(), yi) for row, yi in zip(x.tolist(), y)]
+
+
+def check_dimension(dimension: Any, minimum: int = 1, why: str = "") -> int:
+    """``dimension`` as an int, or a ValueError unless it is at least ``minimum``."""
+    if int(dimension) < minimum:
+        raise ValueError(f"dimension must be >= {minimum}{why}, got {dimension}")
+    return int(dimension)
+
+
+def check_weights(weights: Sequence[float], dimension: int) -> np.ndarray:
+    """Given true weights as an array of length ``dimension`` (a ValueError otherwise)."""
+    w = np.asarray(weights, dtype=float)
+    if w.shape != (dimension,):
+        raise ValueError(f"weights must have length {dimension}, got {w.shape}")
+    return w
+
+
+class SyntheticData(ABC):
+    """A family's known model and the records drawn from it.
+
+    Subclasses take their options as keyword arguments after ``rng`` (a source's configuration
+    keys: they are checked against the signature), draw the truth from ``rng`` in ``__init__``,
+    keep it as attributes (for scoring) and set ``malformed``: lines the family rejects.
+    """
+
+    malformed: tuple[bytes, ...]
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+
+    @abstractmethod
+    def records(self, n: int) -> list[bytes]:
+        """The next ``n`` well-formed records as JSON lines (advances the generator)."""
+
+    @property
+    @abstractmethod
+    def model_params(self) -> dict[str, Any]:
+        """The public model parameters that make the family read these records (its dimension
+        parameter, or the vocabulary)."""
