@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from stream_vips.audit.spec import FamilyAudit
     from stream_vips.fitting.rules import Settings
-    from stream_vips.models.synthetic import SyntheticData
+    from stream_vips.models.synthetic import Demo, SyntheticData
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class Model(ABC):
     #: The family's synthetic data (:mod:`stream_vips.models.synthetic`): records drawn from a known
     #: model, for the demo, tests and benchmarks (``None``: the family has none).
     synthetic: ClassVar[type[SyntheticData] | None] = None
+    #: What ``stream-vips demo`` streams of that data and how it scores the model (``None``: no demo).
+    demo: ClassVar[Demo | None] = None
     #: Why ``fit`` refuses the family (``None``: it has a rule, :meth:`fit_rule`).
     fit_refusal: ClassVar[str | None] = None
     #: Per rejection reason, what a user whose records are rejected for it most likely got wrong

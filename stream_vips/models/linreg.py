@@ -78,7 +78,8 @@ from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accou
 from stream_vips.models._validate import integer
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
-from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
+from stream_vips.models.synthetic import (Demo, SyntheticData, check_dimension, check_weights, malformed_vectors,
+                                          vector_lines)
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.core.data.records import FieldBatch
 
@@ -159,12 +160,26 @@ class RegressionData(SyntheticData):
         return {"dim": self.dimension}
 
 
+def _demo_lines(s: Mapping[str, Any]) -> list[str]:
+    return [f"model error          |E[w] - w_true| = {s['model_error']:.4f} (private)",
+            f"                     |E[w] - w_true| = {s['non_private_model_error']:.4f} "
+            f"(non-private, same records, {s['non_private_updates']} updates)"]
+
+
 class LinearRegression(Model):
     """Bayesian linear regression on clipped features with a privatized natural-parameter update."""
 
     family: ClassVar[str] = "linreg"
     default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
     synthetic: ClassVar[type[SyntheticData]] = RegressionData
+    demo: ClassVar[Demo] = Demo(
+        about="linear regression (d = 5): |E[w] - w_true| against the true weights",
+        source={"dimension": 5, "noise_std": 0.2, "x_scale": 0.8},
+        params=lambda data, seed: {"dim": data.dimension, "noise_precision": 1.0 / data.noise_std**2,
+                                   "x_bound": 1.0, "y_bound": 2.0},
+        score=lambda model, data, _: {"model_error": float(np.linalg.norm(model.posterior_mean() - data.weights))},
+        reference=lambda data, _: {"true_weights": data.weights.tolist()},
+        lines=_demo_lines)
 
     def __init__(
         self,

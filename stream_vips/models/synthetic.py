@@ -4,8 +4,9 @@ A family names its generator in :attr:`~stream_vips.models.base.Model.synthetic`
 :class:`SyntheticData` subclass built as ``cls(rng, **options)``, which draws its truth from
 ``rng`` and then, per call of :meth:`SyntheticData.records`, the next ``n`` well-formed records as
 JSON lines from the same generator. :class:`connectors.synthetic.SyntheticSource` streams any
-family's records and mixes in the generator's ``malformed`` lines (the dead-letter path). The
-shared pieces of the families whose records are vectors live here too.
+family's records and mixes in the generator's ``malformed`` lines (the dead-letter path); a family
+whose synthetic data has a ``stream-vips demo`` describes it in a :class:`Demo`. The shared pieces
+of the families whose records are vectors live here too.
 
 >>> fill('{"x": [NaN%s], "y": 0.5}', 3)
 '{"x": [NaN, 0.1, 0.1], "y": 0.5}'
@@ -16,9 +17,13 @@ shared pieces of the families whose records are vectors live here too.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stream_vips.models.base import Model
 
 #: Malformed vector records: kind -> template (``%s`` is filled up to the dimension). None is a
 #: valid record of any family that reads ``{"x": [d numbers], ...}``.
@@ -84,3 +89,35 @@ class SyntheticData(ABC):
     def model_params(self) -> dict[str, Any]:
         """The public model parameters that make the family read these records (its dimension
         parameter, or the vocabulary)."""
+
+
+def _nothing_held_out(data: SyntheticData) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What ``stream-vips demo`` streams for a family and how it scores the result.
+
+    The demo streams ``records`` records of the family's synthetic data (generator options
+    ``source``) into a reservoir of ``reservoir`` records, sampled at ``batch_size / reservoir``
+    and updated every ``every_records`` records with rho_t = (1 + t)^-``kappa``. ``params(data,
+    seed)`` gives the model's parameters from the data's public parts; ``held_out(data)`` draws
+    fresh records after the run; ``score(model, data, held_out)`` gives the family's metrics of
+    one run (keys without prefix; the non-private run's are reported with ``non_private_``),
+    ``reference(data, held_out)`` the truth's, and ``lines(summary)`` the summary's family lines.
+    ``about`` says in one line what is streamed and scored.
+    """
+
+    about: str
+    source: Mapping[str, Any]
+    params: Callable[[Any, int], dict[str, Any]]
+    score: Callable[[Model, Any, Any], dict[str, float]]
+    reference: Callable[[Any, Any], dict[str, Any]]
+    lines: Callable[[Mapping[str, Any]], list[str]]
+    held_out: Callable[[Any], Any] = _nothing_held_out
+    records: int = 40_000
+    reservoir: int = 10_000
+    batch_size: int = 2_000
+    every_records: int = 1_000
+    kappa: float = 0.7

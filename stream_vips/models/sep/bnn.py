@@ -89,7 +89,7 @@ from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import SITE, DampedSite, public_vector
-from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors, vector_lines
+from stream_vips.models.synthetic import Demo, SyntheticData, check_dimension, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.core.data.records import FieldBatch
 
@@ -249,6 +249,14 @@ class NonlinearData(SyntheticData):
         return {"dim": self.dimension}
 
 
+def _demo_lines(s: Mapping[str, Any]) -> list[str]:
+    return [f"held-out RMSE        {s['rmse']:.4f} (private), {s['non_private_rmse']:.4f} (non-private, same "
+            f"records, {s['non_private_updates']} updates); noise std {s['noise_std']:g}, spread of y "
+            f"{s['target_std']:.4f}",
+            f"held-out log-lik     {s['log_likelihood']:.4f} (private), {s['non_private_log_likelihood']:.4f} "
+            f"(non-private)"]
+
+
 class BNNSEP(DampedSite, Model):
     """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
 
@@ -274,6 +282,18 @@ class BNNSEP(DampedSite, Model):
 
     family: ClassVar[str] = "sep_bnn"
     synthetic: ClassVar[type[SyntheticData]] = NonlinearData
+    demo: ClassVar[Demo] = Demo(
+        about="DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2 plus noise): "
+              "held-out RMSE and log-likelihood, next to the noise std",
+        source={"dimension": 2, "noise_std": 0.2},
+        # public scaling: the generator's x ~ N(0, I) and y of mean ~0 and spread ~1; the SEP step
+        # s = min(1, damping * rho_t) with damping 0.2 (docs/sep_bnn.md)
+        params=lambda data, seed: {"dim": data.dimension, "hidden": 50, "clip": 1.0, "damping": 0.2,
+                                   "init_seed": seed},
+        held_out=lambda data: data.sample(5_000),
+        score=lambda model, data, xy: {"rmse": model.rmse(*xy), "log_likelihood": model.log_likelihood(*xy)},
+        reference=lambda data, xy: {"noise_std": data.noise_std, "target_std": float(np.std(xy[1]))},
+        lines=_demo_lines)
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
