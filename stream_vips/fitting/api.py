@@ -20,7 +20,7 @@ from stream_vips.errors import FitError, LedgerRefused, NoModelError, SpentError
 from stream_vips.fitting.data import check_json_objects, encode_records, resolve_dim
 from stream_vips.fitting.rules import (CALIBRATION_RTOL, PYTHON_NAMES, Settings, _rule_settings, calibration_rtol,
                                        check_public, check_settings, overridden)
-from stream_vips.models import dimension, model_class
+from stream_vips.models import model_class
 from stream_vips.privacy.ledger import first_line_is_ledger
 
 @dataclass
@@ -173,8 +173,9 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     ``data``: a list or iterable of records (dicts as the family parses them, or JSON lines),
     numpy ``(X, y)``, or a pandas DataFrame (``x_columns``/``y_column``). N (the number of
     records, valid or not) and d are public: for records pass ``dim`` (the family's dimension
-    parameter: ``dim``, or ``n_visible`` for sbn, which may be passed under its own name); for
-    arrays and DataFrames d is their number of columns. The settings come from
+    parameter: ``dim``, or ``n_visible`` for sbn, which may be passed under its own name; lda's d
+    is the size of its ``vocabulary``, which it needs); for arrays and DataFrames d is their
+    number of columns. The settings come from
     :func:`fit_settings` (``steps`` overrides its step count, ``settings`` replaces the rule
     entirely: only pass settings chosen without looking at this data's accuracy).
     ``model_params`` go to the family (e.g. ``noise="gamma"``, ``x_bound``, ``y_bound`` for
@@ -229,7 +230,8 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     """The refusal phase: every check on the input, before anything is spent (FitError)."""
     started = time.perf_counter()
     check_public(family, epsilon, delta, non_private, names)
-    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=dimension(family)[0])
+    cls = model_class(family)
+    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=cls.record_field)
     n = len(encoded)
     if n == 0:
         raise FitError("fit needs at least one record")
@@ -238,10 +240,9 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     d = resolve_dim(family, dim, model_params, shape_d, names)
     if ledger_path is not None:
         check_ledger(ledger_path, names)
-    dim_param = dimension(family)[1]
+    dim_param = cls.dim_param
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1):
         raise FitError(f"steps must be a positive integer, got {steps!r}")
-    cls = model_class(family)
     if settings is None:
         settings = cls.fit_with(_rule_settings(family, n, d, None if non_private else epsilon, delta, non_private),
                                 model_params, steps)
@@ -255,7 +256,7 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
         settings = cls.fit_complete(settings, model_params)
     except ValueError as exc:
         raise FitError(f"{names['param']}: {exc}") from None
-    params = {"dataset_size": n, **model_params, dim_param: d}
+    params = {"dataset_size": n, **model_params, **({dim_param: d} if cls.dimension_of is None else {})}
     rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id, rtol=rtol)

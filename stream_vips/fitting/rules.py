@@ -26,9 +26,11 @@ MAX_DIM = 100_000
 RULE_VERSION = "fit_settings/4"
 
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
+#: ``give`` is how a model parameter is passed, with ``{}`` for its name.
 PYTHON_NAMES = {"dim": "dim=D", "epsilon": "epsilon", "ledger": "ledger_path", "param": "the caller",
-                "steps": "the caller"}
-CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
+                "steps": "the caller", "give": "{}=..."}
+CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps",
+             "give": "--param {}=..."}
 
 
 @dataclass(frozen=True)
@@ -201,20 +203,35 @@ def calibration_rtol(epsilon: float, delta: float) -> float:
     >>> [round(calibration_rtol(e, 1e-5) / CALIBRATION_RTOL, 3) for e in (800.0, 1e300)]
     [0.883, 0.8]
     """
-    from scipy.optimize import brentq
     from scipy.stats import norm
 
     if epsilon > _STEEPNESS_LIMIT_EPSILON:
         k = 2.0
     else:
-        def gdp_delta(log_mu: float) -> float:
-            mu = math.exp(log_mu)
-            return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
-
-        mu = math.exp(brentq(lambda t: gdp_delta(t) - delta, math.log(1e-12), math.log(1e4), xtol=1e-13, rtol=1e-13))
+        mu = gaussian_mu(epsilon, delta)
         a = epsilon / mu
         k = mu / epsilon * math.exp(norm.logpdf(a - mu / 2) - epsilon - norm.logcdf(-a - mu / 2))
     return min(CALIBRATION_RTOL, 2 * math.log1p(CALIBRATION_RTOL) / (1.25 * k))
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """mu of the Gaussian mechanism (mu-GDP: sensitivity over noise std) that is exactly
+    (``epsilon``, ``delta``)-DP: the root of delta(epsilon, mu) = Phi(-epsilon/mu + mu/2) - e^epsilon
+    Phi(-epsilon/mu - mu/2) = ``delta``, solved in ln mu with e^epsilon kept inside the log (it
+    overflows a float from epsilon 710). No accountant certifies (epsilon, delta) with less noise
+    than sensitivity / mu (the Gaussian curve is exact). Defined for mu in [1e-12, 1e4].
+
+    >>> round(gaussian_mu(1.0, 1e-5), 4)
+    0.2681
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gdp_delta(log_mu: float) -> float:
+        mu = math.exp(log_mu)
+        return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
+
+    return math.exp(brentq(lambda t: gdp_delta(t) - delta, math.log(1e-12), math.log(1e4), xtol=1e-13, rtol=1e-13))
 
 
 #: Above this epsilon :func:`calibration_rtol` uses the steepness's large-epsilon limit k = 2.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,9 @@ class Model(ABC):
     #: public length d (``fit`` and ``learn_many`` put array columns there).
     record_field: ClassVar[str] = "x"
     dim_param: ClassVar[str] = "dim"
+    #: ``None`` when ``dim_param`` takes d itself; else the function from that parameter's value
+    #: to d (lda: the vocabulary's size), and ``fit`` needs the parameter (d alone does not make it).
+    dimension_of: ClassVar[Callable[[Any], int] | None] = None
     #: Parameters a bare configuration of the family needs that its constructor does not default,
     #: merged under the configured ones so that the default configuration runs (linreg: ``dim``).
     default_params: ClassVar[Mapping[str, Any]] = {}

@@ -39,16 +39,18 @@ Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
+from stream_vips.fitting.rules import Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.synthetic import Demo, SyntheticData
@@ -108,6 +110,16 @@ class EStepBlock:
     iterations: np.ndarray  # (nb,) fixed-point iterations run per document
     sq_norms: np.ndarray  # (nb,)
 
+
+#: Fit-rule constants (:meth:`LDA.fit_rule`), the settings benchmarks/lda_eval.py ran its corpora with.
+RULE_BATCH = 500
+RULE_MIN_Q = 0.02
+RULE_STEPS = 30
+RULE_KAPPA = 0.55
+RULE_DOC_LENGTH = 100
+RULE_CLIP_FRACTION = 0.1
+#: Passes over the corpus of a non-private fit.
+RULE_NON_PRIVATE_PASSES = 3
 
 def dirichlet_expectation(x: np.ndarray) -> np.ndarray:
     """E[log theta] under Dirichlet(x), along the last axis."""
@@ -370,6 +382,9 @@ class LDA(Model):
     """
 
     family: ClassVar[str] = "lda"
+    record_field: ClassVar[str] = "tokens"
+    dim_param: ClassVar[str] = "vocabulary"
+    dimension_of: ClassVar[Callable[[Any], int]] = staticmethod(lambda vocabulary: len(load_vocabulary(vocabulary)))
     synthetic: ClassVar[type[SyntheticData]] = DocumentData
     demo: ClassVar[Demo] = Demo(
         about="LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40 words): held-out "
@@ -383,7 +398,6 @@ class LDA(Model):
                                          "topic_recovery": topic_recovery(data.topics, model.topics())},
         reference=lambda data, _: {"vocabulary_size": len(data.vocabulary)},
         lines=_demo_lines)
-    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
 
     def __init__(
         self,
@@ -417,6 +431,47 @@ class LDA(Model):
             raise ValueError(f"clip_fraction: must be in (0, 1], got {clip_fraction!r}")
         self._rng = np.random.default_rng(seed)
         self._set_lambda(self._rng.gamma(100.0, 0.01, (self.n_topics, len(self.vocabulary))))
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """Stochastic VI over the corpus: Poisson batches of about :data:`RULE_BATCH` documents (at
+        least a fraction :data:`RULE_MIN_Q`), :data:`RULE_STEPS` steps at kappa :data:`RULE_KAPPA`,
+        documents resampled to :data:`RULE_DOC_LENGTH` words and clipped at :data:`RULE_CLIP_FRACTION`
+        of it. d is the vocabulary's size V (the caller's ``vocabulary``); K stays the model's default.
+
+        Why these do not depend on the budget: one step's noise on each lambda entry is z a N / q
+        (z C on the sum, times D / (q D)), and for the small q of a large corpus the calibrated z
+        grows like q sqrt(T), so the noise is about sqrt(T) a N / mu whatever q is (mu: the
+        Gaussian-DP level of (epsilon, delta)), while the signal of an entry, D N / (K V), grows with
+        the corpus. q serves the E-steps' cost and the variance of the stochastic gradient, T the
+        settling of the topics from their random start; the document length scales signal and
+        noise alike (both are proportional to N), so it serves the resampling's own variance
+        against the E-step's cost."""
+        private = not non_private
+        q = min(1.0, max(RULE_MIN_Q, RULE_BATCH / n))
+        steps = RULE_STEPS if private else max(RULE_STEPS, math.ceil(RULE_NON_PRIVATE_PASSES / q))
+        why = {
+            "q": (f"q = {q:g}: batches of about {RULE_BATCH} documents (at least {RULE_MIN_Q:g} of the corpus), "
+                  "as benchmarks/lda_eval.py ran both its corpora (q = 0.2 on 2,677 news articles, 0.02 on "
+                  "100,000 synthetic documents): the noise on lambda does not depend on q for small q, so q "
+                  "serves the E-steps' cost and the stochastic gradient's variance"),
+            "steps": (f"{steps} steps, rho_t = (1 + t)^-{RULE_KAPPA}: " + (
+                "benchmarks/lda_eval.py's schedule on both corpora; z grows like sqrt(T), so few releases keep "
+                "each one's share of the budget" if private else
+                f"{RULE_NON_PRIVATE_PASSES} passes over the corpus (at least {RULE_STEPS} steps): no noise to "
+                "average, so steps serve convergence only")),
+            "doc_length": (f"documents resampled to {RULE_DOC_LENGTH} words (benchmarks/lda_eval.py's synthetic "
+                           "corpus): signal and noise both scale with the length, which trades the resampling's "
+                           "variance against the E-step's cost and the reservoir's memory (N words per document)"),
+            "clip_fraction": (f"each document's contribution clipped to {RULE_CLIP_FRACTION:g} N (the model's "
+                              "default and benchmarks/lda_eval.py's clipping, the paper's Figure 2 setting)"),
+            "seed": "0: the initial topics and the resampling draws are public randomness (no data enters them)",
+        }
+        if private:
+            why["accountant"] = why_accountant(q)
+        return Settings("lda", n, d, epsilon, delta, q, steps, 1.0, RULE_KAPPA, None,
+                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION, "seed": 0},
+                        why=why, accountant=accountant_for(q))
 
     @classmethod
     def audit(cls) -> FamilyAudit:

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 import numpy as np
 from scipy.special import expit
 
-from stream_vips.errors import StreamVipsError
+from stream_vips.errors import FitError, StreamVipsError
+from stream_vips.fitting.rules import Settings, accountant_for, gaussian_mu, why_accountant
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
@@ -58,6 +59,14 @@ from stream_vips.privacy.mechanisms import clip_rows
 
 if TYPE_CHECKING:
     from stream_vips.audit.spec import FamilyAudit
+
+
+#: Fit-rule constants (:meth:`DPSGLD.fit_rule`): least and most full-batch steps, the share of the
+#: exact Gaussian noise the rule asks the model to check for, and the slack of Theorem 4's condition
+#: and of the paper's target (rounding must not break either).
+RULE_MIN_STEPS, RULE_MAX_STEPS = 100, 100_000
+RULE_MARGIN = 0.99
+RULE_THEOREM4_SLACK, RULE_TARGET_SLACK = 1.01, 1.0 + 1e-6
 
 
 class SgldConditionError(StreamVipsError, ValueError):
@@ -74,7 +83,65 @@ class DPSGLD(LogisticRecords):
     """
 
     family: ClassVar[str] = "sgld"
-    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """Algorithm 2 where its Langevin noise is the privacy noise: full-batch steps (q = 1,
+        tau = N) whose step eta makes the Langevin variance eta equal the privacy variance.
+
+        At q = 1 the engine adds noise z L to the gradient sum, which Algorithm 2 reads as variance
+        (eta N z L / tau)^2 = (eta z)^2 on theta (L = 1). The Langevin branch asks for v = eta,
+        i.e. z = 1 / sqrt(eta), so the step eta = 1 / z^2 uses exactly the noise the budget calls
+        for. No accountant certifies the budget with z below sqrt(T) D / mu (the exact Gaussian
+        curve; D = 2, mu = :func:`~stream_vips.fitting.rules.gaussian_mu`); the rule takes 0.99 of
+        it, so the calibrated z always meets the model's check. The model's ``epsilon`` (the paper's
+        target, Theorem 4) is the smallest at which Algorithm 2 asks no more than that Langevin
+        noise: the paper's analysis is looser than the accountant's, so it exceeds the budget,
+        which the accountant's guarantee is. T is the smallest number of steps with (i) eta at
+        most 1 / (N/4 + alpha), a stable step on the log-likelihood's curvature (|x| <= 1), and
+        (ii) Theorem 4's condition on the passes, z^2 >= 4 log(2.5 T / delta); at least
+        :data:`RULE_MIN_STEPS`, the second half of them kept as samples. Large budgets need many
+        steps (T grows like mu^2 N): above :data:`RULE_MAX_STEPS` the rule refuses. Non-private:
+        :data:`RULE_MIN_STEPS` noise-free steps at the stable step (gradient descent)."""
+        alpha = 1.0  # the model's default prior precision
+        stable = 1.0 / (n / 4.0 + alpha)
+        if non_private:
+            steps, eta, target = RULE_MIN_STEPS, stable, 1.0
+            why = {"steps": f"{steps} steps without noise at the stable step eta = 1/(N/4 + alpha): gradient descent",
+                   "epsilon": "1: the paper's target is unused without noise (Theorem 4's condition holds)"}
+        else:
+            try:
+                mu = gaussian_mu(epsilon, delta)
+            except ValueError:
+                raise FitError(f"sgld: epsilon {epsilon!r} at delta {delta!r} is beyond the rule's range") from None
+            gap = RULE_MARGIN**2 * 4.0 / mu**2  # z_need^2 / T
+            steps = max(RULE_MIN_STEPS, math.ceil((n / 4.0 + alpha) / gap))
+            while gap * steps < 4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK:
+                steps = math.ceil(4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK / gap)
+            if steps > RULE_MAX_STEPS:
+                raise FitError(f"sgld at epsilon {epsilon!r}, delta {delta!r} and N = {n} needs {steps:,} full-batch "
+                               f"steps for its Langevin noise to spend the budget (more than {RULE_MAX_STEPS:,}); "
+                               "a smaller budget or data set fits")
+            z_need = math.sqrt(gap * steps)
+            eta = 1.0 / z_need**2
+            loglog = math.log(2.5 * steps / delta) * math.log(2.0 / delta)
+            target = math.sqrt(128.0 * steps * loglog * eta) * RULE_TARGET_SLACK
+            why = {"steps": (f"{steps} full-batch steps: eta = 1/z^2 at most 1/(N/4 + alpha) (stable) and Theorem 4's "
+                             f"passes condition, z^2 >= 4 log(2.5 T / delta); at least {RULE_MIN_STEPS}"),
+                   "step_size": (f"eta = {eta:.4g} = 1/z^2 with z = {RULE_MARGIN} sqrt(T) 2 / mu = {z_need:.4g}: "
+                                 "Algorithm 2's Langevin variance eta is then exactly the noise the budget calls for"),
+                   "epsilon": (f"the paper's target {target:.4g}: the smallest at which Algorithm 2 asks for no more "
+                               "noise than its Langevin branch; the guarantee is the accountant's budget "
+                               f"{epsilon:g}, which the paper's looser analysis would need more noise for"),
+                   "accountant": why_accountant(1.0)}
+        why = {"q": "q = 1: Langevin steps on the full gradient sum; subsampling would need 1/q^2 as many steps for "
+                    "the same noise", **why,
+               "burn_in": "the first half of the steps; the second half are kept as posterior samples"}
+        burn_in = steps // 2
+        return Settings("sgld", n, d, epsilon, delta, 1.0, steps, 1.0, 1.0, None,
+                        model_params={"batch_size": n, "step_size": eta, "epsilon": target, "delta": delta,
+                                      "passes": float(steps), "burn_in": burn_in, "keep": min(200, steps - burn_in)},
+                        why=why, accountant=accountant_for(1.0))
 
     def __init__(
         self,

@@ -88,7 +88,8 @@ from scipy.special import ndtr
 from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.models.sep.core import SITE, DampedSite, public_vector
+from stream_vips.models.sep.core import (RULE_CLIP, RULE_KAPPA, RULE_MIN_BATCH, RULE_TAU0, SITE, DampedSite,
+                                         public_vector, site_schedule)
 from stream_vips.models.synthetic import Demo, SyntheticData, check_dimension, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.core.data.records import FieldBatch
@@ -570,13 +571,9 @@ class BNNSEP(DampedSite, Model):
 
 # ------------------------------------------------------------------------- settings rule
 
-#: Constants of :func:`fit_rule`, chosen on synthetic data only (docs/sep_bnn.md, "Fit rule").
-#: Schedules: (Poisson rate q, steps T, site refreshes s T) for private and non-private fits.
-RULE_SCHEDULE = {"private": (0.01, 2000, 1.0), "non_private": (0.01, 2000, 20.0)}
-#: Smallest expected batch (q is raised to this over N for small N).
-RULE_MIN_BATCH = 10
-RULE_TAU0, RULE_KAPPA = 1e7, 0.51
-RULE_CLIP = 1.0
+#: Constants of :func:`fit_rule`, chosen on synthetic data only (docs/sep_bnn.md, "Fit rule"); the
+#: schedule (RULE_SCHEDULE, RULE_MIN_BATCH, RULE_TAU0, RULE_KAPPA) and RULE_CLIP are the SEP families'
+#: (:mod:`stream_vips.models.sep.core`), chosen here.
 RULE_LARGE_N = 20_000
 RULE_MEAN_STEP_SDS = 2.0
 
@@ -602,8 +599,6 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     >>> r["q"], r["steps"], round(r["step"] * r["steps"], 6), fit_rule(500, 8, None, 1e-5)["q"]
     (0.01, 2000, 20.0, 0.02)
     """
-    from stream_vips.core.data.schedule import step_size
-
     n = integer("n", n)
     d = integer("d", d)
     private = epsilon is not None
@@ -612,10 +607,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     hidden = 100 if n >= RULE_LARGE_N and not private else 50
-    q, steps, refreshes = RULE_SCHEDULE["private" if private else "non_private"]
-    q = min(1.0, max(q, RULE_MIN_BATCH / n))
-    step = refreshes / steps
-    damping = step / step_size(0, RULE_TAU0, RULE_KAPPA)
+    q, steps, refreshes, step, damping = site_schedule(n, private)
     why = {
         "q": (f"q = {q:g}: small Poisson batches (at least {RULE_MIN_BATCH} records expected), many small SEP "
               "steps (fewer, larger steps linearise more records at one cavity; q = 1 was worse in the first "

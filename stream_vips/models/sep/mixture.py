@@ -39,18 +39,67 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import softmax
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
-from stream_vips.models.sep.core import SEPModel
+from stream_vips.models.sep.core import SEPModel, site_rule
+from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors
 
 if TYPE_CHECKING:
     from stream_vips.audit.spec import FamilyAudit
+
+
+class MixtureData(SyntheticData):
+    """Points ``{"x": [d numbers]}`` from a mixture of ``n_components`` isotropic Gaussians of
+    standard deviation ``noise_sd`` with equal weights; the means (:attr:`means`, K x d) are
+    ``N(0, spread^2 I)`` draws."""
+
+    def __init__(self, rng: np.random.Generator, n_components: int = 3, dimension: int = 2, spread: float = 2.0,
+                 noise_sd: float = 0.5) -> None:
+        self.dimension = check_dimension(dimension)
+        if int(n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {n_components}")
+        if not (float(spread) > 0 and float(noise_sd) > 0):
+            raise ValueError("spread and noise_sd must be > 0")
+        super().__init__(rng)
+        self.n_components, self.noise_sd = int(n_components), float(noise_sd)
+        self.means = float(spread) * rng.standard_normal((self.n_components, self.dimension))
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> np.ndarray:
+        """``n`` fresh points (n, d) (advances the generator)."""
+        h = self._rng.integers(self.n_components, size=n)
+        return self.means[h] + self.noise_sd * self._rng.standard_normal((n, self.dimension))
+
+    def records(self, n: int) -> list[bytes]:
+        return [b'{"x": [%s]}' % ", ".join(map(repr, row)).encode() for row in self.sample(n).tolist()]
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
+#: Components the fit rule gives when the caller names none (the number of clusters is the caller's choice).
+RULE_COMPONENTS = 3
 
 
 class MixtureSEP(SEPModel):
     """(DP-)SEP posterior over the means of a Gaussian mixture with known isotropic covariance."""
 
     family: ClassVar[str] = "sep_mixture"
-    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
+    synthetic: ClassVar[type[SyntheticData]] = MixtureData
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`)
+        with :data:`RULE_COMPONENTS` components; the noise sd and the prior keep their defaults (their
+        scale is the data's, which the rule may not read)."""
+        why = {"n_components": (f"K = {RULE_COMPONENTS}: a default so that the rule runs; the number of clusters is "
+                                "the caller's modelling choice (--param n_components), not a public quantity"),
+               "noise_sd": "the model's default 0.5: the clusters' spread is in the data's units, which the rule "
+                           "may not read (--param noise_sd, prior_var for the data's scale)"}
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  site_rule(n, d, None if non_private else epsilon, delta,
+                                            {"n_components": RULE_COMPONENTS}, why))
 
     def __init__(
         self,

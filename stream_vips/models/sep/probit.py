@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
-from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors
+from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors, site_rule
+from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
@@ -71,6 +73,37 @@ def site_coefficients(mu: np.ndarray, s2: np.ndarray, t: np.ndarray) -> tuple[np
     return (t * r / root + mu * beta) / denom, beta / denom
 
 
+class ProbitData(SyntheticData):
+    """Probit records ``{"x": [d numbers], "y": 0 | 1}``: ``x ~ N(0, I)`` in ``dimension`` features
+    and ``y ~ Bernoulli(Phi(w . x + bias))``; ``weights`` default to ``N(0, I)`` draws. None of the
+    malformed records is a valid probit record (y = 0.5 is not a label)."""
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 3, weights: Sequence[float] | None = None,
+                 bias: float = 0.0) -> None:
+        self.dimension = check_dimension(dimension)
+        super().__init__(rng)
+        if weights is None:
+            self.weights = rng.standard_normal(self.dimension)
+        else:
+            self.weights = check_weights(weights, self.dimension)
+        self.bias = float(bias)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        X = self._rng.standard_normal((n, self.dimension))
+        y = (self._rng.random(n) < ndtr(X @ self.weights + self.bias)).astype(np.int64)
+        return X, y
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
 class ProbitSEP(SEPModel):
     """(DP-)SEP probit classifier with a Gaussian posterior over the weights.
 
@@ -79,7 +112,15 @@ class ProbitSEP(SEPModel):
     """
 
     family: ClassVar[str] = "sep_probit"
-    fit_refusal: ClassVar[str | None] = "it has no settings rule yet"
+    synthetic: ClassVar[type[SyntheticData]] = ProbitData
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`):
+        the probit site is closed-form and its posterior one Gaussian, so nothing family-specific
+        is chosen; the intercept and the prior keep their defaults."""
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  site_rule(n, d, None if non_private else epsilon, delta, {}, {}))
 
     def __init__(
         self,
