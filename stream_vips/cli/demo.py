@@ -5,8 +5,9 @@ reservoir and private updates with a small budget; model messages go to a JSONL 
 served over HTTP, updates halt when the budget is spent, and a summary scores the private model
 against the known truth next to a non-private run (privacy.mode non_private, z = 0) on the same
 records. ``--family`` picks the model: any family whose module describes a demo (its ``demo``:
-the synthetic data it streams, the reservoir and schedule, and how the model is scored); the
-others are refused, naming the families that have one.
+the synthetic data it streams, the reservoir and schedule, and how the model is scored;
+docs/families.md says what each one streams and scores); the others are refused, naming the
+families that have one.
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
 a directory that already holds a ledger: spent budget is never reset (privacy rule 7 in

@@ -40,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "(docs/fit.md), and the noise is calibrated to spend the whole budget.",
         epilog=EXIT_TEXT)
     p.add_argument("data", metavar="DATA.jsonl", help="records, one JSON object per line ('-': stdin)")
-    p.add_argument("--family", required=True, choices=list(MODEL_FAMILIES), help="the model family")
+    p.add_argument("--family", required=True, choices=list(MODEL_FAMILIES),
+                   help="the model family (docs/families.md: its records, parameters and fit rule)")
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1)")
     p.add_argument("--delta", type=float, default=1e-5, help="privacy budget delta (default 1e-5)")
     p.add_argument("--non-private", action="store_true", help="baseline without noise (no guarantee; the "

@@ -119,10 +119,10 @@ def settings_from_rule(family: str, n: int, d: int, epsilon: float | None, delta
 
 
 def fit_families() -> tuple[str, ...]:
-    """The registered families ``fit`` has a rule for (those whose ``fit_refusal`` is ``None``)."""
+    """The registered families ``fit`` has a rule for (those whose ``engine_refusal`` is ``None``)."""
     from stream_vips.models.registry import MODEL_FAMILIES, model_class
 
-    return tuple(f for f in MODEL_FAMILIES if model_class(f).fit_refusal is None)
+    return tuple(f for f in MODEL_FAMILIES if model_class(f).engine_refusal is None)
 
 
 def __getattr__(name: str) -> Any:
@@ -247,7 +247,7 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
 
     if family not in MODEL_FAMILIES:
         raise FitError(f"fit has a settings rule for the families {list(fit_families())}, not {family!r}")
-    refusal = model_class(family).fit_refusal
+    refusal = model_class(family).engine_refusal
     if refusal is not None:
         raise FitError(f"fit refuses the {family} family: {refusal}")
     if not non_private and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):

@@ -59,6 +59,8 @@ class Model(ABC):
     """
 
     family: ClassVar[str]
+    #: One line: the JSON record the family reads (docs/families.md), d being its dimension.
+    record_format: ClassVar[str]
     #: The record field holding the family's vector, and the constructor parameter giving its
     #: public length d (``fit`` and ``learn_many`` put array columns there).
     record_field: ClassVar[str] = "x"
@@ -74,8 +76,9 @@ class Model(ABC):
     synthetic: ClassVar[type[SyntheticData] | None] = None
     #: What ``stream-vips demo`` streams of that data and how it scores the model (``None``: no demo).
     demo: ClassVar[Demo | None] = None
-    #: Why ``fit`` refuses the family (``None``: it has a rule, :meth:`fit_rule`).
-    fit_refusal: ClassVar[str | None] = None
+    #: Why the family does not release through the engine, so that ``fit`` and a stream refuse it
+    #: (``None``: it does, and :meth:`fit_rule` states fit's settings; ops releases a sample of its own).
+    engine_refusal: ClassVar[str | None] = None
     #: Per rejection reason, what a user whose records are rejected for it most likely got wrong
     #: (``fit`` adds it to its warning about rejected records).
     rejection_hints: ClassVar[Mapping[str, str]] = {}
@@ -89,7 +92,7 @@ class Model(ABC):
         choice in ``why``, which the rule's docstring explains. The default refuses fit."""
         from stream_vips.errors import FitError
 
-        raise FitError(f"fit refuses the {cls.family} family: {cls.fit_refusal or 'it states no settings rule'}")
+        raise FitError(f"fit refuses the {cls.family} family: {cls.engine_refusal or 'it states no settings rule'}")
 
     @classmethod
     def fit_with(cls, settings: Settings, params: Mapping[str, Any], steps: int | None) -> Settings:

@@ -359,17 +359,24 @@ def _demo_lines(s: Mapping[str, Any]) -> list[str]:
 
 
 class LDA(Model):
-    """VIPS LDA with K topics over a public vocabulary of V words.
+    """Latent Dirichlet allocation by VIPS: K topics over a public vocabulary of V words, learnt by
+    stochastic variational inference whose E-step runs behind the privacy wall on documents
+    resampled to a public length and whose released statistic is the clipped sum of the documents'
+    expected word-topic counts.
 
-    Parameters (all public configuration, privacy rule 5 in docs/privacy.md): ``vocabulary`` (list
-    of words, or a path to a file with one word per line), ``n_topics`` K, ``doc_length`` N
-    (documents are resampled to N words), ``dataset_size`` D (the M-step's corpus size; the
-    configuration defaults it to the reservoir capacity M), ``alpha`` and ``eta`` (symmetric
-    Dirichlet priors on theta and beta; ``alpha`` defaults to 1/K), ``clip_fraction`` a
-    (per-document contributions are clipped to L2 norm a * N; 1 means no clipping, as in the paper),
-    ``max_iter`` and ``tol`` (E-step iteration cap and mean-absolute-change tolerance),
-    ``block_size`` (documents per vectorized E-step block) and ``seed`` (initial lambda and the
-    resampling generator; None draws from OS entropy).
+    Parameters (public configuration, privacy rule 5 in docs/privacy.md):
+
+    - ``vocabulary``: the V words (a list, or a path to a UTF-8 file with one word per line); its
+      size is the family's dimension d;
+    - ``dataset_size``: D, the M-step's corpus size (the reservoir capacity; fit's N);
+    - ``n_topics``: K;
+    - ``doc_length``: N, every document is resampled to N words;
+    - ``alpha``, ``eta``: the symmetric Dirichlet priors on theta and beta (``alpha`` None: 1/K);
+    - ``clip_fraction``: a, each document's contribution is clipped to L2 norm a * N (1: no
+      clipping, as in the paper);
+    - ``max_iter``, ``tol``: the E-step's iteration cap and mean-absolute-change tolerance;
+    - ``block_size``: documents per vectorized E-step block;
+    - ``seed``: the initial lambda and the resampling draws (public randomness; None: OS entropy).
 
     Sensitivity. A document's contribution is the K x V matrix u_kv = sum_n phi_nk [w_n = v].
     Its entries are >= 0 and sum to N, so ||u||_2 <= N (paper eq. 28); clipping scales u by
@@ -382,6 +389,8 @@ class LDA(Model):
     """
 
     family: ClassVar[str] = "lda"
+    record_format: ClassVar[str] = ('{"tokens": ["word", ...]} or {"counts": {"word": n, ...}} (words outside the '
+                                    'vocabulary are dropped)')
     record_field: ClassVar[str] = "tokens"
     dim_param: ClassVar[str] = "vocabulary"
     dimension_of: ClassVar[Callable[[Any], int]] = staticmethod(lambda vocabulary: len(load_vocabulary(vocabulary)))
@@ -434,10 +443,12 @@ class LDA(Model):
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-        """Stochastic VI over the corpus: Poisson batches of about :data:`RULE_BATCH` documents (at
-        least a fraction :data:`RULE_MIN_Q`), :data:`RULE_STEPS` steps at kappa :data:`RULE_KAPPA`,
-        documents resampled to :data:`RULE_DOC_LENGTH` words and clipped at :data:`RULE_CLIP_FRACTION`
-        of it. d is the vocabulary's size V (the caller's ``vocabulary``); K stays the model's default.
+        """Stochastic VI over the corpus: Poisson batches of about :data:`RULE_BATCH` documents (q at
+        least :data:`RULE_MIN_Q`), :data:`RULE_STEPS` steps at kappa :data:`RULE_KAPPA` (non-private:
+        :data:`RULE_NON_PRIVATE_PASSES` passes), documents resampled to :data:`RULE_DOC_LENGTH` words
+        and clipped at :data:`RULE_CLIP_FRACTION` of it, the settings benchmarks/lda_eval.py ran both
+        its corpora with. d is the vocabulary's size V (the caller's ``vocabulary``); K stays the
+        model's default.
 
         Why these do not depend on the budget: one step's noise on each lambda entry is z a N / q
         (z C on the sum, times D / (q D)), and for the small q of a large corpus the calibrated z

@@ -167,9 +167,29 @@ def _demo_lines(s: Mapping[str, Any]) -> list[str]:
 
 
 class LinearRegression(Model):
-    """Bayesian linear regression on clipped features with a privatized natural-parameter update."""
+    """Conjugate Bayesian linear regression, y = w^T x + e, with Gaussian noise of known precision or
+    a Normal-Gamma prior that learns it. One step releases the sums of x x^T, x y (and y^2 with the
+    Gamma noise) over records clipped to public bounds; being conjugate, the posterior of the noisy
+    statistics is exact, so a finite data set needs one release with the whole budget.
+
+    Parameters (public configuration):
+
+    - ``dim``: d, the length of a record's ``x``;
+    - ``dataset_size``: N of the M-step (the reservoir capacity; fit's N);
+    - ``noise``: ``"known"`` (precision ``noise_precision``) or ``"gamma"`` (a Gamma prior on it);
+    - ``noise_precision``: the known noise precision lambda;
+    - ``prior_precision``: alpha of the prior w ~ N(m0, (alpha I)^-1) (times lambda with the Gamma noise);
+    - ``prior_mean``: m0 (``None``: zeros);
+    - ``a0``, ``b0``: shape and rate of the Gamma prior on lambda (``noise="gamma"``);
+    - ``x_bound``: R, the L2 norm x is clipped to;
+    - ``y_bound``: B, y is clipped to [-B, B];
+    - ``max_abs``: records with a value beyond it are rejected (``out_of_range``);
+    - ``floor_factor``: the eigenvalue floor of the noisy x x^T mean, in units of sqrt(d) times its
+      diagonal noise std (module docstring).
+    """
 
     family: ClassVar[str] = "linreg"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
     synthetic: ClassVar[type[SyntheticData]] = RegressionData
     demo: ClassVar[Demo] = Demo(

@@ -234,29 +234,34 @@ AUDIT_RECORDS = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 
 
 
 class BayesianLogisticRegression(Model):
-    """Streaming private VIPS logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``).
+    """Bayesian logistic regression by VIPS with Pólya-Gamma augmentation (records ``{"x": [d
+    numbers], "y": 0 | 1}``): each step releases the Pólya-Gamma statistics s1 = sum (y - 1/2) x
+    and s2 = sum E[omega] x x^T of records clipped to norm 1 (or, with the centred release, the
+    clipped residual g at the current iterate in place of s1), and the M-step forms the Gaussian
+    posterior q(w) = N(mu, Sigma) under a Gamma hyperprior on the prior precision.
 
-    ``dim`` is d (including any bias feature the producer adds); ``dataset_size`` is the N of the
-    M-step, the configured reservoir capacity (public). ``a0``, ``b0`` are the Gamma hyperprior
-    on the prior precision alpha. ``floor_factor`` scales the public eigenvalue floor of the
-    averaged noisy s2: floor = floor_factor * sqrt(d) * (noise std of one diagonal entry). The
-    noise's spectral norm is about sqrt(2 d) times that std (Wigner, off-diagonal std / sqrt(2));
-    the default 1.0 sits a little below it and did best on Adult (benchmarks/adult_logistic.py).
+    Parameters (public configuration):
 
-    ``release`` picks the vector block: ``"sums"`` releases s1 (the paper's Algorithm 5),
-    ``"centred"`` the clipped residual g at the current iterate (module docstring), with
-    ``residual_clip`` C_r, ``step_size`` (the preconditioned step after the first, in (0, 1]) and
-    ``average_from`` (the published mean averages the iterates after that many updates).
-
-    ``dtype`` is the precision of the stored inputs and of the E-step products. ``"float32"``
-    halves memory and roughly doubles E-step throughput; norms are inflated by their worst-case
-    rounding (d * eps) before clipping, and Pólya-Gamma means and the M-step stay in float64. Its
-    sums carry single-precision rounding (relative ~1e-7 per term),
-    far below any useful noise, but like all floating-point arithmetic outside the exact-
-    arithmetic sensitivity proof; ``"float64"`` (the default) makes that gap ~1e-16.
+    - ``dim``: d, the length of a record's ``x`` (including any bias feature the producer adds);
+    - ``dataset_size``: N of the M-step (the reservoir capacity; fit's N);
+    - ``a0``, ``b0``: shape and rate of the Gamma hyperprior on the prior precision alpha;
+    - ``floor_factor``: the public eigenvalue floor of the averaged noisy s2 is floor_factor * sqrt(d)
+      * (noise std of one diagonal entry); the noise's spectral norm is about sqrt(2 d) times that
+      std, and the default 1.0 sits a little below it (best on Adult, benchmarks/adult_logistic.py);
+    - ``dtype``: the precision of the stored inputs and the E-step products: ``"float32"`` halves
+      memory and roughly doubles E-step throughput (norms are inflated by their worst-case rounding
+      before clipping; Pólya-Gamma means and the M-step stay in float64), ``"float64"`` keeps the
+      rounding of the sums near 1e-16;
+    - ``release``: the vector block, ``"sums"`` (s1, the paper's Algorithm 5) or ``"centred"`` (the
+      clipped residual g at the current iterate, module docstring);
+    - ``residual_clip``: C_r, the clip of the centred release's residual;
+    - ``step_size``: the centred release's preconditioned step after the first, in (0, 1];
+    - ``average_from``: the centred release's published mean averages the iterates after that many
+      updates.
     """
 
     family: ClassVar[str] = "logistic"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
     synthetic: ClassVar[type[SyntheticData]] = LogisticData
     demo: ClassVar[Demo] = Demo(
         about="Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC, next to the "

@@ -224,24 +224,32 @@ def _truth_accuracy(data: ImageData, Y: np.ndarray) -> float:
 
 
 class SigmoidBeliefNetwork(Model):
-    """Streaming private VIPS sigmoid belief network (records ``{"y": [J bits]}``).
+    """Sigmoid belief network by VIPS (records ``{"y": [J bits]}``): K binary latent units explain J
+    binary pixels through sigmoid links; Pólya-Gamma augmentation makes each step's statistics
+    conditionally Gaussian, and the E-step (mean-field q(z) and the Pólya-Gamma expectations) runs
+    behind the privacy wall, each block clipped to a public fraction of its worst case.
 
-    ``n_visible`` J, ``n_latent`` K; ``dataset_size`` the N of the M-step (the reservoir
-    capacity, public); ``inner_iterations`` the fixed public number of E-step rounds; ``nu_b``,
-    ``nu_c`` the prior variances of b and c; ``init_scale`` the std of the public random initial
-    mean of W (``seed``), which breaks the symmetry between latent units; ``floor_factor`` scales
-    the eigenvalue floor of the averaged noisy ``xi_zz``; ``damping`` in (0, 1] the step of the
-    parallel q(z) updates (module docstring).
+    Parameters (public configuration):
 
-    ``clip_units``, ``clip_omega``, ``clip_pixels`` are the public clipping fractions of the
-    module docstring (None: :data:`RULE_CLIP`; 1: the worst case, no clipping).
-
-    ``dtype="float32"`` runs the E-step products in single precision (about twice the throughput);
-    the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly as stated,
-    and the M-step stays in float64.
+    - ``n_visible``: J, the pixels of an image (the family's dimension d);
+    - ``n_latent``: K, the latent units;
+    - ``dataset_size``: N of the M-step (the reservoir capacity; fit's N);
+    - ``inner_iterations``: the fixed public number of E-step rounds;
+    - ``nu_b``, ``nu_c``: the prior variances of the latent biases b and the pixel biases c;
+    - ``init_scale``: the std of the public random initial mean of W, which breaks the symmetry
+      between latent units;
+    - ``floor_factor``: scales the eigenvalue floor of the averaged noisy ``xi_zz``;
+    - ``damping``: the step in (0, 1] of the parallel q(z) updates (module docstring);
+    - ``seed``: the initial mean of W (public randomness);
+    - ``dtype``: ``"float32"`` runs the E-step products in single precision (about twice the
+      throughput); the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly,
+      and the M-step stays in float64;
+    - ``clip_units``, ``clip_omega``, ``clip_pixels``: the public clipping fractions of the module
+      docstring (None: :data:`RULE_CLIP`; 1: the worst case, no clipping).
     """
 
     family: ClassVar[str] = "sbn"
+    record_format: ClassVar[str] = '{"y": [d bits]}'
     record_field: ClassVar[str] = "y"
     dim_param: ClassVar[str] = "n_visible"
     synthetic: ClassVar[type[SyntheticData]] = ImageData
@@ -257,7 +265,12 @@ class SigmoidBeliefNetwork(Model):
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-        """The module's :func:`fit_rule` (its docstring gives the reasons), with d as ``n_visible``."""
+        """One pass over the data in expectation: private, :data:`RULE_PRIVATE_STEPS` steps of N / that
+        many records averaged uniformly (rho_t = 1/(t+1)); without noise, batches of
+        :data:`RULE_NON_PRIVATE_BATCH` records at kappa 0.51; K = :data:`RULE_LATENT` latent units,
+        :data:`RULE_INNER_ITERATIONS` E-step rounds and the public clipping fractions ``RULE_CLIP``,
+        all chosen on synthetic SBNs (the module's :func:`fit_rule` gives the reasons; docs/sbn.md);
+        d is ``n_visible``."""
         r = fit_rule(n, d, None if non_private else epsilon, delta)
         return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
                                   {**r, "model_params": {**r["model_params"], "n_visible": d}})

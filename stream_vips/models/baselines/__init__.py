@@ -24,8 +24,15 @@ from stream_vips.models.synthetic import SyntheticData
 
 
 class LogisticRecords(Model):
-    """Record layout and parsing of the VIPS logistic family (one implementation, reused)."""
+    """Record layout and parsing of the VIPS logistic family (one implementation, reused).
 
+    Parameters shared by the baselines:
+
+    - ``dim``: d, the length of a record's ``x``;
+    - ``dataset_size``: N, the reservoir capacity (fit's N).
+    """
+
+    record_format: ClassVar[str] = BayesianLogisticRegression.record_format
     row_layout = BayesianLogisticRegression.row_layout
     parse_batch = BayesianLogisticRegression.parse_batch
     synthetic: ClassVar[type[SyntheticData]] = LogisticData

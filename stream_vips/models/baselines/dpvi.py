@@ -65,11 +65,18 @@ RULE_NON_PRIVATE_STEPS = 500
 
 
 class DPVI(LogisticRecords):
-    """DPVI logistic regression with a diagonal Gaussian posterior (records ``{"x", "y"}``).
+    """DPVI logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``): doubly stochastic
+    variational inference of a diagonal Gaussian posterior, whose per-record Monte Carlo gradients
+    are clipped and summed behind the privacy wall and whose AdaGrad step is post-processing.
 
-    ``clip`` is c; ``step_size`` the AdaGrad eta; ``prior_precision`` alpha; ``mc_samples`` L;
-    ``init_log_sigma`` the starting omega; ``seed`` seeds the reparametrization draws (public
-    randomness; a fixed seed is fine here because the draws carry no data).
+    Parameters (public configuration):
+
+    - ``clip``: c, the L2 bound of every per-record gradient;
+    - ``step_size``: the AdaGrad eta;
+    - ``prior_precision``: alpha of the prior N(0, alpha^-1 I);
+    - ``mc_samples``: L, the Monte Carlo draws per step (shared by the batch);
+    - ``init_log_sigma``: the starting omega = log sigma;
+    - ``seed``: the reparametrization draws (public randomness: the draws carry no data).
     """
 
     family: ClassVar[str] = "dpvi"

@@ -74,20 +74,33 @@ class SgldConditionError(StreamVipsError, ValueError):
 
 
 class DPSGLD(LogisticRecords):
-    """Streaming DP-SGLD logistic regression (records ``{"x", "y"}``).
+    """DP-SGLD logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``): stochastic gradient
+    Langevin dynamics whose Langevin noise is the Gaussian noise on the clipped gradient sum, with
+    the paper's privacy condition (Theorem 4) checked; after ``burn_in`` updates every iterate is a
+    posterior sample, and the last ``keep`` are kept for prediction (Bayesian model averaging).
 
-    ``dataset_size`` is N (the reservoir capacity), ``batch_size`` tau, ``step_size`` the constant
-    eta, ``epsilon``/``delta`` the paper's target, ``passes`` T, ``lipschitz`` L (the clip bound),
-    ``prior_precision`` alpha. After ``burn_in`` updates every iterate is a posterior sample;
-    the last ``keep`` samples are kept for prediction (Bayesian model averaging).
+    Parameters (public configuration):
+
+    - ``batch_size``: tau, the expected batch;
+    - ``step_size``: the constant eta;
+    - ``epsilon``, ``delta``: the paper's target, which sets the noise Algorithm 2 asks for;
+    - ``passes``: T, the data passes (N T / tau iterations);
+    - ``lipschitz``: L, the clip of every per-record gradient;
+    - ``prior_precision``: alpha of the prior N(0, alpha^-1 I);
+    - ``burn_in``: updates before the iterates count as samples;
+    - ``keep``: the samples kept for prediction.
     """
 
     family: ClassVar[str] = "sgld"
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-        """Algorithm 2 where its Langevin noise is the privacy noise: full-batch steps (q = 1,
-        tau = N) whose step eta makes the Langevin variance eta equal the privacy variance.
+        """Algorithm 2 with its Langevin noise as the privacy noise: T full-batch steps (q = 1,
+        tau = N) of step eta = 1 / z^2, for which Algorithm 2's Langevin variance is exactly the
+        noise the budget calls for; T is the least with a stable step and Theorem 4's condition on
+        the passes (at least :data:`RULE_MIN_STEPS`), the second half kept as samples, and the
+        model's ``epsilon`` is the paper's target for that noise, looser than the budget the
+        accountant certifies.
 
         At q = 1 the engine adds noise z L to the gradient sum, which Algorithm 2 reads as variance
         (eta N z L / tau)^2 = (eta z)^2 on theta (L = 1). The Langevin branch asks for v = eta,

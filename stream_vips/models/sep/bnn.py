@@ -259,29 +259,37 @@ def _demo_lines(s: Mapping[str, Any]) -> list[str]:
 
 
 class BNNSEP(DampedSite, Model):
-    """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
+    """DP-SEP for a one-hidden-layer Bayesian neural network (regression) with probabilistic
+    backpropagation's moment matching: a factorised Gaussian over every weight and a Gamma over the
+    noise precision, learnt by stochastic expectation propagation whose clipped sites are the
+    released statistic. Records are ``{"x": [dim numbers], "y": number}`` in original units.
 
-    Records are ``{"x": [dim numbers], "y": number}`` in original units; constructor arguments
-    are public configuration:
+    Parameters (public configuration):
 
+    - ``dim``: d, the length of a record's ``x``;
+    - ``dataset_size``: N in theta_q = theta_0 + N theta_f (the reservoir capacity; fit's N);
+    - ``clip``: C, the L2 bound on every site (``None``: plain SEP, non-private only);
     - ``hidden``: H (50 by default; the paper uses 100 for its largest sets);
-    - ``x_mean``/``x_std``/``y_mean``/``y_std``: the public standardisation (number or per feature);
+    - ``damping``: gamma, the SEP step is s = min(1, gamma * rho_t);
+    - ``x_mean``, ``x_std``, ``y_mean``, ``y_std``: the public standardisation (a number or one per
+      feature);
     - ``input_clip``: standardised inputs and targets are clipped to [-input_clip, input_clip];
-    - ``dataset_size``, ``clip`` (C; ``None`` is plain SEP), ``damping``: as in the SEP core;
-    - ``weight_precision_shape``/``_rate``: the Gamma hyperprior of the weight precision lambda
-      (its mean is the prior precision of every weight); ``noise_shape``/``noise_rate``: the Gamma
-      prior of the noise precision (PBP's 6, 6 for both);
-    - ``precision_floor``/``floor_factor``: floor of the posterior weight precisions (default the
+    - ``weight_precision_shape``, ``weight_precision_rate``: the Gamma hyperprior of the weight
+      precision lambda (its mean is the prior precision of every weight);
+    - ``noise_shape``, ``noise_rate``: the Gamma prior of the noise precision (PBP's 6, 6 for both);
+    - ``precision_floor``, ``floor_factor``: floor of the posterior weight precisions (default the
       prior precision, raised to floor_factor times the public noise std of a precision entry);
-    - ``init_seed``/``init_scale``: the public draw of the initial weight means;
+    - ``init_seed``, ``init_scale``: the public draw of the initial weight means;
     - ``warmup_growth``: g of the warm-up cap on the step (see :meth:`step_fraction`);
     - ``mean_step_sds``: with a number k, an update moves no weight's mean by more than k current
-      posterior sds (``None``: no such limit; see the module docstring).
+      posterior sds (``None``: no such limit; see the module docstring);
+    - ``max_abs``: records with a |value| beyond it are rejected as out of range.
 
     :func:`fit_rule` gives every setting from (N, d, epsilon, delta) for a finite data set.
     """
 
     family: ClassVar[str] = "sep_bnn"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     synthetic: ClassVar[type[SyntheticData]] = NonlinearData
     demo: ClassVar[Demo] = Demo(
         about="DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2 plus noise): "
@@ -298,7 +306,12 @@ class BNNSEP(DampedSite, Model):
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-        """The module's :func:`fit_rule` (its docstring gives the reasons)."""
+        """The SEP families' schedule (:mod:`~stream_vips.models.sep.core`: small Poisson batches,
+        2,000 steps, one site refresh in all when private and 20 without noise), clip C = 1 (the
+        paper's), H = 50 hidden units (100 without noise from :data:`RULE_LARGE_N` records), a trust
+        region of :data:`RULE_MEAN_STEP_SDS` posterior sds per update and precision floors at the
+        public noise level, chosen on synthetic regression data (the module's :func:`fit_rule`
+        gives the reasons; docs/sep_bnn.md)."""
         return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
                                   fit_rule(n, d, None if non_private else epsilon, delta))
 

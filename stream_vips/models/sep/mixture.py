@@ -83,9 +83,20 @@ RULE_COMPONENTS = 3
 
 
 class MixtureSEP(SEPModel):
-    """(DP-)SEP posterior over the means of a Gaussian mixture with known isotropic covariance."""
+    """DP-SEP clustering: the posterior over the means of a mixture of Gaussians with known isotropic
+    covariance and equal weights, one full-covariance Gaussian factor per component, learnt by
+    stochastic expectation propagation whose clipped local sites are the released statistic.
+
+    Parameters (public configuration; the others are the SEP core's):
+
+    - ``n_components``: K, the mixture's components;
+    - ``dim``: d, the length of a record's ``x``;
+    - ``noise_sd``: the known standard deviation of every component, in the data's units;
+    - ``init_seed``: the public draw of the initial component means from the prior.
+    """
 
     family: ClassVar[str] = "sep_mixture"
+    record_format: ClassVar[str] = '{"x": [d numbers]}'
     synthetic: ClassVar[type[SyntheticData]] = MixtureData
 
     @classmethod

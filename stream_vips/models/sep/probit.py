@@ -105,13 +105,19 @@ class ProbitData(SyntheticData):
 
 
 class ProbitSEP(SEPModel):
-    """(DP-)SEP probit classifier with a Gaussian posterior over the weights.
+    """DP-SEP probit classification (records ``{"x": [d numbers], "y": 0 | 1}``): a Gaussian
+    posterior over the weights of p(y = 1 | x, w) = Phi(x^T w), learnt by stochastic expectation
+    propagation with closed-form rank-one sites, clipped behind the privacy wall.
 
-    ``dim`` is the length of a record's ``x``; with ``intercept`` a constant 1 is appended after
-    clipping x to ``x_clip`` (both public configuration), so the weights have dim + 1 entries.
+    Parameters (public configuration; the others are the SEP core's):
+
+    - ``dim``: d, the length of a record's ``x``;
+    - ``intercept``: a constant 1 is appended after clipping x to ``x_clip``, so the weights have
+      d + 1 entries.
     """
 
     family: ClassVar[str] = "sep_probit"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
     synthetic: ClassVar[type[SyntheticData]] = ProbitData
 
     @classmethod
