@@ -43,6 +43,7 @@ stream_vips.models.baselines.sgld.SgldConditionError: sgld privacy condition (Th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
@@ -67,6 +68,39 @@ if TYPE_CHECKING:
 RULE_MIN_STEPS, RULE_MAX_STEPS = 100, 100_000
 RULE_MARGIN = 0.99
 RULE_THEOREM4_SLACK, RULE_TARGET_SLACK = 1.01, 1.0 + 1e-6
+
+
+#: The model's default prior precision alpha (the rule's stable step uses it).
+_PRIOR_PRECISION = 1.0
+
+
+def _gaussian_mu(epsilon: float, delta: float) -> float:
+    """:func:`~stream_vips.fitting.rules.gaussian_mu`, a FitError beyond its range."""
+    try:
+        return gaussian_mu(epsilon, delta)
+    except ValueError:
+        raise FitError(f"sgld: epsilon {epsilon!r} at delta {delta!r} is beyond the rule's range") from None
+
+
+def langevin_params(n: int, steps: int, epsilon: float | None, delta: float) -> dict[str, Any]:
+    """The model parameters of ``steps`` full-batch steps on N = ``n`` records (:meth:`DPSGLD.fit_rule`):
+    the step eta = 1 / z^2 at z = RULE_MARGIN sqrt(T) 2 / mu (``epsilon`` None: the stable step
+    1 / (N/4 + alpha)), the paper's target at which Algorithm 2 asks for no more noise than that,
+    the passes, and the second half of the steps kept as samples.
+
+    >>> p = langevin_params(1000, 100, 1.0, 1e-5)
+    >>> round(p["step_size"], 7), round(p["epsilon"], 2), p["burn_in"], p["keep"]
+    (0.0001833, 22.09, 50, 50)
+    """
+    burn_in = steps // 2
+    common = {"batch_size": n, "delta": delta, "passes": float(steps), "burn_in": burn_in,
+              "keep": min(200, steps - burn_in)}
+    if epsilon is None:
+        return {**common, "step_size": 1.0 / (n / 4.0 + _PRIOR_PRECISION), "epsilon": 1.0}
+    z = RULE_MARGIN * 2.0 * math.sqrt(steps) / _gaussian_mu(epsilon, delta)
+    eta = 1.0 / z**2
+    loglog = math.log(2.5 * steps / delta) * math.log(2.0 / delta)
+    return {**common, "step_size": eta, "epsilon": math.sqrt(128.0 * steps * loglog * eta) * RULE_TARGET_SLACK}
 
 
 class SgldConditionError(StreamVipsError, ValueError):
@@ -116,45 +150,43 @@ class DPSGLD(LogisticRecords):
         :data:`RULE_MIN_STEPS`, the second half of them kept as samples. Large budgets need many
         steps (T grows like mu^2 N): above :data:`RULE_MAX_STEPS` the rule refuses. Non-private:
         :data:`RULE_MIN_STEPS` noise-free steps at the stable step (gradient descent)."""
-        alpha = 1.0  # the model's default prior precision
-        stable = 1.0 / (n / 4.0 + alpha)
         if non_private:
-            steps, eta, target = RULE_MIN_STEPS, stable, 1.0
+            steps = RULE_MIN_STEPS
             why = {"steps": f"{steps} steps without noise at the stable step eta = 1/(N/4 + alpha): gradient descent",
                    "epsilon": "1: the paper's target is unused without noise (Theorem 4's condition holds)"}
         else:
-            try:
-                mu = gaussian_mu(epsilon, delta)
-            except ValueError:
-                raise FitError(f"sgld: epsilon {epsilon!r} at delta {delta!r} is beyond the rule's range") from None
-            gap = RULE_MARGIN**2 * 4.0 / mu**2  # z_need^2 / T
-            steps = max(RULE_MIN_STEPS, math.ceil((n / 4.0 + alpha) / gap))
+            mu = _gaussian_mu(epsilon, delta)
+            gap = RULE_MARGIN**2 * 4.0 / mu**2  # z^2 / T
+            steps = max(RULE_MIN_STEPS, math.ceil((n / 4.0 + _PRIOR_PRECISION) / gap))
             while gap * steps < 4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK:
                 steps = math.ceil(4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK / gap)
             if steps > RULE_MAX_STEPS:
                 raise FitError(f"sgld at epsilon {epsilon!r}, delta {delta!r} and N = {n} needs {steps:,} full-batch "
                                f"steps for its Langevin noise to spend the budget (more than {RULE_MAX_STEPS:,}); "
                                "a smaller budget or data set fits")
-            z_need = math.sqrt(gap * steps)
-            eta = 1.0 / z_need**2
-            loglog = math.log(2.5 * steps / delta) * math.log(2.0 / delta)
-            target = math.sqrt(128.0 * steps * loglog * eta) * RULE_TARGET_SLACK
             why = {"steps": (f"{steps} full-batch steps: eta = 1/z^2 at most 1/(N/4 + alpha) (stable) and Theorem 4's "
                              f"passes condition, z^2 >= 4 log(2.5 T / delta); at least {RULE_MIN_STEPS}"),
-                   "step_size": (f"eta = {eta:.4g} = 1/z^2 with z = {RULE_MARGIN} sqrt(T) 2 / mu = {z_need:.4g}: "
-                                 "Algorithm 2's Langevin variance eta is then exactly the noise the budget calls for"),
-                   "epsilon": (f"the paper's target {target:.4g}: the smallest at which Algorithm 2 asks for no more "
-                               "noise than its Langevin branch; the guarantee is the accountant's budget "
-                               f"{epsilon:g}, which the paper's looser analysis would need more noise for"),
+                   "step_size": (f"eta = 1/z^2 with z = {RULE_MARGIN} sqrt(T) 2 / mu: Algorithm 2's Langevin variance "
+                                 "eta is then exactly the noise the budget calls for"),
+                   "epsilon": ("the paper's target: the smallest at which Algorithm 2 asks for no more noise than its "
+                               f"Langevin branch; the guarantee is the accountant's budget {epsilon:g}, which the "
+                               "paper's looser analysis would need more noise for"),
                    "accountant": why_accountant(1.0)}
         why = {"q": "q = 1: Langevin steps on the full gradient sum; subsampling would need 1/q^2 as many steps for "
                     "the same noise", **why,
                "burn_in": "the first half of the steps; the second half are kept as posterior samples"}
-        burn_in = steps // 2
         return Settings("sgld", n, d, epsilon, delta, 1.0, steps, 1.0, 1.0, None,
-                        model_params={"batch_size": n, "step_size": eta, "epsilon": target, "delta": delta,
-                                      "passes": float(steps), "burn_in": burn_in, "keep": min(200, steps - burn_in)},
-                        why=why, accountant=accountant_for(1.0))
+                        model_params=langevin_params(n, steps, epsilon, delta), why=why,
+                        accountant=accountant_for(1.0))
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """A step count other than the rule's gets its own step size, target, passes and samples
+        (:func:`langevin_params`), so that the calibrated noise still meets Algorithm 2's."""
+        if settings.model_params.get("passes") == settings.steps:
+            return settings
+        fresh = langevin_params(settings.n, settings.steps, settings.epsilon, settings.delta)
+        return dataclasses.replace(settings, model_params={**settings.model_params, **fresh})
 
     def __init__(
         self,
