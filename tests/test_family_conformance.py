@@ -124,7 +124,7 @@ def single_sums(family: str, rows: dict[str, np.ndarray]) -> list[dict[str, np.n
     return [clipped_sum(family, rows, slice(i, i + 1)) for i in range(len(next(iter(rows.values()))))]
 
 
-def parsed_pool(family: str, model: Model, data: Any, seed: int) -> dict[str, np.ndarray]:
+def parsed_pool(model: Model, data: Any, seed: int) -> dict[str, np.ndarray]:
     """Rows of valid and hostile records the model accepted (its own parsing)."""
     rng = np.random.default_rng(seed)
     valid = valid_records(data, 40)
@@ -160,7 +160,7 @@ def test_hostile_records_are_rejected_or_clipped_within_their_bounds(family):
 def test_neighbouring_batches_differ_by_at_most_the_diameter(family):
     engine_only(family)
     model, data = build(family)
-    pool = parsed_pool(family, model, data, seed=2)
+    pool = parsed_pool(model, data, seed=2)
     blocks = model.blocks()
     weights = allocation_weights(blocks, model.default_block_weights())
     scale = {b.name: weights[b.name] / b.bound for b in blocks}  # noise units: the joint bound is 1
@@ -184,7 +184,7 @@ def test_clipped_sums_add_up_over_a_partition_and_an_empty_batch_adds_nothing(fa
     sum of the terms' magnitudes)."""
     engine_only(family)
     model, data = build(family)
-    pool = parsed_pool(family, model, data, seed=4)
+    pool = parsed_pool(model, data, seed=4)
     n = len(next(iter(pool.values())))
     order = np.random.default_rng(5).permutation(n)[:30]
     whole = clipped_sum(family, pool, order)

@@ -4,11 +4,12 @@ Every family registered in :data:`stream_vips.models.registry.MODEL_FAMILIES` st
 its own module (:meth:`~stream_vips.models.base.Model.audit`, which has no default, so a new
 family arrives with its audit): an entry of :data:`FAMILY_AUDITS`, or a reason in
 :data:`NOT_AUDITED`. An entry (:class:`~stream_vips.audit.spec.FamilyAudit`) names candidate
-records built from the family's own bounds; the audited pair is the candidate pair whose noiseless difference, measured in units of
-the engine's per-block noise, is largest (:func:`pair_sensitivity`). Its ratio to the claimed
-sensitivity (the model's diameter over z) says how close the pair is to the worst case the
-accountant assumes: at q = 1 the privacy curve of a Gaussian release depends on that one number,
-so a pair with ratio 1 is exactly the worst case and the claim is the pair's true epsilon.
+records built from the family's own bounds; the audited pair is the candidate pair whose noiseless
+difference, measured in units of the engine's per-block noise, is largest
+(:func:`pair_sensitivity`). Its ratio to the claimed sensitivity (the model's diameter over z)
+says how close the pair is to the worst case the accountant assumes: at q = 1 the privacy curve of
+a Gaussian release depends on that one number, so a pair with ratio 1 is exactly the worst case
+and the claim is the pair's true epsilon.
 
 Every entry also states ``ratio_floor``, the least ratio its pair must reach, with the reason the
 family cannot reach 1 (``floor_reason``). The noiseless check (no candidate pair moves the release

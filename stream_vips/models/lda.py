@@ -20,6 +20,10 @@ rho_t.
 Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 :meth:`LDA.top_words`, and :func:`topic_recovery` for synthetic corpora with known topics.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> model = LDA(vocabulary=["apple", "pear", "goal", "match"], n_topics=2, doc_length=8,
 ...             dataset_size=100, seed=0)
 >>> parsed = model.parse_batch([{"tokens": ["apple", "pear", "apple"]}, {"counts": {"goal": 2}},

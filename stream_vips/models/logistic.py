@@ -94,6 +94,10 @@ at a corner, +-1: the case above. The residual's dependence on omega only restri
 that can occur. So :func:`joint_diameter` holds unchanged for the weights of (g, s2), and per key
 (:meth:`BayesianLogisticRegression.group_diameter`) too.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> import numpy as np
 >>> model = BayesianLogisticRegression(dim=2, dataset_size=100)
 >>> parsed = model.parse_batch([{"x": [3.0, 4.0], "y": 1}, {"x": [0.1, 0.2], "y": 0.5}])

@@ -2,10 +2,11 @@
 
 A family is its module: the :class:`~stream_vips.models.base.Model` subclass there carries
 everything the rest of the package knows about the family (its records, parameters, fit rule,
-synthetic data, demo, audit pair and report summary; see :mod:`stream_vips.models.base`).
-Adding a family is its module, one line in :data:`MODEL_FAMILIES`, its tests and the
-regenerated docs/families.md (``python -m stream_vips.models --write-docs docs/families.md``). This module imports no family until one is asked for, so command-line
-help can list the families without loading numpy or scipy.
+synthetic data, demo, audit pair and report summary; see :mod:`stream_vips.models.base`). Adding a
+family is its module, one line in :data:`MODEL_FAMILIES`, its tests and the regenerated
+docs/families.md (``python -m stream_vips.models --write-docs docs/families.md``). This module
+imports no family until one is asked for, so command-line help can list the families without
+loading numpy or scipy.
 
 >>> model_class("linreg").__name__
 'LinearRegression'
@@ -81,7 +82,8 @@ def _markdown(text: str, module: Any = None) -> str:
 
 def _paragraphs(doc: str) -> list[str]:
     """The paragraphs of a docstring, each joined into one line."""
-    return [" ".join(line.strip() for line in block.splitlines()) for block in doc.strip().split("\n\n") if block.strip()]
+    blocks = doc.strip().split("\n\n")
+    return [" ".join(line.strip() for line in block.splitlines()) for block in blocks if block.strip()]
 
 
 def parameter_docs(cls: type) -> dict[str, str]:

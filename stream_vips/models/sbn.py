@@ -109,6 +109,10 @@ Records: ``{"y": [0, 1, ...]}`` with J numbers 0 or 1, or the packed form ``{"y"
 ceil(J/8) bytes in hex, bits most significant first (``numpy.packbits`` order), J bits used and
 the padding bits zero.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> import numpy as np
 >>> model = SigmoidBeliefNetwork(n_visible=4, n_latent=2, dataset_size=100, seed=0)
 >>> parsed = model.parse_batch([{"y": [1, 0, 1, 1]}, {"y": "b0"}, {"y": [1, 0.5, 0, 0]}])

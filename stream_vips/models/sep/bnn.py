@@ -64,6 +64,10 @@ Initialisation. All-zero weight means would keep every hidden unit identical for
 initial site carries weight means drawn from ``init_seed`` (public, data-independent, like PBP's
 random initial means) at zero site precision: theta_f = (m_init lambda / N, 0, 0, 0), clipped to C.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> m = BNNSEP(dim=1, hidden=4, dataset_size=100, clip=1.0)
 >>> b = m.parse_batch([{"x": [0.5], "y": 1.0}, {"x": [-0.5], "y": -1.0}, {"x": [0.1], "y": "a"}])
 >>> b.accepted.tolist(), [r[1] for r in b.rejected]
