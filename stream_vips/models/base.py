@@ -55,7 +55,8 @@ class Model(ABC):
 
     Besides the protocol (records, blocks, ``clipped_sum``, ``update``, state), a family states
     here everything the rest of the package needs to know about it, so that a family is its
-    module (:mod:`stream_vips.models.registry`): the hooks below, each with a default.
+    module (:mod:`stream_vips.models.registry`): the hooks below, each with a default except
+    ``record_format`` and :meth:`audit`, which every family states.
     """
 
     family: ClassVar[str]
