@@ -56,9 +56,6 @@ ENV_PREFIX = "STREAM_VIPS__"
 #: calibrated and any finite budget is allowed (the audits use 1e300: never halt).
 MAX_EPSILON = 1e4
 
-#: Model parameters that make the default configuration run (merged under the configured ones).
-DEFAULT_MODEL_PARAMS: dict[str, dict[str, Any]] = {"linreg": {"dim": 5}}
-
 def _secret_path(key: str) -> bool:
     """Whether any part of the dotted ``key`` (``source.sasl_password``, ``a.tokens[0]``) names a
     secret: a wrongly typed or malformed password is still a password."""

@@ -26,7 +26,7 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from stream_vips.audit.families import (
-    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, SBN_PIXELS, audit_family, broken_audit,
+    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, audit_family, broken_audit,
     candidate_distances, pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
@@ -37,6 +37,7 @@ from stream_vips.models import MODEL_FAMILIES
 from stream_vips.models import linreg as linreg_module
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.models.sbn import AUDIT_PIXELS
 
 N_TRAIN, N_TEST, SEED = 3_000, 12_000, 19
 ALL_AUDITS = {**FAMILY_AUDITS, **EXTRA_AUDITS}
@@ -159,7 +160,7 @@ def test_sbn_pair_is_the_farthest_among_random_images_and_within_the_claim():
     spec = FAMILY_AUDITS["sbn"]
     pair = pair_sensitivity(spec)
     rng = np.random.default_rng(0)
-    images = (rng.random((200, SBN_PIXELS)) < rng.random((200, 1))).astype(int)
+    images = (rng.random((200, AUDIT_PIXELS)) < rng.random((200, 1))).astype(int)
     distances, claimed = candidate_distances(replace(spec, candidates=tuple({"y": y.tolist()} for y in images)))
     assert distances.max() <= pair.sensitivity * (1 + 1e-9) < claimed, (distances.max() / claimed, pair.ratio)
 

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, ConfigError, ConnectorConfig
+from stream_vips.config import Config, ConfigError, ConnectorConfig
+from stream_vips.models import model_class
 from stream_vips.service.build import config_from_dict, load_config
 from stream_vips.service.app import Application
 
@@ -37,13 +38,13 @@ def _leaves(data: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 def _schema_defaults(cls: type, key: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, default) of every field of the configuration dataclass ``cls``, recursing into
     nested dataclasses. Connector sections are a ``type`` plus options flattened beside it, and
-    ``model.params`` holds the default family's DEFAULT_MODEL_PARAMS, as in the YAML layout."""
+    ``model.params`` holds the default family's ``default_params``, as in the YAML layout."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         dotted = f"{key}.{f.name}" if key else f.name
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         if dotted == "model.params":
-            default = DEFAULT_MODEL_PARAMS[Config().model.family]
+            default = dict(model_class(Config().model.family).default_params)
         if hints[f.name] is ConnectorConfig:
             yield from _leaves({"type": default.type, **default.options}, dotted)  # a connector
         elif dataclasses.is_dataclass(hints[f.name]):

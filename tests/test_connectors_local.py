@@ -16,7 +16,8 @@ from connectors import DEAD_LETTER_SINKS, SINKS, SOURCES, build_connector, conne
 from connectors.jsonl import JsonlDeadLetterSink, JsonlSink, JsonlSource
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.stdio import StderrDeadLetterSink, StdinSource, StdoutSink
-from connectors.synthetic import MALFORMED_KINDS, SyntheticRegressionSource, _fill
+from connectors.synthetic import SyntheticRegressionSource
+from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips.io import DeadLetter, RawRecord
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.records import decode_json
@@ -224,7 +225,7 @@ def test_synthetic_is_deterministic_and_malformed_fraction_is_binomial():
     # Binomial(500, 0.2): mean 100, sd ~ 8.9.
     assert abs(n_bad - 100) < 5 * 8.95
     # Exactly the malformed lines are rejected, and every kind occurs.
-    templates = {_fill(t, 5).encode() for t in MALFORMED_KINDS.values()}
+    templates = {fill(t, 5).encode() for t in MALFORMED_KINDS.values()}
     assert sum(v in templates for v in va) == n_bad
     assert {v for v in va if v in templates} == templates
 

@@ -12,13 +12,15 @@ from scipy.special import expit
 
 from connectors import connector_class
 from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import (MALFORMED_DOCUMENTS, MALFORMED_KINDS, SyntheticLdaSource,
-                                  SyntheticLogisticSource, _fill)
+from connectors.synthetic import SyntheticLdaSource, SyntheticLogisticSource
+from stream_vips.models.lda import MALFORMED_DOCUMENTS
+from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips import messages
 from stream_vips.cli import main
 from stream_vips.config import ConfigError
 from stream_vips.service.build import config_from_dict
-from stream_vips.cli.demo import FAMILIES
+from stream_vips.cli.demo import demo_of, demo_source
+from stream_vips.models import MODEL_FAMILIES, model_class
 from stream_vips.models.lda import topic_recovery
 from stream_vips.service.app import Application
 from stream_vips.privacy.accountants import PldAccountant
@@ -55,26 +57,15 @@ def test_demo_end_to_end(tmp_path, capsys):
         main(["demo", "--records", "32000", "--out", str(out), "--no-progress"])
 
 
-def test_every_lazy_demo_import_resolves():
-    """The demo imports its sources and metrics on first use; a wrong name must fail here, not only
-    when that family's demo runs."""
-    import importlib
-
-    import stream_vips.cli.demo as demo
-
-    targets = [f.target for f in vars(demo).values() if callable(f) and hasattr(f, "target")]
-    assert len(targets) >= 8
-    for module, name in targets:
-        assert callable(getattr(importlib.import_module(module), name)), (module, name)
-
-
-def test_demo_help_describes_every_family():
-    """Each --family choice has its line in the help text (sep_bnn was once a choice without one)."""
-    import stream_vips.cli.demo as demo
-
-    lines = demo.__doc__.splitlines()
-    for family in FAMILIES:
-        assert any(line.startswith(f"  {family} ") for line in lines), family
+def test_demo_runs_the_families_that_describe_one_and_refuses_the_others(capsys):
+    """--family lists the registry; a family whose module describes no demo is refused before
+    anything runs, naming the families that have one."""
+    with_demo = [f for f in MODEL_FAMILIES if model_class(f).demo is not None]
+    assert with_demo == ["linreg", "logistic", "lda", "sbn", "sep_bnn"]
+    assert all(model_class(f).demo.about.strip() for f in with_demo)
+    assert main(["demo", "--family", "ops", "--no-progress"]) == 2
+    assert ("the ops family has no demo (the families with one: linreg, logistic, lda, sbn, sep_bnn)"
+            in capsys.readouterr().err)
 
 
 def test_demo_rejects_too_few_records(capsys):
@@ -127,7 +118,7 @@ def test_demo_lda_perplexity_and_topic_recovery_between_uniform_and_non_private(
     assert s["perplexity"] >= 0.98 * s["non_private_perplexity"]
     assert s["topic_recovery"] >= s["non_private_topic_recovery"] - 0.02
     # Trivial baseline: uniform topics (what the Hungarian matching gives for no information).
-    true_topics = FAMILIES["lda"].source(0, 0).topics
+    true_topics = demo_source("lda", 0, 0).topics
     uniform = np.full_like(true_topics, 1.0 / true_topics.shape[1])
     assert s["topic_recovery"] < topic_recovery(true_topics, uniform)
 
@@ -137,7 +128,7 @@ def test_demo_sbn_reconstructs_near_the_true_network(tmp_path):
     assert msgs[-1]["hyperparameters"]["n_latent"] == 3
     # The baseline without a model: each pixel's majority value over the held-out images (the
     # true network's pixels are on about half the time, so about 0.5).
-    Y = np.asarray(FAMILIES["sbn"].held_out(FAMILIES["sbn"].source(0, 0)), dtype=float)
+    Y = np.asarray(demo_of("sbn").held_out(demo_source("sbn", 0, 0).data), dtype=float)
     majority = float(np.mean(Y == (Y.mean(axis=0) > 0.5)))
     assert majority < 0.6
     # The true network with its own posterior over z is the ceiling (up to the paired sampling
@@ -188,7 +179,7 @@ def test_new_synthetic_sources_are_seeded_and_dead_letter_their_malformed_fracti
     # Binomial(3000, 0.1): mean 300, sd ~16.4; every malformed kind appears and nothing else fails.
     assert abs(len(letters) - n * f) < 5 * np.sqrt(n * f * (1 - f))
     assert {letter.reason for letter in letters} == reasons
-    assert {letter.record.value.decode() for letter in letters} <= {_fill(t, 5) for t in malformed.values()}
+    assert {letter.record.value.decode() for letter in letters} <= {fill(t, 5) for t in malformed.values()}
 
 
 def test_synthetic_logistic_records_follow_the_model():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stream_vips.errors import FitError
-from stream_vips.models import dimension
+from stream_vips.models import MODEL_FAMILIES, dimension
 
 from stream_vips import messages
 from stream_vips.client import check_message, posterior_from_message
@@ -149,13 +149,13 @@ def test_fit_settings_uses_public_quantities_only():
         assert (small.steps, small.block_weights) == (fitmod.LOGISTIC_STEPS, fitmod.LOGISTIC_WEIGHTS)
         assert "release" not in small.model_params and "s1" in small.why["release"]
     assert a.accountant == fitmod.accountant_for(a.q) == "autodp" and fitmod.accountant_for(0.5) == "pld"
-    assert set(fitmod.RULES) == set(fitmod.FAMILIES) == {"linreg", "logistic", "sbn", "sep_bnn"}
+    assert set(fitmod.RULES) == set(fitmod.FAMILIES) == set(MODEL_FAMILIES) - {"ops"}
     assert a.batch_size == 1000
     lin = fit_settings("linreg", 50, 2, 1.0, 1e-5)
     assert (lin.steps, lin.q, lin.tau0, lin.kappa) == (1, 1.0, 1.0, 1.0)
     assert fit_settings("logistic", 1000, 10, None, 1e-5, non_private=True).steps == fitmod.NON_PRIVATE_LOGISTIC_STEPS
-    with pytest.raises(ValueError, match="lda"):
-        fit_settings("lda", 100, 3, 1.0, 1e-5)
+    with pytest.raises(ValueError, match="fit refuses the ops family"):
+        fit_settings("ops", 100, 3, 1.0, 1e-5)
     with pytest.raises(ValueError, match="epsilon"):
         fit_settings("logistic", 100, 3, math.inf, 1e-5)
 
@@ -269,6 +269,32 @@ def test_sbn_fit_takes_d_as_n_visible():
 
 
 # ------------------------------------------------------------------ command line: paths and refusals
+
+
+def test_lda_fit_takes_d_as_the_size_of_its_vocabulary(tmp_path, capsys):
+    """lda's d is its vocabulary's size: --param vocabulary (a JSON list, or a file with one word per
+    line) is required, --dim may repeat it but not contradict it, and d alone is refused clearly."""
+    from stream_vips.models.lda import DocumentData
+
+    data = tmp_path / "docs.jsonl"
+    data.write_bytes(b"".join(line + b"\n" for line in DocumentData(np.random.default_rng(0), vocabulary_size=12)
+                              .records(200)))
+    words = [f"w{i}" for i in range(12)]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    out = str(tmp_path / "m.json")
+    for vocabulary in (json.dumps(words), str(tmp_path / "vocab.txt")):
+        code, _, err = cli(capsys, "--family", "lda", "--param", f"vocabulary={vocabulary}", "--dim", "12",
+                           "--seed", "0", "--out", out, str(data))
+        assert code == 0, err
+        assert check_message(json.loads((tmp_path / "m.json").read_text()))["hyperparameters"]["vocabulary"] == words
+    code, _, err = cli(capsys, "--family", "lda", "--dim", "12", "--out", out, str(data))
+    assert code == 2 and ("fit needs the lda vocabulary, whose size is the dimension d: pass --param vocabulary=..."
+                          in one_line_refusal(err))
+    code, _, err = cli(capsys, "--family", "lda", "--dim", "5", "--param", f"vocabulary={json.dumps(words)}",
+                       "--out", out, str(data))
+    assert code == 2 and "the dimension is given twice, as 5 and 12" in one_line_refusal(err)
+    with pytest.raises(FitError, match="pass vocabulary=..."):
+        fit([{"tokens": ["w0"]}], "lda", dim=1)
 
 
 def write_jsonl(path, n: int = 200) -> list[str]:
@@ -511,9 +537,10 @@ def test_every_deliberate_fit_error_is_a_stream_vips_error_and_a_value_error():
 
 
 def test_an_unknown_family_is_the_family_error_first():
-    with pytest.raises(ValueError, match=r"settings rule for the families \['linreg', 'logistic', 'sbn', 'sep_bnn'\], "
-                                         "not 'lda'"):
-        fit([{"words": [1, 2]}], "lda")
+    with pytest.raises(ValueError, match=r"settings rule for the families \['linreg', .*\], not 'nope'"):
+        fit([{"words": [1, 2]}], "nope")
+    with pytest.raises(ValueError, match="fit refuses the ops family: .* uncertified"):
+        fit([{"words": [1, 2]}], "ops")
 
 
 @pytest.mark.parametrize("text", [

@@ -204,7 +204,7 @@ def test_fit_rule_is_a_function_of_public_quantities_only():
     times the steps is the documented number of site refreshes; sizes switch at the public N."""
     import inspect
 
-    from stream_vips.models.sep import bnn
+    from stream_vips.models.sep import bnn, core
 
     assert list(inspect.signature(fit_rule).parameters) == ["n", "d", "epsilon", "delta"]
     a, b = fit_rule(5000, 8, 1.0, 1e-5), fit_rule(5000, 8, 1.0, 1e-5)
@@ -215,8 +215,8 @@ def test_fit_rule_is_a_function_of_public_quantities_only():
     for n, eps, key in ((5000, 1.0, "private"), (5000, None, "non_private")):
         r = fit_rule(n, 8, eps, 1e-5)
         s = min(1.0, r["model_params"]["damping"] * rho0)
-        assert s * r["steps"] == pytest.approx(bnn.RULE_SCHEDULE[key][2])
-        assert r["q"] * n >= bnn.RULE_MIN_BATCH
+        assert s * r["steps"] == pytest.approx(core.RULE_SCHEDULE[key][2])
+        assert r["q"] * n >= core.RULE_MIN_BATCH
         assert set(r["why"]) >= {"q", "steps", "step", "hidden", "clip", "floor_factor"}
         assert r["model_params"]["dataset_size"] == n and r["model_params"]["dim"] == 8
     assert fit_rule(bnn.RULE_LARGE_N - 1, 8, None, 1e-5)["model_params"]["hidden"] == 50

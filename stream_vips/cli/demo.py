@@ -4,17 +4,10 @@ Synthetic records (1% malformed, to show the dead-letter path) flow through vali
 reservoir and private updates with a small budget; model messages go to a JSONL file, metrics are
 served over HTTP, updates halt when the budget is spent, and a summary scores the private model
 against the known truth next to a non-private run (privacy.mode non_private, z = 0) on the same
-records. ``--family`` picks the model:
-
-  linreg    linear regression (d = 5): |E[w] - w_true| against the true weights
-  logistic  Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC,
-            next to the AUC of the true weights
-  lda       LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40
-            words): held-out perplexity bound and topic recovery (mean Hellinger distance)
-  sbn       sigmoid belief network (K = 3 known latent units over 24 pixels): pixel accuracy of
-            reconstructed held-out images, next to the true network's
-  sep_bnn   DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2
-            plus noise): held-out RMSE and log-likelihood, next to the noise std
+records. ``--family`` picks the model: any family whose module describes a demo (its ``demo``:
+the synthetic data it streams, the reservoir and schedule, and how the model is scored;
+docs/families.md says what each one streams and scores); the others are refused, naming the
+families that have one.
 
 The demo writes into a fresh directory (``--out``, default a new temporary directory) and refuses
 a directory that already holds a ledger: spent budget is never reset (privacy rule 7 in
@@ -30,183 +23,48 @@ import os
 import sys
 import tempfile
 import time
-import importlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-import numpy as np
+from stream_vips.models.registry import MODEL_FAMILIES
 
 if TYPE_CHECKING:
+    from connectors.synthetic import SyntheticSource
     from stream_vips.config import Config
+    from stream_vips.models.synthetic import Demo
     from stream_vips.service.app import Application
 
-
-def _lazy(module: str, name: str) -> Callable[..., Any]:
-    """``module.name``, imported on first call, so ``demo --help`` loads no model, pipeline or scipy
-    (``target`` names it, for the test that resolves every one)."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-    call.target = (module, name)  # type: ignore[attr-defined]
-    return call
-
-
-SyntheticRegressionSource = _lazy("connectors.synthetic", "SyntheticRegressionSource")
-SyntheticLogisticSource = _lazy("connectors.synthetic", "SyntheticLogisticSource")
-SyntheticLdaSource = _lazy("connectors.synthetic", "SyntheticLdaSource")
-SyntheticSbnSource = _lazy("connectors.synthetic", "SyntheticSbnSource")
-SyntheticNonlinearSource = _lazy("connectors.synthetic", "SyntheticNonlinearSource")
-roc_auc = _lazy("stream_vips.models.logistic", "roc_auc")
-topic_recovery = _lazy("stream_vips.models.lda", "topic_recovery")
-pixel_accuracy = _lazy("stream_vips.models.sbn", "pixel_accuracy")
-
-DIMENSION = 5
-NOISE_STD = 0.2
-X_SCALE = 0.8
 PLANNED_STEPS = 20
 MALFORMED_FRACTION = 0.01
-#: Held-out records drawn after the run from the same generator (logistic, lda).
-#: sep_bnn: the SEP step s = min(1, damping * rho_t) (see docs/sep_bnn.md).
-BNN_DAMPING = 0.2
-HELD_OUT = {"logistic": 20_000, "lda": 500, "sbn": 2_000, "sep_bnn": 5_000}
 
 
-@dataclass(frozen=True)
-class Family:
-    """One model family of the demo: its stream, its configuration and how it is scored.
+def demo_of(family: str) -> Demo:
+    """The family's demo (its module's ``Model.demo``); a ValueError naming the families that
+    have one when it has none."""
+    from stream_vips.models.registry import model_class
 
-    ``score(model, source, held_out)`` returns the family's metrics for one run (keys without
-    prefix; the comparison run's are reported with ``non_private_``); ``reference(source,
-    held_out)`` the metrics of the truth; ``lines(summary)`` the summary's family lines.
-    """
-
-    name: str
-    records: int
-    reservoir: int
-    batch_size: int
-    every_records: int
-    source: Callable[[int, int], Any]
-    params: Callable[[Any, int], dict[str, Any]]
-    held_out: Callable[[Any], Any]
-    score: Callable[[Any, Any, Any], dict[str, float]]
-    reference: Callable[[Any, Any], dict[str, Any]]
-    lines: Callable[[dict[str, Any]], list[str]]
-    kappa: float = 0.7
+    demo = model_class(family).demo
+    if demo is None:
+        having = [f for f in MODEL_FAMILIES if model_class(f).demo is not None]
+        raise ValueError(f"the {family} family has no demo (the families with one: {', '.join(having)})")
+    return demo
 
 
-def _linreg_lines(s: dict[str, Any]) -> list[str]:
-    return [f"model error          |E[w] - w_true| = {s['model_error']:.4f} (private)",
-            f"                     |E[w] - w_true| = {s['non_private_model_error']:.4f} "
-            f"(non-private, same records, {s['non_private_updates']} updates)"]
+def demo_source(family: str, records: int, seed: int) -> SyntheticSource:
+    """The family's demo stream: ``records`` records of its synthetic data, 1% malformed."""
+    from connectors.synthetic import SyntheticSource
 
-
-def _logistic_lines(s: dict[str, Any]) -> list[str]:
-    return [f"held-out ROC AUC     {s['auc']:.4f} (private)",
-            f"                     {s['non_private_auc']:.4f} (non-private, same records, "
-            f"{s['non_private_updates']} updates)",
-            f"                     {s['true_weights_auc']:.4f} (true weights; 0.5 is chance)"]
-
-
-def _lda_lines(s: dict[str, Any]) -> list[str]:
-    return [f"held-out perplexity  {s['perplexity']:.2f} (private), {s['non_private_perplexity']:.2f} "
-            f"(non-private, same records, {s['non_private_updates']} updates); "
-            f"uniform words: {s['vocabulary_size']}",
-            f"topic recovery       mean Hellinger {s['topic_recovery']:.4f} (private), "
-            f"{s['non_private_topic_recovery']:.4f} (non-private); 0 is exact, 1 disjoint"]
-
-
-def _sbn_lines(s: dict[str, Any]) -> list[str]:
-    return [f"reconstruction       pixel accuracy {s['pixel_accuracy']:.4f} (private), "
-            f"{s['non_private_pixel_accuracy']:.4f} (non-private, same records, {s['non_private_updates']} updates)",
-            f"                     {s['true_network_pixel_accuracy']:.4f} (true network, its own posterior)"]
-
-
-def _sbn_truth_accuracy(src: Any, Y: Any) -> float:
-    from stream_vips.models.sbn import SigmoidBeliefNetwork
-    model = SigmoidBeliefNetwork(src.n_visible, src.n_latent, 1)
-    state = model.state()
-    state["w_h"] = src.weights * 1e6  # prior part 1, data part 1e6: E[W] = truth to 1e-6
-    state["w_stat"] = np.broadcast_to(1e6 * np.eye(src.n_latent), state["w_stat"].shape).copy()
-    state["c_h"], state["c_prec"] = src.visible_bias * 1e6, np.full(src.n_visible, 1e6)
-    state["b_h"], state["b_prec"] = src.latent_bias * 1e6, np.full(src.n_latent, 1e6)
-    model.load_state(state)
-    return pixel_accuracy(Y, model.reconstruct_proba(Y))
-
-
-def _bnn_lines(s: dict[str, Any]) -> list[str]:
-    return [f"held-out RMSE        {s['rmse']:.4f} (private), {s['non_private_rmse']:.4f} (non-private, same "
-            f"records, {s['non_private_updates']} updates); noise std {s['noise_std']:g}, spread of y "
-            f"{s['target_std']:.4f}",
-            f"held-out log-lik     {s['log_likelihood']:.4f} (private), {s['non_private_log_likelihood']:.4f} "
-            f"(non-private)"]
-
-
-def _bnn_score(model: Any, xy: Any) -> dict[str, float]:
-    return {"rmse": model.rmse(*xy), "log_likelihood": model.log_likelihood(*xy)}
-
-
-FAMILIES: dict[str, Family] = {
-    "linreg": Family(
-        "linreg", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
-        source=lambda records, seed: SyntheticRegressionSource(
-            count=records, dimension=DIMENSION, noise_std=NOISE_STD, x_scale=X_SCALE, seed=seed,
-            malformed_fraction=MALFORMED_FRACTION),
-        params=lambda src, seed: {"dim": DIMENSION, "noise_precision": 1.0 / NOISE_STD**2, "x_bound": 1.0,
-                                  "y_bound": 2.0},
-        held_out=lambda src: None,
-        score=lambda model, src, _: {"model_error": float(np.linalg.norm(model.posterior_mean() - src.weights))},
-        reference=lambda src, _: {"true_weights": src.weights.tolist()},
-        lines=_linreg_lines),
-    "logistic": Family(
-        "logistic", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
-        source=lambda records, seed: SyntheticLogisticSource(
-            count=records, dimension=DIMENSION, seed=seed, malformed_fraction=MALFORMED_FRACTION),
-        params=lambda src, seed: {"dim": DIMENSION},
-        held_out=lambda src: src.sample(HELD_OUT["logistic"]),
-        score=lambda model, src, xy: {"auc": roc_auc(xy[1], model.predict_proba(xy[0]))},
-        reference=lambda src, xy: {"true_weights_auc": roc_auc(xy[1], xy[0] @ src.weights),
-                                   "true_weights": src.weights.tolist()},
-        lines=_logistic_lines),
-    "lda": Family(
-        "lda", records=70_000, reservoir=20_000, batch_size=4_000, every_records=2_000, kappa=0.55,
-        source=lambda records, seed: SyntheticLdaSource(
-            count=records, n_topics=4, vocabulary_size=60, doc_length=40, alpha=0.2, seed=seed,
-            malformed_fraction=MALFORMED_FRACTION),
-        params=lambda src, seed: {"vocabulary": src.vocabulary, "n_topics": src.n_topics,
-                                  "doc_length": src.doc_length, "alpha": src.alpha, "seed": seed},
-        held_out=lambda src: [{"tokens": doc} for doc in src.documents(HELD_OUT["lda"])],
-        score=lambda model, src, docs: {"perplexity": model.perplexity(docs),
-                                        "topic_recovery": topic_recovery(src.topics, model.topics())},
-        reference=lambda src, _: {"vocabulary_size": len(src.vocabulary)},
-        lines=_lda_lines),
-    "sbn": Family(
-        "sbn", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
-        source=lambda records, seed: SyntheticSbnSource(count=records, seed=seed, malformed_fraction=MALFORMED_FRACTION),
-        params=lambda src, seed: {"n_visible": src.n_visible, "n_latent": src.n_latent, "seed": seed},
-        held_out=lambda src: src.sample(HELD_OUT["sbn"]),
-        score=lambda model, src, Y: {"pixel_accuracy": pixel_accuracy(Y, model.reconstruct_proba(Y))},
-        reference=lambda src, Y: {"true_network_pixel_accuracy": _sbn_truth_accuracy(src, Y)},
-        lines=_sbn_lines),
-    "sep_bnn": Family(
-        "sep_bnn", records=40_000, reservoir=10_000, batch_size=2_000, every_records=1_000,
-        source=lambda records, seed: SyntheticNonlinearSource(
-            count=records, dimension=2, noise_std=NOISE_STD, seed=seed, malformed_fraction=MALFORMED_FRACTION),
-        # public scaling: the generator's x ~ N(0, I) and y of mean ~0 and spread ~1
-        params=lambda src, seed: {"dim": 2, "hidden": 50, "clip": 1.0, "damping": BNN_DAMPING, "init_seed": seed},
-        held_out=lambda src: src.sample(HELD_OUT["sep_bnn"]),
-        score=lambda model, src, xy: _bnn_score(model, xy),
-        reference=lambda src, xy: {"noise_std": src.noise_std, "target_std": float(np.std(xy[1]))},
-        lines=_bnn_lines),
-}
+    return SyntheticSource(family, count=records, seed=seed, malformed_fraction=MALFORMED_FRACTION,
+                           **demo_of(family).source)
 
 
 def demo_config(out: Path, epsilon: float, metrics_port: int, seed: int, private: bool = True,
                 family: str = "linreg", params: dict[str, Any] | None = None) -> Config:
     """The demo's configuration for ``family`` (model ``params`` from its synthetic source):
     Poisson sampling at q = batch_size / reservoir, calibrated for 20 planned steps."""
-    fam = FAMILIES[family]
+    fam = demo_of(family)
     if params is None:
-        params = fam.params(fam.source(0, seed), seed)
+        params = fam.params(demo_source(family, 0, seed).data, seed)
     data: dict[str, Any] = {
         "model": {"family": family, "id": "demo", "params": params},
         "privacy": {"epsilon": epsilon, "delta": 1e-5, "planned_steps": PLANNED_STEPS, "seed": seed,
@@ -266,7 +124,7 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from stream_vips.service.app import Application
 
-    fam = FAMILIES[family]
+    fam = demo_of(family)
     records = fam.records if records is None else records
     out_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="stream-vips-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -275,8 +133,8 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
                          "choose a new --out directory")
     started = time.monotonic()
     logging.getLogger("stream_vips.service.app").setLevel(logging.ERROR)  # the summary reports the halt
-    source = fam.source(records, seed)
-    params = fam.params(source, seed)
+    source = demo_source(family, records, seed)
+    params = fam.params(source.data, seed)
     bar = ProgressBar(records) if progress else None
     app = Application.from_config(demo_config(out_dir, epsilon, metrics_port, seed, family=family, params=params),
                                   source=source, progress=bar)
@@ -285,16 +143,16 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
         on_app(app)
     if bar is not None:
         bar.finish(app)
-    held_out = fam.held_out(source)  # fresh draws from the same generator, after the stream
-    scores = fam.score(app.model, source, held_out)
+    held_out = fam.held_out(source.data)  # fresh draws from the same generator, after the stream
+    scores = fam.score(app.model, source.data, held_out)
 
     # Non-private comparison on exactly the records the private run consumed.
-    base_source = fam.source(stats.records, seed)
+    base_source = demo_source(family, stats.records, seed)
     base = Application.from_config(demo_config(out_dir, epsilon, 0, seed, private=False, family=family,
                                                params=params),
                                    source=base_source, sink=MemorySink(), dead_letter=MemoryDeadLetterSink())
     base_stats = base.run()
-    base_scores = fam.score(base.model, base_source, held_out)
+    base_scores = fam.score(base.model, base_source.data, held_out)
     return {
         "family": family,
         "records": stats.records,
@@ -309,7 +167,7 @@ def run_demo(records: int | None = None, epsilon: float = 1.0, out: str | None =
         **scores,
         "non_private_updates": base_stats.updates,
         **{f"non_private_{k}": v for k, v in base_scores.items()},
-        **fam.reference(source, held_out),
+        **fam.reference(source.data, held_out),
         "messages_file": str(out_dir / "models.jsonl"),
         "dead_letters_file": str(out_dir / "dead-letters.jsonl"),
         "ledger_file": str(out_dir / "ledger.jsonl"),
@@ -326,7 +184,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"private updates      {s['updates']} (noise multiplier z = {s['noise_multiplier']:.3f})",
         f"epsilon spent        {s['epsilon_spent']:.4f} of budget {s['epsilon_budget']:g} (delta {s['delta']:g})",
         f"halted               {'yes, budget spent' if s['halted'] else 'no'}",
-        *FAMILIES[s.get("family", "linreg")].lines(s),
+        *demo_of(s.get("family", "linreg")).lines(s),
         f"model messages       {s['messages_file']}",
         f"dead letters         {s['dead_letters_file']}",
         f"ledger               {s['ledger_file']}",
@@ -347,10 +205,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="run the pipeline on a synthetic stream (no Kafka needed)",
                               description=plain(__doc__), epilog=EXIT_CODES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=sorted(FAMILIES), default="linreg",
-                   help="model family (default linreg); see above")
-    p.add_argument("--records", type=int, help="synthetic records to stream (default: 70000 for lda, 40000 for "
-                   "the others; the run halts earlier once the budget is spent)")
+    p.add_argument("--family", choices=list(MODEL_FAMILIES), default="linreg",
+                   help="model family with a demo (default linreg); see above")
+    p.add_argument("--records", type=int, help="synthetic records to stream (default: the family's demo's; the "
+                   "run halts earlier once the budget is spent)")
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1.0, delta 1e-5)")
     p.add_argument("--json-summary", metavar="FILE", help="also write the summary as JSON to FILE")
     p.add_argument("--out", metavar="DIR", help="output directory (default: a new temporary directory)")
@@ -367,7 +225,10 @@ def option_problem(args: argparse.Namespace) -> str | None:
     missing ``--out`` directory is created here (the run would create it)."""
     from stream_vips.cli.output import output_file_problem
 
-    fam = FAMILIES[args.family]
+    try:
+        fam = demo_of(args.family)
+    except ValueError as exc:
+        return f"--family {args.family}: {exc}"
     if args.records is not None and args.records < fam.reservoir + fam.every_records:
         return (f"--records must be at least {fam.reservoir + fam.every_records} to fill the reservoir and update "
                 f"({args.family})")

@@ -15,7 +15,8 @@ from stream_vips import messages
 from stream_vips.errors import FitError
 from stream_vips.errors import LedgerRefused, NoModelError, SpentError, error_text
 from stream_vips.privacy.ledger import read_first_line
-from stream_vips.fitting.rules import CLI_NAMES, FAMILIES, MAX_DIM
+from stream_vips.fitting.rules import CLI_NAMES, MAX_DIM
+from stream_vips.models.registry import MODEL_FAMILIES
 
 # ------------------------------------------------------------------------------------------- CLI
 
@@ -39,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "(docs/fit.md), and the noise is calibrated to spend the whole budget.",
         epilog=EXIT_TEXT)
     p.add_argument("data", metavar="DATA.jsonl", help="records, one JSON object per line ('-': stdin)")
-    p.add_argument("--family", required=True, choices=FAMILIES)
+    p.add_argument("--family", required=True, choices=list(MODEL_FAMILIES),
+                   help="the model family (docs/families.md: its records, parameters and fit rule)")
     p.add_argument("--epsilon", type=float, default=1.0, help="privacy budget epsilon (default 1)")
     p.add_argument("--delta", type=float, default=1e-5, help="privacy budget delta (default 1e-5)")
     p.add_argument("--non-private", action="store_true", help="baseline without noise (no guarantee; the "
@@ -47,8 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--out", metavar="MODEL.json", required=True, help="write the final model message here")
     p.add_argument("--seed", type=int, default=None, help="fix the noise (reproduction only: reported as seeded)")
     p.add_argument("--dim", type=int, default=None, metavar="D",
-                   help="the dimension d of the records (required): the length of each record's 'x' ('y' for "
-                        f"sbn, its n_visible); public, so never read from the data; at most {MAX_DIM:,}")
+                   help="the dimension d of the records (required unless a --param gives it): the length of each "
+                        f"record's vector; public, so never read from the data; at most {MAX_DIM:,}")
     p.add_argument("--steps", type=int, default=None, help="override the rule's number of steps")
     p.add_argument("--ledger", metavar="PATH", default=None, help="keep the privacy ledger in this file")
     p.add_argument("--param", type=_param, action="append", default=[], metavar="KEY=VALUE",

@@ -17,9 +17,9 @@ the published models (a JSONL model file, or a model topic) and writes
 * the noise multiplier z and the sampling rate q of every step (from the ledger's events);
 * dead letters per reason (``--dead-letters``: a JSONL dead-letter file, or ``--dead-letter-topic``:
   a Kafka dead-letter topic, read from its start, counting the ``reason`` headers);
-* the latest model: its predictive summary (posterior mean and standard deviation of the
-  coefficients for linreg and logistic, top words per topic for lda, hyperparameters and
-  natural-parameter shapes otherwise) and its privacy report.
+* the latest model: its predictive summary (the family's own, ``Model.summary``: posterior mean
+  and standard deviation of the coefficients for linreg and logistic, top words per topic for
+  lda; hyperparameters and natural-parameter shapes for every family) and its privacy report.
 
 The ledger is read without locking or changing it, so a report can be made while the pipeline
 runs (a torn last line is left out). Plots need matplotlib: ``pip install 'stream_vips[report]'``.
@@ -340,15 +340,12 @@ def _same(a: float, b: float) -> bool:
 
 
 def predictive_summary(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """What the latest model says, rebuilt from its message (post-processing, no privacy cost).
-
-    ``{"kind": "coefficients", "mean": [...], "sd": [...], "notes": [...]}`` for linreg and
-    logistic (posterior mean and marginal standard deviation of each coefficient),
-    ``{"kind": "topics", "top_words": [[...], ...]}`` for lda, and for every family
-    ``hyperparameters`` and the natural parameters' ``shapes``.
+    """What the latest model says, rebuilt from its message (post-processing, no privacy cost):
+    for every family ``hyperparameters`` and the natural parameters' ``shapes``, and the
+    family's own summary (:meth:`~stream_vips.models.base.Model.summary`: ``{"kind":
+    "coefficients", "mean": [...], "sd": [...]}`` for linreg and logistic, ``{"kind": "topics",
+    "top_words": [[...], ...]}`` for lda) with its notes.
     """
-    import numpy as np
-
     from stream_vips.client import posterior_from_message
 
     out: dict[str, Any] = {"kind": "parameters", "family": msg["family"],
@@ -360,30 +357,13 @@ def predictive_summary(msg: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # a family this installation cannot rebuild: shapes only
         out["notes"].append(f"the model could not be rebuilt ({type(exc).__name__}: {exc}); shapes only")
         return out
-    family = msg["family"]
     try:
-        if family == "linreg":
-            state = model.state()
-            cov = np.linalg.inv(state["precision"])
-            mean = model.posterior_mean()
-            if model.gamma:
-                a = float(np.asarray(state["shape"]).reshape(-1)[0])
-                b = model.noise_rate()
-                scale = b / a * (a / (a - 1.0) if a > 1.0 else math.inf)
-                cov = cov * scale
-                out["notes"].append(f"noise precision ~ Gamma(a={a:.4g}, b={b:.4g}), mean {a / b:.4g}; "
-                                    "coefficients are Student-t, sd shown where finite")
-            else:
-                out["notes"].append(f"known noise precision {model.noise_precision:g}")
-            out.update(kind="coefficients", mean=mean.tolist(), sd=np.sqrt(np.clip(np.diag(cov), 0, None)).tolist())
-        elif family == "logistic":
-            out.update(kind="coefficients", mean=np.asarray(model.mu).tolist(),
-                       sd=np.sqrt(np.clip(np.diag(model.Sigma), 0, None)).tolist())
-            out["notes"].append("Polya-Gamma variational posterior q(w) = N(mu, Sigma)")
-        elif family == "lda":
-            out.update(kind="topics", top_words=[list(map(str, t)) for t in model.top_words(8)])
+        found = dict(model.summary())
     except Exception as exc:  # numerical trouble in a summary must not lose the privacy report
         out["notes"].append(f"no predictive summary ({type(exc).__name__}: {exc})")
+        return out
+    notes = out["notes"] + list(found.pop("notes", []))
+    out.update(found, notes=notes)
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, check_kwargs
+from stream_vips.config import Config, check_kwargs
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.core.data.reservoir import Reservoir, ReservoirLike
 from stream_vips.core.data.sampling import Sampler, make_sampler
@@ -40,7 +40,7 @@ def model_params(cfg: Config) -> dict[str, Any]:
     capacity M where the family takes one (public), then the configured ones, each checked
     against the constructor (``model.params.<name>`` named on a refusal)."""
     cls = model_class(cfg.model.family)
-    params = {**DEFAULT_MODEL_PARAMS.get(cfg.model.family, {}), **cfg.model.params}
+    params = {**cls.default_params, **cfg.model.params}
     if "dataset_size" in inspect.signature(cls.__init__).parameters:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
     params = check_kwargs(cls, params, "model.params")

@@ -82,7 +82,8 @@ class PrivateLearner:
 
     def __init__(self, family: str | None = None, *, config: Any = None, ledger: Ledger | None = None,
                  **options: Any) -> None:
-        from stream_vips.config import DEFAULT_MODEL_PARAMS, ConfigError, config_from_dict
+        from stream_vips.config import ConfigError, config_from_dict
+        from stream_vips.models import model_class
 
         #: family parameters the user did not give, so their defaults apply (``dim`` of linreg)
         self.defaulted_params: dict[str, Any] = {}
@@ -90,7 +91,7 @@ class PrivateLearner:
             if family is None:
                 raise ConfigError("model.family: required")
             config = config_from_dict(_notebook_config(family, options), env={})
-            defaults = DEFAULT_MODEL_PARAMS.get(family, {})
+            defaults = model_class(family).default_params
             self.defaulted_params = {k: v for k, v in defaults.items() if k not in options}
         elif family is not None or options:
             raise TypeError("pass either a configuration or a family with keyword options, not both")

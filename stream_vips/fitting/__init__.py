@@ -39,24 +39,25 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: public name -> the module of this package that defines it (loaded on first use, so a command's
-#: help never imports the models)
+#: public name -> the module that defines it (loaded on first use, so a command's help never
+#: imports the models); the logistic rule's constants live with the family
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["FitResult", "FitStats", "FitWarning", "LedgerRefused", "NoModelError", "SpentError", "fit",
-                     "fit_warnings", "summary"], "api"),
-    **dict.fromkeys(["UNENCODABLE_RECORD", "encode_records", "resolve_dim"], "data"),
-    **dict.fromkeys(["CALIBRATION_RTOL", "CENTRED_LOGISTIC", "CENTRED_MIN_D", "CENTRED_MIN_N", "CLI_NAMES", "FAMILIES",
-                     "LOGISTIC_FLOOR_FACTOR", "LOGISTIC_KAPPA", "LOGISTIC_STEPS", "LOGISTIC_WEIGHTS", "MAX_DIM",
-                     "NON_PRIVATE_KAPPA", "NON_PRIVATE_LOGISTIC_STEPS", "PYTHON_NAMES", "RULES", "RULE_VERSION",
-                     "Settings", "accountant_for", "calibration_rtol", "centred_by_size", "centred_logistic",
-                     "check_public", "fit_settings", "logistic_rule_summary", "overridden"], "rules"),
+                     "fit_warnings", "summary"], f"{__name__}.api"),
+    **dict.fromkeys(["UNENCODABLE_RECORD", "encode_records", "resolve_dim"], f"{__name__}.data"),
+    **dict.fromkeys(["CALIBRATION_RTOL", "CLI_NAMES", "FAMILIES", "MAX_DIM", "PYTHON_NAMES", "RULES", "RULE_VERSION",
+                     "Settings", "accountant_for", "calibration_rtol", "check_public", "fit_settings", "overridden"],
+                    f"{__name__}.rules"),
+    **dict.fromkeys(["CENTRED_LOGISTIC", "CENTRED_MIN_D", "CENTRED_MIN_N", "LOGISTIC_FLOOR_FACTOR", "LOGISTIC_KAPPA",
+                     "LOGISTIC_STEPS", "LOGISTIC_WEIGHTS", "NON_PRIVATE_KAPPA", "NON_PRIVATE_LOGISTIC_STEPS",
+                     "centred_by_size", "centred_logistic", "logistic_rule_summary"], "stream_vips.models.logistic"),
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

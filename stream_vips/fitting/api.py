@@ -18,9 +18,9 @@ import numpy as np
 from stream_vips import messages
 from stream_vips.errors import FitError, LedgerRefused, NoModelError, SpentError, error_text
 from stream_vips.fitting.data import check_json_objects, encode_records, resolve_dim
-from stream_vips.fitting.rules import (CALIBRATION_RTOL, PYTHON_NAMES, Settings, _logistic_sums_rule, _rule_settings,
-                                       calibration_rtol, centred_logistic, check_public, check_settings, overridden)
-from stream_vips.models import dimension
+from stream_vips.fitting.rules import (CALIBRATION_RTOL, PYTHON_NAMES, Settings, _rule_settings, calibration_rtol,
+                                       check_public, check_settings, overridden)
+from stream_vips.models import model_class
 from stream_vips.privacy.ledger import first_line_is_ledger
 
 @dataclass
@@ -173,8 +173,9 @@ def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, di
     ``data``: a list or iterable of records (dicts as the family parses them, or JSON lines),
     numpy ``(X, y)``, or a pandas DataFrame (``x_columns``/``y_column``). N (the number of
     records, valid or not) and d are public: for records pass ``dim`` (the family's dimension
-    parameter: ``dim``, or ``n_visible`` for sbn, which may be passed under its own name); for
-    arrays and DataFrames d is their number of columns. The settings come from
+    parameter: ``dim``, or ``n_visible`` for sbn, which may be passed under its own name; lda's d
+    is the size of its ``vocabulary``, which it needs); for arrays and DataFrames d is their
+    number of columns. The settings come from
     :func:`fit_settings` (``steps`` overrides its step count, ``settings`` replaces the rule
     entirely: only pass settings chosen without looking at this data's accuracy).
     ``model_params`` go to the family (e.g. ``noise="gamma"``, ``x_bound``, ``y_bound`` for
@@ -229,7 +230,8 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     """The refusal phase: every check on the input, before anything is spent (FitError)."""
     started = time.perf_counter()
     check_public(family, epsilon, delta, non_private, names)
-    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=dimension(family)[0])
+    cls = model_class(family)
+    encoded, shape_d = encode_records(data, x_columns=x_columns, y_column=y_column, field=cls.record_field)
     n = len(encoded)
     if n == 0:
         raise FitError("fit needs at least one record")
@@ -238,41 +240,23 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     d = resolve_dim(family, dim, model_params, shape_d, names)
     if ledger_path is not None:
         check_ledger(ledger_path, names)
-    dim_param = dimension(family)[1]
+    dim_param = cls.dim_param
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1):
         raise FitError(f"steps must be a positive integer, got {steps!r}")
     if settings is None:
-        settings = _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
-        if family == "logistic" and not non_private:
-            asked = model_params.get("release")
-            if asked == "centred" or (asked is None and settings.model_params.get("release") == "centred"):
-                settings = centred_logistic(_logistic_sums_rule(n, d, epsilon, delta, False), steps, model_params,
-                                            asked=asked == "centred")
-            elif asked is not None:
-                settings = _logistic_sums_rule(n, d, epsilon, delta, False)
+        settings = cls.fit_with(_rule_settings(family, n, d, None if non_private else epsilon, delta, non_private),
+                                model_params, steps)
     else:
         check_settings(settings, family, n, d, epsilon, delta, non_private)
     if steps is not None:
         settings = dataclasses.replace(settings, steps=int(steps), why={**settings.why, "steps": (
             f"set by {names['steps']} (steps = {steps}); the rule would give {settings.steps}")})
     settings = overridden(settings, {k: v for k, v in model_params.items() if k != dim_param}, names["param"])
-    merged = {**settings.model_params, **model_params}
-    average_from = merged.get("average_from", 0)
-    if (merged.get("release") == "centred" and isinstance(average_from, int)
-            and not isinstance(average_from, bool) and average_from >= settings.steps):
-        raise FitError(f"average_from = {average_from} is not below the {settings.steps} steps, so no iterate "
-                       f"would be averaged into the published mean (set a smaller one with {names['param']})")
-    if family == "linreg" and settings.block_weights is None and not non_private:
-        from stream_vips.models.linreg import default_block_weights
-
-        gamma = model_params.get("noise", "known") == "gamma"
-        try:  # checks x_bound and y_bound, which the model's own checks only see later
-            weights = default_block_weights(d, model_params.get("x_bound", 1.0), model_params.get("y_bound", 1.0),
-                                            gamma=gamma)
-        except ValueError as exc:
-            raise FitError(f"{names['param']}: {exc}") from None
-        settings = dataclasses.replace(settings, block_weights=weights)
-    params = {"dataset_size": n, **model_params, dim_param: d}
+    try:
+        settings = cls.fit_complete(settings, model_params)
+    except ValueError as exc:
+        raise FitError(f"{names['param']}: {exc}") from None
+    params = {"dataset_size": n, **model_params, **({dim_param: d} if cls.dimension_of is None else {})}
     rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id, rtol=rtol)
@@ -334,22 +318,20 @@ class FitStats:
 
 #: Warn when more than this fraction of the records is rejected (the budget is spent on the rest).
 WARN_REJECTED_FRACTION = 0.1
-#: Per family and rejection reason, what the user most likely got wrong.
-REJECTION_HINTS = {("logistic", "out_of_range"): "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
 
 
 def fit_warnings(family: str, n: int, stats: FitStats, planned_steps: int) -> list[str]:
     """One line per thing a user should not miss in a fit that did produce a model (``stats``:
     the run's): more than :data:`WARN_REJECTED_FRACTION` of the records rejected (the top
-    reasons, and the likely fix), or fewer steps than planned (the halt reason). What counts as
-    valid is the family's."""
+    reasons, and the likely fix: the family's ``rejection_hints``), or fewer steps than planned
+    (the halt reason). What counts as valid is the family's."""
     out = []
     total = sum(stats.rejected.values())
     if total > WARN_REJECTED_FRACTION * n:
         from stream_vips.records import top_reasons
 
-        hints = [REJECTION_HINTS[family, reason] for reason, _ in stats.rejected.most_common(3)
-                 if (family, reason) in REJECTION_HINTS]
+        known = model_class(family).rejection_hints
+        hints = [known[reason] for reason, _ in stats.rejected.most_common(3) if reason in known]
         out.append(f"{total} of the {n} records ({total / n:.0%}) were rejected, and the whole budget was spent on "
                    f"the rest; top reasons: {top_reasons(stats.rejected)}" + "".join(f"; {hint}" for hint in hints))
     if stats.updates < planned_steps:

@@ -11,7 +11,7 @@ import numpy as np
 
 from stream_vips.errors import FitError
 from stream_vips.fitting.rules import MAX_DIM, PYTHON_NAMES
-from stream_vips.models import dimension
+from stream_vips.models import model_class
 
 # ------------------------------------------------------------------------------------------ data
 
@@ -122,7 +122,8 @@ def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shap
                 names: Mapping[str, str] = PYTHON_NAMES) -> int:
     """The public dimension d: ``dim``, the family's dimension parameter in ``model_params``
     (``dim``, or ``n_visible`` for sbn, where ``dim`` is taken as ``n_visible`` and removed from
-    ``model_params``) or the data's shape, which must agree; at most :data:`MAX_DIM`.
+    ``model_params``; for lda the size of its ``vocabulary``, which is then required) or the
+    data's shape, which must agree; at most :data:`MAX_DIM`.
 
     Never read from a record: under replace-one adjacency a record's content must not decide
     the released dimension, nor which other records are valid (docs/fit.md, "What is private
@@ -130,9 +131,20 @@ def resolve_dim(family: str, dim: int | None, model_params: dict[str, Any], shap
 
     >>> resolve_dim("sbn", None, {"dim": 10}, None), resolve_dim("logistic", None, {}, 3)
     (10, 3)
+    >>> resolve_dim("lda", None, {"vocabulary": ["apple", "pear"]}, None)
+    2
     """
-    field_name, param = dimension(family)
+    cls = model_class(family)
+    field_name, param = cls.record_field, cls.dim_param
     given = [dim, model_params.get(param)]
+    if cls.dimension_of is not None:
+        if param not in model_params:
+            raise FitError(f"fit needs the {family} {param}, whose size is the dimension d: pass "
+                           f"{names['give'].format(param)} (d alone does not give it)")
+        try:
+            given[1] = cls.dimension_of(model_params[param])
+        except (TypeError, ValueError) as exc:
+            raise FitError(f"{names['param']}: {exc}") from None
     if param != "dim":
         given.append(model_params.pop("dim", None))
     values = set()

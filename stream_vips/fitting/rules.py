@@ -1,5 +1,10 @@
 """The settings rule of ``fit``: every setting from public quantities only (N, d, the family,
-epsilon, delta), never from the data being fitted (derivation and evidence in docs/fit.md)."""
+epsilon, delta), never from the data being fitted (derivation and evidence in docs/fit.md).
+
+Each family states its own rule in its module (:meth:`stream_vips.models.base.Model.fit_rule`);
+this module holds what the rules share: :class:`Settings`, the accountant for a sampling rate,
+the reasons every rule gives for it, the checks of the public inputs and the calibration
+tolerance."""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from stream_vips.errors import FitError
 
@@ -20,31 +25,12 @@ MAX_DIM = 100_000
 #: Version of the settings rule (reported with every fit).
 RULE_VERSION = "fit_settings/4"
 
-#: Logistic rule constants, chosen on synthetic data and public tuning sets (not the evaluated ones) by
-#: benchmarks/fit_rule_evidence.py (docs/fit.md).
-LOGISTIC_STEPS = 2
-LOGISTIC_KAPPA = 1.0
-LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
-#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
-#: little below the spectral edge sqrt(2) of the symmetric noise (stream_vips/models/logistic.py).
-LOGISTIC_FLOOR_FACTOR = 1.0
-#: The centred release of logistic regression (stream_vips/models/logistic.py), with the settings
-#: of its best candidate in stage D of benchmarks/fit_rule_evidence.py.
-CENTRED_LOGISTIC = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5, "step_size": 0.5,
-                    "averaged_share": 0.75}
-#: The rule takes the centred release when N >= this and d >= CENTRED_MIN_D: chosen on the tuning
-#: sets and validated on 90 other public sets (benchmarks/fit_release_validation.py).
-CENTRED_MIN_N = 1000
-CENTRED_MIN_D = 6
-#: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
-NON_PRIVATE_LOGISTIC_STEPS = 30
-NON_PRIVATE_KAPPA = 0.51
-
-
 #: How the caller names each input of :func:`fit`: Python keywords, or the command's flags.
+#: ``give`` is how a model parameter is passed, with ``{}`` for its name.
 PYTHON_NAMES = {"dim": "dim=D", "epsilon": "epsilon", "ledger": "ledger_path", "param": "the caller",
-                "steps": "the caller"}
-CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps"}
+                "steps": "the caller", "give": "{}=..."}
+CLI_NAMES = {"dim": "--dim D", "epsilon": "--epsilon", "ledger": "--ledger", "param": "--param", "steps": "--steps",
+             "give": "--param {}=..."}
 
 
 @dataclass(frozen=True)
@@ -86,14 +72,6 @@ class Settings:
         return out
 
 
-def logistic_rule_summary() -> dict[str, Any]:
-    """The private logistic rule's s1 release (N < CENTRED_MIN_N or d < CENTRED_MIN_D), in the
-    form benchmarks/fit_rule_evidence.py reports (its stages 0-C choose it)."""
-    return {"q": 1.0, "steps": LOGISTIC_STEPS, "floor_factor": LOGISTIC_FLOOR_FACTOR,
-            "s2_over_s1": LOGISTIC_WEIGHTS["s2"] / LOGISTIC_WEIGHTS["s1"], "kappa": LOGISTIC_KAPPA,
-            "accountant": accountant_for(1.0), "release": "sums"}
-
-
 def accountant_for(q: float) -> str:
     """The accountant for a fit whose every step samples at Poisson rate ``q``.
 
@@ -115,155 +93,61 @@ def accountant_for(q: float) -> str:
     return "autodp" if q == 1.0 else "pld"
 
 
-_WHY_Q = ("q = 1: the whole data set every step; subsampling's amplification (about q) is cancelled "
-          "by its q times smaller normaliser when the noise is large, and it adds sampling noise")
+#: Why a rule takes q = 1 (every family that does).
+WHY_Q = ("q = 1: the whole data set every step; subsampling's amplification (about q) is cancelled "
+         "by its q times smaller normaliser when the noise is large, and it adds sampling noise")
 _WHY_ACCOUNTANT = ("autodp: at q = 1 a step is a plain Gaussian mechanism, whose Renyi DP alpha D^2 / (2 z^2) "
                    "uses the model's proven diameter D (the pld accountant counts replace-one at diameter 2)")
 
 
-def _linreg_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-    """One step with rho = 1: conjugate, the statistics do not depend on the posterior."""
-    why = {"q": _WHY_Q,
-           "steps": ("1 step, rho = 1: conjugate, the statistics do not depend on the posterior, so one "
-                     "release with the whole budget is the exact posterior of the noisy statistics"),
-           "block_weights": ("linreg default allocation: equal shares for xx and xy (equal influence on the "
-                             "posterior mean), 1/(d + 1) of the budget for yy (noise precision only)"),
-           "accountant": _WHY_ACCOUNTANT}
-    return Settings("linreg", n, d, epsilon, delta, 1.0, 1, 1.0, 1.0, None, why=why, accountant=accountant_for(1.0))
+def why_accountant(q: float) -> str:
+    """The reason for :func:`accountant_for`'s choice at Poisson rate ``q``."""
+    return _WHY_ACCOUNTANT if q == 1.0 else "pld: subsampled steps (q < 1), Poisson replace-one at diameter 2"
 
 
-def _logistic_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-    """The s1 release (:func:`_logistic_sums_rule`), or the centred release where N and d are large
-    enough (:data:`CENTRED_MIN_N`, :data:`CENTRED_MIN_D`)."""
-    settings = _logistic_sums_rule(n, d, epsilon, delta, non_private)
-    if non_private:
-        return settings
-    if centred_by_size(n, d):
-        return centred_logistic(settings)
-    why = {**settings.why, "release": (f"s1 (the paper's): N < {CENTRED_MIN_N} or d < {CENTRED_MIN_D}, where the "
-                                       "centred release lost to it on the tuning sets (docs/fit.md)")}
-    return dataclasses.replace(settings, why=why)
+def settings_from_rule(family: str, n: int, d: int, epsilon: float | None, delta: float, non_private: bool,
+                       rule: Mapping[str, Any]) -> Settings:
+    """:class:`Settings` from a family's rule stated as a mapping (``q``, ``steps``, ``tau0``, ``kappa``,
+    ``model_params``, ``why`` and optionally ``block_weights``), with the accountant for its q."""
+    q = float(rule["q"])
+    why = dict(rule["why"])
+    if not non_private:
+        why["accountant"] = why_accountant(q)
+    return Settings(family, n, d, epsilon, delta, q, int(rule["steps"]), float(rule["tau0"]), float(rule["kappa"]),
+                    rule.get("block_weights"), model_params=dict(rule["model_params"]), why=why,
+                    accountant=accountant_for(q))
 
 
-def centred_by_size(n: int, d: int) -> bool:
-    """Whether the rule takes the centred release for a private logistic fit of N records in d."""
-    return n >= CENTRED_MIN_N and d >= CENTRED_MIN_D
+def fit_families() -> tuple[str, ...]:
+    """The registered families ``fit`` has a rule for (those whose ``engine_refusal`` is ``None``)."""
+    from stream_vips.models.registry import MODEL_FAMILIES, model_class
+
+    return tuple(f for f in MODEL_FAMILIES if model_class(f).engine_refusal is None)
 
 
-_WHY_CENTRED_SIZE = (f"N >= {CENTRED_MIN_N} and d >= {CENTRED_MIN_D}: better than the s1 release there on the "
-                     "tuning sets and on 90 other public sets, benchmarks/fit_release_validation.py")
+def __getattr__(name: str) -> Any:
+    """``FAMILIES`` (:func:`fit_families`) and ``RULES`` (family -> its rule), read from the
+    registry when asked for, so that importing this module loads no family."""
+    from stream_vips.models.registry import model_class
 
-
-def _logistic_sums_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-    """Few uniformly averaged steps, s2-heavy weights, noise-aware floor (benchmarks/fit_rule_evidence.py)."""
-    why = {"q": _WHY_Q}
-    if non_private:
-        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
-                        "no noise to average, so steps serve convergence only")
-        return Settings("logistic", n, d, None, delta, 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0, NON_PRIVATE_KAPPA,
-                        None, why=why)
-    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
-                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
-                    "budget (benchmarks/fit_rule_evidence.py)")
-    why["block_weights"] = (f"s2:s1 weights {LOGISTIC_WEIGHTS['s2']:g}:{LOGISTIC_WEIGHTS['s1']:g}: the noise on "
-                            "s2 multiplies the whole mean, so s2 gets more than its bound-proportional share "
-                            "(best on synthetic and public tuning data, benchmarks/fit_rule_evidence.py)")
-    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
-                           "its diagonal noise std (public), a little below the noise's spectral edge sqrt(2): "
-                           "directions the noise swamps are not inverted (best of 1, sqrt(2), 2 on tuning data)")
-    why["accountant"] = _WHY_ACCOUNTANT
-    return Settings("logistic", n, d, epsilon, delta, 1.0, LOGISTIC_STEPS, 1.0, LOGISTIC_KAPPA,
-                    dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR}, why=why,
-                    accountant=accountant_for(1.0))
-
-
-def centred_logistic(settings: Settings, steps: int | None = None,
-                     params: Mapping[str, Any] | None = None, asked: bool = False) -> Settings:
-    """The private logistic rule with the centred release (the rule's choice for N >= CENTRED_MIN_N
-    and d >= CENTRED_MIN_D, or ``release="centred"``): more steps, the residual block g in place
-    of s1, the mean averaged over the last iterates.
-    ``steps`` (the caller's step count) and the caller's ``residual_clip``, ``step_size`` and
-    ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
-    c = CENTRED_LOGISTIC
-    T = c["steps"] if steps is None else int(steps)
-    chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
-              "average_from": int(T * (1.0 - c["averaged_share"]))}
-    chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
-    shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values
-    why = {**settings.why,
-           "release": (f"centred ({'asked for' if asked else _WHY_CENTRED_SIZE}): each step releases "
-                       f"g = sum clip(y - 1/2 - E[omega] x^T m, +-{shown['residual_clip']}) x at the iterate m "
-                       f"instead of s1 and moves m by a step of {shown['step_size']} preconditioned by the "
-                       f"averaged s2; the mean is the average of the iterates after step {shown['average_from']}. "
-                       "Defaults: the best centred candidate "
-                       "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
-           "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
-           "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
-    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]),
-                               model_params={**settings.model_params, "release": "centred", **chosen}, why=why)
-
-
-#: Per family, the record field whose length is d and the model parameter that takes d.
-DIMENSION = {"sbn": ("y", "n_visible")}
-
-
-def dimension(family: str) -> tuple[str, str]:
-    """(record field, model parameter) of a family's dimension d; ``("x", "dim")`` by default."""
-    return DIMENSION.get(family, ("x", "dim"))
-
-
-def _model_rule(family: str, module: str) -> Any:
-    """A family whose module states its own rule (``fit_rule(n, d, epsilon, delta) -> dict`` with
-    q, steps, tau0, kappa, model_params and why, derived in that family's docs) as a Settings rule."""
-
-    def rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-        import importlib
-
-        r = importlib.import_module(module).fit_rule(n, d, None if non_private else epsilon, delta)
-        q = float(r["q"])
-        why = dict(r["why"])
-        if not non_private:
-            why["accountant"] = _WHY_ACCOUNTANT if q == 1.0 else ("pld: subsampled steps (q < 1), "
-                                                                  "Poisson replace-one at diameter 2")
-        return Settings(family, n, d, epsilon, delta, q, int(r["steps"]), float(r["tau0"]), float(r["kappa"]),
-                        r.get("block_weights"), model_params={**r["model_params"], dimension(family)[1]: d}, why=why,
-                        accountant=accountant_for(q))
-
-    rule.__doc__ = f"The rule of {module}.fit_rule (documented there)."
-    return rule
-
-
-#: The settings rule of each family: (n, d, epsilon, delta, non_private) -> Settings.
-RULES = {"linreg": _linreg_rule, "logistic": _logistic_rule,
-         "sbn": _model_rule("sbn", "stream_vips.models.sbn"),
-         "sep_bnn": _model_rule("sep_bnn", "stream_vips.models.sep.bnn")}
-#: Families :func:`fit_settings` has a rule for.
-FAMILIES = tuple(RULES)
+    if name == "FAMILIES":
+        return fit_families()
+    if name == "RULES":
+        rules: dict[str, Callable[..., Settings]] = {f: model_class(f).fit_rule for f in fit_families()}
+        return rules
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, *,
                  non_private: bool = False) -> Settings:
     """The settings rule: public quantities in, :class:`Settings` out (docs/fit.md explains it).
 
-    * Every family: Poisson rate q = 1, i.e. each step uses the whole data set. For Gaussian
-      noise much larger than the sensitivity (every useful budget), subsampling at rate q
-      amplifies privacy by about q, which is exactly offset by the q times smaller batch it
-      normalises by, so it buys no accuracy and adds sampling noise (docs/fit.md, "Why q = 1").
-      At q = 1 the budget is accounted by :func:`accountant_for` (exact Gaussian RDP with the
-      model's diameter).
-    * ``linreg`` (conjugate): one step with rho = 1. Its statistics do not depend on the
-      current posterior, so T releases averaged are worth no more than one release with the
-      whole budget; one step gives the exact posterior of the noisy statistics. The noise is
-      allocated by :func:`stream_vips.models.linreg.default_block_weights`.
-    * ``logistic`` (the E-step depends on the current posterior): ``LOGISTIC_STEPS`` steps,
-      averaged uniformly (tau0 = 1, kappa = 1: rho_t = 1 / (t + 1)), allocation weights
-      ``LOGISTIC_WEIGHTS`` and the eigenvalue floor of s2 near the spectral edge of its public
-      noise (``LOGISTIC_FLOOR_FACTOR``); chosen on synthetic data and public tuning sets
-      (benchmarks/fit_rule_evidence.py). Non-private: ``NON_PRIVATE_LOGISTIC_STEPS`` damped
-      fixed-point steps (kappa = 0.51), no noise to average.
-    * ``sbn`` and ``sep_bnn``: the family module's own ``fit_rule`` (derived in docs/sbn.md and
-      docs/sep_bnn.md from synthetic data); they subsample (q < 1), so the budget is tracked by
-      the ``pld`` accountant.
+    Each family's rule is its :meth:`~stream_vips.models.base.Model.fit_rule`, documented in its
+    module and summarised in docs/families.md. Families that take q = 1 (each step uses the
+    whole data set: for Gaussian noise much larger than the sensitivity, subsampling at rate q
+    amplifies privacy by about q, which is exactly offset by the q times smaller batch it
+    normalises by, docs/fit.md, "Why q = 1") are accounted by :func:`accountant_for`'s exact
+    Gaussian RDP with the model's diameter; families that subsample by the ``pld`` accountant.
 
     >>> s = fit_settings("linreg", n=1000, d=5, epsilon=1.0, delta=1e-5)
     >>> s.steps, s.q, s.tau0, s.kappa, s.accountant
@@ -275,11 +159,14 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
 
 def _rule_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
     """:func:`fit_settings` once :func:`check_public` has passed."""
+    from stream_vips.models.registry import model_class
+
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise FitError(f"n must be a positive integer, got {n!r}")
     if isinstance(d, bool) or int(d) != d or d < 1:
         raise FitError(f"d must be a positive integer, got {d!r}")
-    return RULES[family](int(n), int(d), None if non_private else float(epsilon), float(delta), non_private)
+    return model_class(family).fit_rule(int(n), int(d), None if non_private else float(epsilon), float(delta),
+                                        non_private)
 
 
 def calibration_rtol(epsilon: float, delta: float) -> float:
@@ -316,20 +203,35 @@ def calibration_rtol(epsilon: float, delta: float) -> float:
     >>> [round(calibration_rtol(e, 1e-5) / CALIBRATION_RTOL, 3) for e in (800.0, 1e300)]
     [0.883, 0.8]
     """
-    from scipy.optimize import brentq
     from scipy.stats import norm
 
     if epsilon > _STEEPNESS_LIMIT_EPSILON:
         k = 2.0
     else:
-        def gdp_delta(log_mu: float) -> float:
-            mu = math.exp(log_mu)
-            return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
-
-        mu = math.exp(brentq(lambda t: gdp_delta(t) - delta, math.log(1e-12), math.log(1e4), xtol=1e-13, rtol=1e-13))
+        mu = gaussian_mu(epsilon, delta)
         a = epsilon / mu
         k = mu / epsilon * math.exp(norm.logpdf(a - mu / 2) - epsilon - norm.logcdf(-a - mu / 2))
     return min(CALIBRATION_RTOL, 2 * math.log1p(CALIBRATION_RTOL) / (1.25 * k))
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """mu of the Gaussian mechanism (mu-GDP: sensitivity over noise std) that is exactly
+    (``epsilon``, ``delta``)-DP: the root of delta(epsilon, mu) = Phi(-epsilon/mu + mu/2) - e^epsilon
+    Phi(-epsilon/mu - mu/2) = ``delta``, solved in ln mu with e^epsilon kept inside the log (it
+    overflows a float from epsilon 710). No accountant certifies (epsilon, delta) with less noise
+    than sensitivity / mu (the Gaussian curve is exact). Defined for mu in [1e-12, 1e4].
+
+    >>> round(gaussian_mu(1.0, 1e-5), 4)
+    0.2681
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gdp_delta(log_mu: float) -> float:
+        mu = math.exp(log_mu)
+        return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon + norm.logcdf(-epsilon / mu - mu / 2)))
+
+    return math.exp(brentq(lambda t: gdp_delta(t) - delta, math.log(1e-12), math.log(1e4), xtol=1e-13, rtol=1e-13))
 
 
 #: Above this epsilon :func:`calibration_rtol` uses the steepness's large-epsilon limit k = 2.
@@ -341,8 +243,13 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
     """The family has a rule, epsilon is finite and > 0 (unless non-private), delta is in (0, 1),
     and epsilon is not so small that its calibration tolerance (:func:`calibration_rtol`) is below
     what the calibration can resolve (:data:`~stream_vips.privacy.accountants.MIN_CALIBRATION_RTOL`)."""
-    if family not in RULES:
-        raise FitError(f"fit has a settings rule for the families {list(FAMILIES)}, not {family!r}")
+    from stream_vips.models.registry import MODEL_FAMILIES, model_class
+
+    if family not in MODEL_FAMILIES:
+        raise FitError(f"fit has a settings rule for the families {list(fit_families())}, not {family!r}")
+    refusal = model_class(family).engine_refusal
+    if refusal is not None:
+        raise FitError(f"fit refuses the {family} family: {refusal}")
     if not non_private and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise FitError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):

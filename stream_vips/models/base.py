@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.fitting.rules import Settings
+    from stream_vips.models.synthetic import Demo, SyntheticData
 
 
 @dataclass(frozen=True)
@@ -46,13 +51,63 @@ class ParsedBatch:
 
 
 class Model(ABC):
-    """A streaming Bayesian model with a private update."""
+    """A streaming Bayesian model with a private update.
+
+    Besides the protocol (records, blocks, ``clipped_sum``, ``update``, state), a family states
+    here everything the rest of the package needs to know about it, so that a family is its
+    module (:mod:`stream_vips.models.registry`): the hooks below, each with a default except
+    ``record_format`` and :meth:`audit`, which every family states.
+    """
 
     family: ClassVar[str]
+    #: One line: the JSON record the family reads (docs/families.md), d being its dimension.
+    record_format: ClassVar[str]
     #: The record field holding the family's vector, and the constructor parameter giving its
     #: public length d (``fit`` and ``learn_many`` put array columns there).
     record_field: ClassVar[str] = "x"
     dim_param: ClassVar[str] = "dim"
+    #: ``None`` when ``dim_param`` takes d itself; else the function from that parameter's value
+    #: to d (lda: the vocabulary's size), and ``fit`` needs the parameter (d alone does not make it).
+    dimension_of: ClassVar[Callable[[Any], int] | None] = None
+    #: Parameters a bare configuration of the family needs that its constructor does not default,
+    #: merged under the configured ones so that the default configuration runs (linreg: ``dim``).
+    default_params: ClassVar[Mapping[str, Any]] = {}
+    #: The family's synthetic data (:mod:`stream_vips.models.synthetic`): records drawn from a known
+    #: model, for the demo, tests and benchmarks (``None``: the family has none).
+    synthetic: ClassVar[type[SyntheticData] | None] = None
+    #: What ``stream-vips demo`` streams of that data and how it scores the model (``None``: no demo).
+    demo: ClassVar[Demo | None] = None
+    #: Why the family does not release through the engine, so that ``fit`` and a stream refuse it
+    #: (``None``: it does, and :meth:`fit_rule` states fit's settings; ops releases a sample of its own).
+    engine_refusal: ClassVar[str | None] = None
+    #: Per rejection reason, what a user whose records are rejected for it most likely got wrong
+    #: (``fit`` adds it to its warning about rejected records).
+    rejection_hints: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """``fit``'s settings for N = ``n`` records of public dimension ``d`` at budget (``epsilon``,
+        ``delta``) (``epsilon`` is ``None`` when ``non_private``), from these public quantities
+        only, never from a record: the Poisson rate q, the steps, the step-size schedule, the
+        noise allocation and the family's parameters (its bounds among them), with one reason per
+        choice in ``why``, which the rule's docstring explains. The default refuses fit."""
+        from stream_vips.errors import FitError
+
+        raise FitError(f"fit refuses the {cls.family} family: {cls.engine_refusal or 'it states no settings rule'}")
+
+    @classmethod
+    def fit_with(cls, settings: Settings, params: Mapping[str, Any], steps: int | None) -> Settings:
+        """The rule's ``settings`` once the caller's own model ``params`` and step count ``steps``
+        (``None``: the rule's) are known, for a family whose parameters change what its rule
+        chooses (logistic's ``release``); the default keeps them."""
+        return settings
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """The settings a fit runs with (the rule's or the caller's, with the final step count),
+        completed and checked against the caller's own model ``params`` before anything is
+        spent: a ValueError names a parameter that cannot work with them. The default keeps them."""
+        return settings
 
     @abstractmethod
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -122,6 +177,22 @@ class Model(ABC):
         the normaliser), so a model can set post-processing such as an eigenvalue floor from
         the noise level. The default ignores it.
         """
+
+    @classmethod
+    def audit(cls) -> FamilyAudit | str:
+        """The family's empirical privacy audit (:mod:`stream_vips.audit`): candidate records built
+        from its own bounds, the least ratio its worst pair reaches to the claimed sensitivity and
+        why it stops there; or, as a string, why the family has none. There is no default: a
+        family arrives with its audit."""
+        raise NotImplementedError(f"the {cls.family} family states no audit")
+
+    def summary(self) -> dict[str, Any]:
+        """What the model says, for the predictive summary of ``stream-vips report`` (post-processing
+        of the published state): ``{"kind": "coefficients", "mean": [...], "sd": [...]}`` for a
+        posterior over coefficients, ``{"kind": "topics", "top_words": [[...], ...]}`` for topics,
+        with any ``"notes"``; the default ``{}`` leaves the report to the hyperparameters and the
+        natural parameters' shapes."""
+        return {}
 
     def joint_bound(self) -> float:
         """L2 bound on one record's contribution to all blocks together."""

@@ -20,6 +20,10 @@ rho_t.
 Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 :meth:`LDA.top_words`, and :func:`topic_recovery` for synthetic corpora with known topics.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> model = LDA(vocabulary=["apple", "pear", "goal", "match"], n_topics=2, doc_length=8,
 ...             dataset_size=100, seed=0)
 >>> parsed = model.parse_batch([{"tokens": ["apple", "pear", "apple"]}, {"counts": {"goal": 2}},
@@ -38,20 +42,27 @@ Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
+from stream_vips.fitting.rules import Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.synthetic import Demo, SyntheticData
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 #: Guards 0/0 in phi's normaliser, as in Hoffman et al.'s reference code.
 _EPS = 1e-100
@@ -103,6 +114,16 @@ class EStepBlock:
     iterations: np.ndarray  # (nb,) fixed-point iterations run per document
     sq_norms: np.ndarray  # (nb,)
 
+
+#: Fit-rule constants (:meth:`LDA.fit_rule`), the settings benchmarks/lda_eval.py ran its corpora with.
+RULE_BATCH = 500
+RULE_MIN_Q = 0.02
+RULE_STEPS = 30
+RULE_KAPPA = 0.55
+RULE_DOC_LENGTH = 100
+RULE_CLIP_FRACTION = 0.1
+#: Passes over the corpus of a non-private fit.
+RULE_NON_PRIVATE_PASSES = 3
 
 def dirichlet_expectation(x: np.ndarray) -> np.ndarray:
     """E[log theta] under Dirichlet(x), along the last axis."""
@@ -271,18 +292,95 @@ def load_vocabulary(vocabulary: Sequence[str] | str | Path) -> list[str]:
     return words
 
 
-class LDA(Model):
-    """VIPS LDA with K topics over a public vocabulary of V words.
+#: Malformed documents: kind -> line (the unknown token is never in a generated vocabulary).
+MALFORMED_DOCUMENTS: dict[str, str] = {
+    "bad_json": '{"tokens": ["w0"',
+    "empty_document": '{"tokens": ["not-a-vocabulary-word"]}',
+    "wrong_type": '{"tokens": "not a list"}',
+    "missing_field": '{"words": ["w0"]}',
+    "out_of_range": '{"counts": {"w0": -1}}',
+    "not_object": "[1, 2, 3]",
+}
 
-    Parameters (all public configuration, privacy rule 5 in docs/privacy.md): ``vocabulary`` (list
-    of words, or a path to a file with one word per line), ``n_topics`` K, ``doc_length`` N
-    (documents are resampled to N words), ``dataset_size`` D (the M-step's corpus size; the
-    configuration defaults it to the reservoir capacity M), ``alpha`` and ``eta`` (symmetric
-    Dirichlet priors on theta and beta; ``alpha`` defaults to 1/K), ``clip_fraction`` a
-    (per-document contributions are clipped to L2 norm a * N; 1 means no clipping, as in the paper),
-    ``max_iter`` and ``tol`` (E-step iteration cap and mean-absolute-change tolerance),
-    ``block_size`` (documents per vectorized E-step block) and ``seed`` (initial lambda and the
-    resampling generator; None draws from OS entropy).
+
+class DocumentData(SyntheticData):
+    """Documents ``{"tokens": [...]}`` from K known topics.
+
+    The public vocabulary is ``vocabulary = ["w0", ..., "w{V-1}"]``; the topics (K x V,
+    :attr:`topics`) are ``Dirichlet(topic_concentration)`` draws (small concentrations give
+    peaked, well separated topics). Each document draws ``theta ~ Dirichlet(alpha)``, a length
+    ``1 + Poisson(doc_length - 1)`` (mean ``doc_length``), and for each token a topic ``z ~ theta``
+    and a word ``w ~ topics[z]``; all documents of a call are drawn together (inverse-CDF lookups
+    on the stacked cumulative topics).
+    """
+
+    def __init__(self, rng: np.random.Generator, n_topics: int = 5, vocabulary_size: int = 100,
+                 doc_length: int = 50, alpha: float = 0.5, topic_concentration: float = 0.05) -> None:
+        for key, value in (("n_topics", n_topics), ("vocabulary_size", vocabulary_size), ("doc_length", doc_length)):
+            if int(value) < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if not (float(alpha) > 0 and float(topic_concentration) > 0):
+            raise ValueError("alpha and topic_concentration must be > 0")
+        super().__init__(rng)
+        self.n_topics, self.doc_length, self.alpha = int(n_topics), int(doc_length), float(alpha)
+        V = int(vocabulary_size)
+        self.vocabulary = [f"w{v}" for v in range(V)]
+        self.topics = rng.dirichlet(np.full(V, float(topic_concentration)), self.n_topics)
+        cum = np.cumsum(self.topics, axis=1)
+        cum[:, -1] = 1.0
+        self._stacked_cdf = (cum + np.arange(self.n_topics)[:, None]).ravel()  # row k spans (k, k + 1]
+        self._words = np.asarray(self.vocabulary, dtype=object)
+        self.malformed = tuple(line.encode() for line in MALFORMED_DOCUMENTS.values())
+
+    def documents(self, n: int) -> list[list[str]]:
+        """``n`` fresh documents as token lists (advances the generator)."""
+        K, V = self.n_topics, len(self.vocabulary)
+        lengths = 1 + self._rng.poisson(self.doc_length - 1, n)
+        theta_cdf = np.cumsum(self._rng.dirichlet(np.full(K, self.alpha), n), axis=1)
+        theta_cdf[:, -1] = 1.0
+        doc = np.repeat(np.arange(n), lengths)
+        z = (self._rng.random(doc.size)[:, None] >= theta_cdf[doc]).sum(axis=1)
+        idx = np.searchsorted(self._stacked_cdf, z + self._rng.random(doc.size), side="right")
+        w = np.minimum(idx - z * V, V - 1)  # z + u rounds to z + 1 for u within 2^-52 z of 1
+        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        words = self._words[w].tolist()
+        return [words[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def records(self, n: int) -> list[bytes]:
+        return [json.dumps({"tokens": doc}).encode() for doc in self.documents(n)]
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"vocabulary": list(self.vocabulary)}
+
+
+def _demo_lines(s: Mapping[str, Any]) -> list[str]:
+    return [f"held-out perplexity  {s['perplexity']:.2f} (private), {s['non_private_perplexity']:.2f} "
+            f"(non-private, same records, {s['non_private_updates']} updates); "
+            f"uniform words: {s['vocabulary_size']}",
+            f"topic recovery       mean Hellinger {s['topic_recovery']:.4f} (private), "
+            f"{s['non_private_topic_recovery']:.4f} (non-private); 0 is exact, 1 disjoint"]
+
+
+class LDA(Model):
+    """Latent Dirichlet allocation by VIPS: K topics over a public vocabulary of V words, learnt by
+    stochastic variational inference whose E-step runs behind the privacy wall on documents
+    resampled to a public length and whose released statistic is the clipped sum of the documents'
+    expected word-topic counts.
+
+    Parameters (public configuration, privacy rule 5 in docs/privacy.md):
+
+    - ``vocabulary``: the V words (a list, or a path to a UTF-8 file with one word per line); its
+      size is the family's dimension d;
+    - ``dataset_size``: D, the M-step's corpus size (the reservoir capacity; fit's N);
+    - ``n_topics``: K;
+    - ``doc_length``: N, every document is resampled to N words;
+    - ``alpha``, ``eta``: the symmetric Dirichlet priors on theta and beta (``alpha`` None: 1/K);
+    - ``clip_fraction``: a, each document's contribution is clipped to L2 norm a * N (1: no
+      clipping, as in the paper);
+    - ``max_iter``, ``tol``: the E-step's iteration cap and mean-absolute-change tolerance;
+    - ``block_size``: documents per vectorized E-step block;
+    - ``seed``: the initial lambda and the resampling draws (public randomness; None: OS entropy).
 
     Sensitivity. A document's contribution is the K x V matrix u_kv = sum_n phi_nk [w_n = v].
     Its entries are >= 0 and sum to N, so ||u||_2 <= N (paper eq. 28); clipping scales u by
@@ -295,6 +393,24 @@ class LDA(Model):
     """
 
     family: ClassVar[str] = "lda"
+    record_format: ClassVar[str] = ('{"tokens": ["word", ...]} or {"counts": {"word": n, ...}} (words outside the '
+                                    'vocabulary are dropped)')
+    record_field: ClassVar[str] = "tokens"
+    dim_param: ClassVar[str] = "vocabulary"
+    dimension_of: ClassVar[Callable[[Any], int]] = staticmethod(lambda vocabulary: len(load_vocabulary(vocabulary)))
+    synthetic: ClassVar[type[SyntheticData]] = DocumentData
+    demo: ClassVar[Demo] = Demo(
+        about="LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40 words): held-out "
+              "perplexity bound and topic recovery (mean Hellinger distance)",
+        records=70_000, reservoir=20_000, batch_size=4_000, every_records=2_000, kappa=0.55,
+        source={"n_topics": 4, "vocabulary_size": 60, "doc_length": 40, "alpha": 0.2},
+        params=lambda data, seed: {"vocabulary": data.vocabulary, "n_topics": data.n_topics,
+                                   "doc_length": data.doc_length, "alpha": data.alpha, "seed": seed},
+        held_out=lambda data: [{"tokens": doc} for doc in data.documents(500)],
+        score=lambda model, data, docs: {"perplexity": model.perplexity(docs),
+                                         "topic_recovery": topic_recovery(data.topics, model.topics())},
+        reference=lambda data, _: {"vocabulary_size": len(data.vocabulary)},
+        lines=_demo_lines)
 
     def __init__(
         self,
@@ -328,6 +444,64 @@ class LDA(Model):
             raise ValueError(f"clip_fraction: must be in (0, 1], got {clip_fraction!r}")
         self._rng = np.random.default_rng(seed)
         self._set_lambda(self._rng.gamma(100.0, 0.01, (self.n_topics, len(self.vocabulary))))
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """Stochastic VI over the corpus: Poisson batches of about :data:`RULE_BATCH` documents (q at
+        least :data:`RULE_MIN_Q`), :data:`RULE_STEPS` steps at kappa :data:`RULE_KAPPA` (non-private:
+        :data:`RULE_NON_PRIVATE_PASSES` passes), documents resampled to :data:`RULE_DOC_LENGTH` words
+        and clipped at :data:`RULE_CLIP_FRACTION` of it, the settings benchmarks/lda_eval.py ran both
+        its corpora with. d is the vocabulary's size V (the caller's ``vocabulary``); K stays the
+        model's default.
+
+        Why these do not depend on the budget: one step's noise on each lambda entry is z a N / q
+        (z C on the sum, times D / (q D)), and for the small q of a large corpus the calibrated z
+        grows like q sqrt(T), so the noise is about sqrt(T) a N / mu whatever q is (mu: the
+        Gaussian-DP level of (epsilon, delta)), while the signal of an entry, D N / (K V), grows with
+        the corpus. q serves the E-steps' cost and the variance of the stochastic gradient, T the
+        settling of the topics from their random start; the document length scales signal and
+        noise alike (both are proportional to N), so it serves the resampling's own variance
+        against the E-step's cost."""
+        private = not non_private
+        q = min(1.0, max(RULE_MIN_Q, RULE_BATCH / n))
+        steps = RULE_STEPS if private else max(RULE_STEPS, math.ceil(RULE_NON_PRIVATE_PASSES / q))
+        why = {
+            "q": (f"q = {q:g}: batches of about {RULE_BATCH} documents (at least {RULE_MIN_Q:g} of the corpus), "
+                  "as benchmarks/lda_eval.py ran both its corpora (q = 0.2 on 2,677 news articles, 0.02 on "
+                  "100,000 synthetic documents): the noise on lambda does not depend on q for small q, so q "
+                  "serves the E-steps' cost and the stochastic gradient's variance"),
+            "steps": (f"{steps} steps, rho_t = (1 + t)^-{RULE_KAPPA}: " + (
+                "benchmarks/lda_eval.py's schedule on both corpora; z grows like sqrt(T), so few releases keep "
+                "each one's share of the budget" if private else
+                f"{RULE_NON_PRIVATE_PASSES} passes over the corpus (at least {RULE_STEPS} steps): no noise to "
+                "average, so steps serve convergence only")),
+            "doc_length": (f"documents resampled to {RULE_DOC_LENGTH} words (benchmarks/lda_eval.py's synthetic "
+                           "corpus): signal and noise both scale with the length, which trades the resampling's "
+                           "variance against the E-step's cost and the reservoir's memory (N words per document)"),
+            "clip_fraction": (f"each document's contribution clipped to {RULE_CLIP_FRACTION:g} N (the model's "
+                              "default and benchmarks/lda_eval.py's clipping, the paper's Figure 2 setting)"),
+            "seed": "0: the initial topics and the resampling draws are public randomness (no data enters them)",
+        }
+        if private:
+            why["accountant"] = why_accountant(q)
+        return Settings("lda", n, d, epsilon, delta, q, steps, 1.0, RULE_KAPPA, None,
+                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION, "seed": 0},
+                        why=why, accountant=accountant_for(q))
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Two one-word documents on different words: orthogonal non-negative contributions at C."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "lda", lambda capacity: LDA(vocabulary=["w0", "w1", "w2", "w3"], dataset_size=capacity, n_topics=2,
+                                        doc_length=8, clip_fraction=0.5, seed=0),
+            ({"tokens": ["w0"] * 8}, {"tokens": ["w1"] * 8}, {"tokens": ["w0", "w1"] * 4}),
+            ratio_floor=0.99, floor_reason="attained: disjoint one-word documents reach the claim",
+            noise_multiplier=2.0,
+            note="two one-word documents on different words: orthogonal non-negative contributions "
+                 "clipped to C, ||u - v|| = sqrt(2) C, the claimed diameter (z = 2 puts the claimed "
+                 "sensitivity sqrt(2)/z near the other families' 2/3)")
 
     # -- configuration and state ------------------------------------------------------------------
 
@@ -529,6 +703,10 @@ class LDA(Model):
         top = np.argsort(-self._lambda, axis=1, kind="stable")[:, :n]
         vocab = np.asarray(self.vocabulary, dtype=object)
         return [list(vocab[row]) for row in top]
+
+    def summary(self) -> dict[str, Any]:
+        """The eight most probable words of each topic."""
+        return {"kind": "topics", "top_words": [list(map(str, t)) for t in self.top_words(8)]}
 
     def perplexity(self, docs: Sequence[Any]) -> float:
         """Held-out per-word perplexity bound (paper eq. 32; Hoffman et al. 2010).

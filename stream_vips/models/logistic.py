@@ -94,6 +94,10 @@ at a corner, +-1: the case above. The residual's dependence on omega only restri
 that can occur. So :func:`joint_diameter` holds unchanged for the weights of (g, s2), and per key
 (:meth:`BayesianLogisticRegression.group_diameter`) too.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> import numpy as np
 >>> model = BayesianLogisticRegression(dim=2, dataset_size=100)
 >>> parsed = model.parse_batch([{"x": [3.0, 4.0], "y": 1}, {"x": [0.1, 0.2], "y": 0.5}])
@@ -107,19 +111,27 @@ True
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
+from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
+from stream_vips.models.synthetic import (Demo, SyntheticData, check_dimension, check_weights, malformed_vectors,
+                                          vector_lines)
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.records import FieldBatch
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4
@@ -167,30 +179,106 @@ def joint_diameter(a1: float, a2: float) -> float:
     return float(min(2.0, math.sqrt(d2)))
 
 
+class LogisticData(SyntheticData):
+    """Logistic-regression records ``{"x": [...], "y": 0 | 1}`` from fixed weights.
+
+    ``x = [f, bias]``: the last of the ``dimension`` features is the constant ``bias``, and the
+    others are ``f ~ N(0, (x_scale^2 / (d - 1)) I)`` with ``f`` clipped to norm
+    ``sqrt(1 - bias^2)``, so ``||x|| <= 1`` (the model's input bound, nothing is clipped again).
+    ``y ~ Bernoulli(sigmoid(w . x))``. ``weights`` default to ``weight_scale * N(0, I)`` draws;
+    with ``||x|| <= 1`` the logit is at most ``||w||``, so the weights must be large for the
+    labels to carry signal. None of the malformed records is a valid logistic record (y = 0.5 is
+    not a label).
+    """
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 5, weights: Sequence[float] | None = None,
+                 weight_scale: float = 4.0, x_scale: float = 0.8, bias: float = 0.5) -> None:
+        self.dimension = check_dimension(dimension, 2, " (features and the bias)")
+        if float(x_scale) <= 0 or float(weight_scale) <= 0:
+            raise ValueError("x_scale and weight_scale must be > 0")
+        if not 0.0 <= float(bias) < 1.0:
+            raise ValueError(f"bias must be in [0, 1) so that ||x|| <= 1 leaves room for features, got {bias}")
+        super().__init__(rng)
+        if weights is None:
+            self.weights = float(weight_scale) * rng.standard_normal(self.dimension)
+        else:
+            self.weights = check_weights(weights, self.dimension)
+        self.x_scale, self.bias = float(x_scale), float(bias)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        d = self.dimension
+        f = self._rng.standard_normal((n, d - 1)) * (self.x_scale / np.sqrt(d - 1))
+        norms = np.linalg.norm(f, axis=1, keepdims=True)
+        room = np.sqrt(1.0 - self.bias**2) * (1.0 - 4 * np.finfo(float).eps)  # ||x|| <= 1 after rounding
+        f *= np.minimum(1.0, room / np.maximum(norms, np.finfo(float).tiny))
+        X = np.hstack([f, np.full((n, 1), self.bias)])
+        y = (self._rng.random(n) < expit(X @ self.weights)).astype(np.int64)
+        return X, y
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
+def _demo_lines(s: Mapping[str, Any]) -> list[str]:
+    return [f"held-out ROC AUC     {s['auc']:.4f} (private)",
+            f"                     {s['non_private_auc']:.4f} (non-private, same records, "
+            f"{s['non_private_updates']} updates)",
+            f"                     {s['true_weights_auc']:.4f} (true weights; 0.5 is chance)"]
+
+
+#: Audit candidates of the families on logistic records: unit x on the axes and at an angle, both labels.
+AUDIT_RECORDS = tuple({"x": x, "y": y} for x in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]) for y in (0, 1))
+
+
 class BayesianLogisticRegression(Model):
-    """Streaming private VIPS logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``).
+    """Bayesian logistic regression by VIPS with Pólya-Gamma augmentation (records ``{"x": [d
+    numbers], "y": 0 | 1}``): each step releases the Pólya-Gamma statistics s1 = sum (y - 1/2) x
+    and s2 = sum E[omega] x x^T of records clipped to norm 1 (or, with the centred release, the
+    clipped residual g at the current iterate in place of s1), and the M-step forms the Gaussian
+    posterior q(w) = N(mu, Sigma) under a Gamma hyperprior on the prior precision.
 
-    ``dim`` is d (including any bias feature the producer adds); ``dataset_size`` is the N of the
-    M-step, the configured reservoir capacity (public). ``a0``, ``b0`` are the Gamma hyperprior
-    on the prior precision alpha. ``floor_factor`` scales the public eigenvalue floor of the
-    averaged noisy s2: floor = floor_factor * sqrt(d) * (noise std of one diagonal entry). The
-    noise's spectral norm is about sqrt(2 d) times that std (Wigner, off-diagonal std / sqrt(2));
-    the default 1.0 sits a little below it and did best on Adult (benchmarks/adult_logistic.py).
+    Parameters (public configuration):
 
-    ``release`` picks the vector block: ``"sums"`` releases s1 (the paper's Algorithm 5),
-    ``"centred"`` the clipped residual g at the current iterate (module docstring), with
-    ``residual_clip`` C_r, ``step_size`` (the preconditioned step after the first, in (0, 1]) and
-    ``average_from`` (the published mean averages the iterates after that many updates).
-
-    ``dtype`` is the precision of the stored inputs and of the E-step products. ``"float32"``
-    halves memory and roughly doubles E-step throughput; norms are inflated by their worst-case
-    rounding (d * eps) before clipping, and Pólya-Gamma means and the M-step stay in float64. Its
-    sums carry single-precision rounding (relative ~1e-7 per term),
-    far below any useful noise, but like all floating-point arithmetic outside the exact-
-    arithmetic sensitivity proof; ``"float64"`` (the default) makes that gap ~1e-16.
+    - ``dim``: d, the length of a record's ``x`` (including any bias feature the producer adds);
+    - ``dataset_size``: N of the M-step (the reservoir capacity; fit's N);
+    - ``a0``, ``b0``: shape and rate of the Gamma hyperprior on the prior precision alpha;
+    - ``floor_factor``: the public eigenvalue floor of the averaged noisy s2 is floor_factor * sqrt(d)
+      * (noise std of one diagonal entry); the noise's spectral norm is about sqrt(2 d) times that
+      std, and the default 1.0 sits a little below it (best on Adult, benchmarks/adult_logistic.py);
+    - ``dtype``: the precision of the stored inputs and the E-step products: ``"float32"`` halves
+      memory and roughly doubles E-step throughput (norms are inflated by their worst-case rounding
+      before clipping; Pólya-Gamma means and the M-step stay in float64), ``"float64"`` keeps the
+      rounding of the sums near 1e-16;
+    - ``release``: the vector block, ``"sums"`` (s1, the paper's Algorithm 5) or ``"centred"`` (the
+      clipped residual g at the current iterate, module docstring);
+    - ``residual_clip``: C_r, the clip of the centred release's residual;
+    - ``step_size``: the centred release's preconditioned step after the first, in (0, 1];
+    - ``average_from``: the centred release's published mean averages the iterates after that many
+      updates.
     """
 
     family: ClassVar[str] = "logistic"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
+    synthetic: ClassVar[type[SyntheticData]] = LogisticData
+    demo: ClassVar[Demo] = Demo(
+        about="Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC, next to the "
+              "AUC of the true weights",
+        source={"dimension": 5},
+        params=lambda data, seed: {"dim": data.dimension},
+        held_out=lambda data: data.sample(20_000),
+        score=lambda model, data, xy: {"auc": roc_auc(xy[1], model.predict_proba(xy[0]))},
+        reference=lambda data, xy: {"true_weights_auc": roc_auc(xy[1], xy[0] @ data.weights),
+                                    "true_weights": data.weights.tolist()},
+        lines=_demo_lines)
+    rejection_hints: ClassVar[Mapping[str, str]] = {
+        "out_of_range": "logistic labels must be 0 or 1 (a -1/+1 label is out of range)"}
 
     def __init__(
         self,
@@ -237,6 +325,60 @@ class BayesianLogisticRegression(Model):
         self._averaged, self._updates = 0, 0
         self._weight = 0.0  # total weight of the blend S (1 - prod (1 - rho)): public, de-biases it
         self._refresh_posterior()
+
+    # ------------------------------------------------------------------ fit
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The s1 release (:func:`logistic_sums_rule`), or the centred release (:func:`centred_logistic`)
+        where N and d are large enough (:data:`CENTRED_MIN_N`, :data:`CENTRED_MIN_D`); non-private:
+        :data:`NON_PRIVATE_LOGISTIC_STEPS` damped fixed-point steps."""
+        settings = logistic_sums_rule(n, d, epsilon, delta, non_private)
+        if non_private:
+            return settings
+        if centred_by_size(n, d):
+            return centred_logistic(settings)
+        why = {**settings.why, "release": (f"s1 (the paper's): N < {CENTRED_MIN_N} or d < {CENTRED_MIN_D}, where "
+                                           "the centred release lost to it on the tuning sets (docs/fit.md)")}
+        return dataclasses.replace(settings, why=why)
+
+    @classmethod
+    def fit_with(cls, settings: Settings, params: Mapping[str, Any], steps: int | None) -> Settings:
+        """A private fit asking for a ``release`` gets that release's settings (the centred one
+        with the caller's ``steps``, ``residual_clip``, ``step_size`` and ``average_from``)."""
+        if settings.epsilon is None:
+            return settings
+        asked = params.get("release")
+        n, d, epsilon, delta = settings.n, settings.d, settings.epsilon, settings.delta
+        if asked == "centred" or (asked is None and settings.model_params.get("release") == "centred"):
+            return centred_logistic(logistic_sums_rule(n, d, epsilon, delta, False), steps, params,
+                                    asked=asked == "centred")
+        if asked is not None:
+            return logistic_sums_rule(n, d, epsilon, delta, False)
+        return settings
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """A centred release must average at least one iterate: ``average_from`` below the steps."""
+        merged = {**settings.model_params, **params}
+        average_from = merged.get("average_from", 0)
+        if (merged.get("release") == "centred" and isinstance(average_from, int)
+                and not isinstance(average_from, bool) and average_from >= settings.steps):
+            raise ValueError(f"average_from = {average_from} is not below the {settings.steps} steps, so no iterate "
+                             "would be averaged into the published mean (set a smaller one)")
+        return settings
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Unit x on the axes and at an angle, with both labels (:data:`AUDIT_RECORDS`): a label flip
+        at the same x moves s1 by twice its bound and s2 not at all."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "logistic", lambda capacity: BayesianLogisticRegression(dim=2, dataset_size=capacity), AUDIT_RECORDS,
+            ratio_floor=0.96, floor_reason="a label flip leaves s2 unchanged; the pair reaches 0.97 of sqrt(3.4)",
+            note="label flip at the same x moves s1 by ||x|| = 2 C1, s2 not at all; the engine "
+                 "accounts the allocation-aware diameter sqrt(3.4) = 1.84 of its default weights, "
+                 "which the pair reaches to 0.97")
 
     # ------------------------------------------------------------------ protocol: records
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -562,6 +704,12 @@ class BayesianLogisticRegression(Model):
         }
 
     # ------------------------------------------------------------------ prediction
+    def summary(self) -> dict[str, Any]:
+        """Posterior mean and marginal sd of each coefficient under q(m) = N(mu, Sigma)."""
+        return {"kind": "coefficients", "mean": np.asarray(self.mu).tolist(),
+                "sd": np.sqrt(np.clip(np.diag(self.Sigma), 0, None)).tolist(),
+                "notes": ["Polya-Gamma variational posterior q(w) = N(mu, Sigma)"]}
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(y = 1 | x) by the probit approximation sigmoid(mu^T x / sqrt(1 + pi s^2 / 8)),
         s^2 = x^T Sigma x; inputs get the training preprocessing (clip to norm 1)."""
@@ -589,3 +737,92 @@ def roc_auc(y: np.ndarray, score: np.ndarray) -> float:
         raise ValueError("roc_auc needs both classes in y")
     ranks = rankdata(np.asarray(score, dtype=float))
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+# ------------------------------------------------------------------------------ the fit rule
+
+#: Logistic rule constants, chosen on synthetic data and public tuning sets (not the evaluated ones) by
+#: benchmarks/fit_rule_evidence.py (docs/fit.md).
+LOGISTIC_STEPS = 2
+LOGISTIC_KAPPA = 1.0
+LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
+#: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
+#: little below the spectral edge sqrt(2) of the symmetric noise (module docstring).
+LOGISTIC_FLOOR_FACTOR = 1.0
+#: The centred release (module docstring), with the settings of its best candidate in stage D of
+#: benchmarks/fit_rule_evidence.py.
+CENTRED_LOGISTIC = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5, "step_size": 0.5,
+                    "averaged_share": 0.75}
+#: The rule takes the centred release when N >= this and d >= CENTRED_MIN_D: chosen on the tuning
+#: sets and validated on 90 other public sets (benchmarks/fit_release_validation.py).
+CENTRED_MIN_N = 1000
+CENTRED_MIN_D = 6
+#: Non-private logistic: enough damped fixed-point steps to converge (no noise to average).
+NON_PRIVATE_LOGISTIC_STEPS = 30
+NON_PRIVATE_KAPPA = 0.51
+
+
+def logistic_rule_summary() -> dict[str, Any]:
+    """The private logistic rule's s1 release (N < CENTRED_MIN_N or d < CENTRED_MIN_D), in the
+    form benchmarks/fit_rule_evidence.py reports (its stages 0-C choose it)."""
+    return {"q": 1.0, "steps": LOGISTIC_STEPS, "floor_factor": LOGISTIC_FLOOR_FACTOR,
+            "s2_over_s1": LOGISTIC_WEIGHTS["s2"] / LOGISTIC_WEIGHTS["s1"], "kappa": LOGISTIC_KAPPA,
+            "accountant": accountant_for(1.0), "release": "sums"}
+
+
+def centred_by_size(n: int, d: int) -> bool:
+    """Whether the rule takes the centred release for a private logistic fit of N records in d."""
+    return n >= CENTRED_MIN_N and d >= CENTRED_MIN_D
+
+
+_WHY_CENTRED_SIZE = (f"N >= {CENTRED_MIN_N} and d >= {CENTRED_MIN_D}: better than the s1 release there on the "
+                     "tuning sets and on 90 other public sets, benchmarks/fit_release_validation.py")
+
+
+def logistic_sums_rule(n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+    """Few uniformly averaged steps, s2-heavy weights, noise-aware floor (benchmarks/fit_rule_evidence.py)."""
+    why = {"q": WHY_Q}
+    if non_private:
+        why["steps"] = (f"{NON_PRIVATE_LOGISTIC_STEPS} damped fixed-point steps (kappa {NON_PRIVATE_KAPPA}): "
+                        "no noise to average, so steps serve convergence only")
+        return Settings("logistic", n, d, None, delta, 1.0, NON_PRIVATE_LOGISTIC_STEPS, 1.0, NON_PRIVATE_KAPPA,
+                        None, why=why)
+    why["steps"] = (f"{LOGISTIC_STEPS} steps averaged uniformly (rho_t = 1/(t+1)): enough E-steps for the "
+                    "Polya-Gamma weights to settle, few enough that each release keeps a large share of the "
+                    "budget (benchmarks/fit_rule_evidence.py)")
+    why["block_weights"] = (f"s2:s1 weights {LOGISTIC_WEIGHTS['s2']:g}:{LOGISTIC_WEIGHTS['s1']:g}: the noise on "
+                            "s2 multiplies the whole mean, so s2 gets more than its bound-proportional share "
+                            "(best on synthetic and public tuning data, benchmarks/fit_rule_evidence.py)")
+    why["floor_factor"] = (f"eigenvalue floor of the averaged noisy s2 at {LOGISTIC_FLOOR_FACTOR:.4g} sqrt(d) times "
+                           "its diagonal noise std (public), a little below the noise's spectral edge sqrt(2): "
+                           "directions the noise swamps are not inverted (best of 1, sqrt(2), 2 on tuning data)")
+    why["accountant"] = why_accountant(1.0)
+    return Settings("logistic", n, d, epsilon, delta, 1.0, LOGISTIC_STEPS, 1.0, LOGISTIC_KAPPA,
+                    dict(LOGISTIC_WEIGHTS), model_params={"floor_factor": LOGISTIC_FLOOR_FACTOR}, why=why,
+                    accountant=accountant_for(1.0))
+
+
+def centred_logistic(settings: Settings, steps: int | None = None,
+                     params: Mapping[str, Any] | None = None, asked: bool = False) -> Settings:
+    """The private logistic rule with the centred release (the rule's choice for N >= CENTRED_MIN_N
+    and d >= CENTRED_MIN_D, or ``release="centred"``): more steps, the residual block g in place
+    of s1, the mean averaged over the last iterates.
+    ``steps`` (the caller's step count) and the caller's ``residual_clip``, ``step_size`` and
+    ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
+    c = CENTRED_LOGISTIC
+    T = c["steps"] if steps is None else int(steps)
+    chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
+              "average_from": int(T * (1.0 - c["averaged_share"]))}
+    chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
+    shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values
+    why = {**settings.why,
+           "release": (f"centred ({'asked for' if asked else _WHY_CENTRED_SIZE}): each step releases "
+                       f"g = sum clip(y - 1/2 - E[omega] x^T m, +-{shown['residual_clip']}) x at the iterate m "
+                       f"instead of s1 and moves m by a step of {shown['step_size']} preconditioned by the "
+                       f"averaged s2; the mean is the average of the iterates after step {shown['average_from']}. "
+                       "Defaults: the best centred candidate "
+                       "on the tuning data (benchmarks/fit_rule_evidence.py, stage D; docs/fit.md)"),
+           "steps": f"{c['steps']} steps: the preconditioned steps need a few dozen E-steps to settle",
+           "block_weights": "g:s2 weights 1:1 (stage D of benchmarks/fit_rule_evidence.py)"}
+    return dataclasses.replace(settings, steps=c["steps"], block_weights=dict(c["weights"]),
+                               model_params={**settings.model_params, "release": "centred", **chosen}, why=why)

@@ -13,20 +13,29 @@ exactly the record handling of :class:`~stream_vips.models.logistic.BayesianLogi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Model
-from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.models.logistic import BayesianLogisticRegression, LogisticData
+from stream_vips.models.synthetic import SyntheticData
 
 
 class LogisticRecords(Model):
-    """Record layout and parsing of the VIPS logistic family (one implementation, reused)."""
+    """Record layout and parsing of the VIPS logistic family (one implementation, reused).
 
+    Parameters shared by the baselines:
+
+    - ``dim``: d, the length of a record's ``x``;
+    - ``dataset_size``: N, the reservoir capacity (fit's N).
+    """
+
+    record_format: ClassVar[str] = BayesianLogisticRegression.record_format
     row_layout = BayesianLogisticRegression.row_layout
     parse_batch = BayesianLogisticRegression.parse_batch
+    synthetic: ClassVar[type[SyntheticData]] = LogisticData
 
     def _init_records(self, dim: Any, dataset_size: Any) -> None:
         self.dim = integer("dim", dim)

@@ -107,13 +107,30 @@ class Admits(Protocol):
 
 
 class OPS(LogisticRecords):
-    """One posterior sample of logistic regression at target ``epsilon`` (records ``{"x", "y"}``).
+    """One posterior sample of logistic regression at target ``epsilon`` (records ``{"x": [d
+    numbers], "y": 0 | 1}``): the exponential mechanism of Wang et al.'s Algorithm 1, released by
+    :meth:`release` through a random-walk Metropolis chain, not through the engine, and therefore
+    uncertified (module docstring).
 
-    ``radius`` is R (theta restricted to the ball), ``prior_precision`` alpha, ``mcmc_steps`` the
-    chain length.
+    Parameters (public configuration):
+
+    - ``epsilon``: the target of Algorithm 1 (nominal: an exact sample would be epsilon-DP);
+    - ``radius``: R, theta is restricted to the ball of radius R;
+    - ``prior_precision``: alpha of the prior N(0, alpha^-1 I);
+    - ``mcmc_steps``: the chain's length.
     """
 
     family: ClassVar[str] = "ops"
+    engine_refusal: ClassVar[str | None] = (
+        "it releases one posterior sample through OPS.release, not the engine, and that release is "
+        "uncertified (every accountant refuses its event), so no budget can be calibrated or promised")
+
+    @classmethod
+    def audit(cls) -> str:
+        """Not audited: the release claims no certified guarantee (the string says why)."""
+        return ("releases one posterior sample through OPS.release, not the engine, and claims no "
+                "certified guarantee (its event is uncertified and every accountant refuses it), so "
+                "there is no claim to test; auditing a nominal claim needs a sampler-specific test")
 
     def __init__(
         self,

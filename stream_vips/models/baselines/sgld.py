@@ -43,17 +43,64 @@ stream_vips.models.baselines.sgld.SgldConditionError: sgld privacy condition (Th
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 from scipy.special import expit
 
-from stream_vips.errors import StreamVipsError
+from stream_vips.errors import FitError, StreamVipsError
+from stream_vips.fitting.rules import Settings, accountant_for, gaussian_mu, why_accountant
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
+from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_rows
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
+
+
+#: Fit-rule constants (:meth:`DPSGLD.fit_rule`): least and most full-batch steps, the share of the
+#: exact Gaussian noise the rule asks the model to check for, and the slack of Theorem 4's condition
+#: and of the paper's target (rounding must not break either).
+RULE_MIN_STEPS, RULE_MAX_STEPS = 100, 100_000
+RULE_MARGIN = 0.99
+RULE_THEOREM4_SLACK, RULE_TARGET_SLACK = 1.01, 1.0 + 1e-6
+
+
+#: The model's default prior precision alpha (the rule's stable step uses it).
+_PRIOR_PRECISION = 1.0
+
+
+def _gaussian_mu(epsilon: float, delta: float) -> float:
+    """:func:`~stream_vips.fitting.rules.gaussian_mu`, a FitError beyond its range."""
+    try:
+        return gaussian_mu(epsilon, delta)
+    except ValueError:
+        raise FitError(f"sgld: epsilon {epsilon!r} at delta {delta!r} is beyond the rule's range") from None
+
+
+def langevin_params(n: int, steps: int, epsilon: float | None, delta: float) -> dict[str, Any]:
+    """The model parameters of ``steps`` full-batch steps on N = ``n`` records (:meth:`DPSGLD.fit_rule`):
+    the step eta = 1 / z^2 at z = RULE_MARGIN sqrt(T) 2 / mu (``epsilon`` None: the stable step
+    1 / (N/4 + alpha)), the paper's target at which Algorithm 2 asks for no more noise than that,
+    the passes, and the second half of the steps kept as samples.
+
+    >>> p = langevin_params(1000, 100, 1.0, 1e-5)
+    >>> round(p["step_size"], 7), round(p["epsilon"], 2), p["burn_in"], p["keep"]
+    (0.0001833, 22.09, 50, 50)
+    """
+    burn_in = steps // 2
+    common = {"batch_size": n, "delta": delta, "passes": float(steps), "burn_in": burn_in,
+              "keep": min(200, steps - burn_in)}
+    if epsilon is None:
+        return {**common, "step_size": 1.0 / (n / 4.0 + _PRIOR_PRECISION), "epsilon": 1.0}
+    z = RULE_MARGIN * 2.0 * math.sqrt(steps) / _gaussian_mu(epsilon, delta)
+    eta = 1.0 / z**2
+    loglog = math.log(2.5 * steps / delta) * math.log(2.0 / delta)
+    return {**common, "step_size": eta, "epsilon": math.sqrt(128.0 * steps * loglog * eta) * RULE_TARGET_SLACK}
 
 
 class SgldConditionError(StreamVipsError, ValueError):
@@ -61,15 +108,85 @@ class SgldConditionError(StreamVipsError, ValueError):
 
 
 class DPSGLD(LogisticRecords):
-    """Streaming DP-SGLD logistic regression (records ``{"x", "y"}``).
+    """DP-SGLD logistic regression (records ``{"x": [d numbers], "y": 0 | 1}``): stochastic gradient
+    Langevin dynamics whose Langevin noise is the Gaussian noise on the clipped gradient sum, with
+    the paper's privacy condition (Theorem 4) checked; after ``burn_in`` updates every iterate is a
+    posterior sample, and the last ``keep`` are kept for prediction (Bayesian model averaging).
 
-    ``dataset_size`` is N (the reservoir capacity), ``batch_size`` tau, ``step_size`` the constant
-    eta, ``epsilon``/``delta`` the paper's target, ``passes`` T, ``lipschitz`` L (the clip bound),
-    ``prior_precision`` alpha. After ``burn_in`` updates every iterate is a posterior sample;
-    the last ``keep`` samples are kept for prediction (Bayesian model averaging).
+    Parameters (public configuration):
+
+    - ``batch_size``: tau, the expected batch;
+    - ``step_size``: the constant eta;
+    - ``epsilon``, ``delta``: the paper's target, which sets the noise Algorithm 2 asks for;
+    - ``passes``: T, the data passes (N T / tau iterations);
+    - ``lipschitz``: L, the clip of every per-record gradient;
+    - ``prior_precision``: alpha of the prior N(0, alpha^-1 I);
+    - ``burn_in``: updates before the iterates count as samples;
+    - ``keep``: the samples kept for prediction.
     """
 
     family: ClassVar[str] = "sgld"
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """Algorithm 2 with its Langevin noise as the privacy noise: T full-batch steps (q = 1,
+        tau = N) of step eta = 1 / z^2, for which Algorithm 2's Langevin variance is exactly the
+        noise the budget calls for; T is the least with a stable step and Theorem 4's condition on
+        the passes (at least :data:`RULE_MIN_STEPS`), the second half kept as samples, and the
+        model's ``epsilon`` is the paper's target for that noise, looser than the budget the
+        accountant certifies.
+
+        At q = 1 the engine adds noise z L to the gradient sum, which Algorithm 2 reads as variance
+        (eta N z L / tau)^2 = (eta z)^2 on theta (L = 1). The Langevin branch asks for v = eta,
+        i.e. z = 1 / sqrt(eta), so the step eta = 1 / z^2 uses exactly the noise the budget calls
+        for. No accountant certifies the budget with z below sqrt(T) D / mu (the exact Gaussian
+        curve; D = 2, mu = :func:`~stream_vips.fitting.rules.gaussian_mu`); the rule takes 0.99 of
+        it, so the calibrated z always meets the model's check. The model's ``epsilon`` (the paper's
+        target, Theorem 4) is the smallest at which Algorithm 2 asks no more than that Langevin
+        noise: the paper's analysis is looser than the accountant's, so it exceeds the budget,
+        which the accountant's guarantee is. T is the smallest number of steps with (i) eta at
+        most 1 / (N/4 + alpha), a stable step on the log-likelihood's curvature (|x| <= 1), and
+        (ii) Theorem 4's condition on the passes, z^2 >= 4 log(2.5 T / delta); at least
+        :data:`RULE_MIN_STEPS`, the second half of them kept as samples. Large budgets need many
+        steps (T grows like mu^2 N): above :data:`RULE_MAX_STEPS` the rule refuses. Non-private:
+        :data:`RULE_MIN_STEPS` noise-free steps at the stable step (gradient descent)."""
+        if non_private:
+            steps = RULE_MIN_STEPS
+            why = {"steps": f"{steps} steps without noise at the stable step eta = 1/(N/4 + alpha): gradient descent",
+                   "epsilon": "1: the paper's target is unused without noise (Theorem 4's condition holds)"}
+        else:
+            mu = _gaussian_mu(epsilon, delta)
+            gap = RULE_MARGIN**2 * 4.0 / mu**2  # z^2 / T
+            steps = max(RULE_MIN_STEPS, math.ceil((n / 4.0 + _PRIOR_PRECISION) / gap))
+            while gap * steps < 4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK:
+                steps = math.ceil(4.0 * math.log(2.5 * steps / delta) * RULE_THEOREM4_SLACK / gap)
+            if steps > RULE_MAX_STEPS:
+                raise FitError(f"sgld at epsilon {epsilon!r}, delta {delta!r} and N = {n} needs {steps:,} full-batch "
+                               f"steps for its Langevin noise to spend the budget (more than {RULE_MAX_STEPS:,}); "
+                               "a smaller budget or data set fits")
+            why = {"steps": (f"{steps} full-batch steps: eta = 1/z^2 at most 1/(N/4 + alpha) (stable) and Theorem 4's "
+                             f"passes condition, z^2 >= 4 log(2.5 T / delta); at least {RULE_MIN_STEPS}"),
+                   "step_size": (f"eta = 1/z^2 with z = {RULE_MARGIN} sqrt(T) 2 / mu: Algorithm 2's Langevin variance "
+                                 "eta is then exactly the noise the budget calls for"),
+                   "epsilon": ("the paper's target: the smallest at which Algorithm 2 asks for no more noise than its "
+                               f"Langevin branch; the guarantee is the accountant's budget {epsilon:g}, which the "
+                               "paper's looser analysis would need more noise for"),
+                   "accountant": why_accountant(1.0)}
+        why = {"q": "q = 1: Langevin steps on the full gradient sum; subsampling would need 1/q^2 as many steps for "
+                    "the same noise", **why,
+               "burn_in": "the first half of the steps; the second half are kept as posterior samples"}
+        return Settings("sgld", n, d, epsilon, delta, 1.0, steps, 1.0, 1.0, None,
+                        model_params=langevin_params(n, steps, epsilon, delta), why=why,
+                        accountant=accountant_for(1.0))
+
+    @classmethod
+    def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
+        """A step count other than the rule's gets its own step size, target, passes and samples
+        (:func:`langevin_params`), so that the calibrated noise still meets Algorithm 2's."""
+        if settings.model_params.get("passes") == settings.steps:
+            return settings
+        fresh = langevin_params(settings.n, settings.steps, settings.epsilon, settings.delta)
+        return dataclasses.replace(settings, model_params={**settings.model_params, **fresh})
 
     def __init__(
         self,
@@ -143,6 +260,21 @@ class DPSGLD(LogisticRecords):
     def implied_variance(self, noise_multiplier: float) -> float:
         """Variance on theta of gradient noise with multiplier z: (eta N z L / tau)^2."""
         return (self.step_size * self.dataset_size * noise_multiplier * self.lipschitz / self.batch_size) ** 2
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """A label flip at one x at theta = 0: gradients +-x/2 clipped to L = 1/4, antiparallel."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        # The model's own check needs the engine's z >= the paper's: with step 1 the Langevin
+        # branch gives z = tau / (N L sqrt(eta)) = 4 at tau = N, L = 1/4.
+        return FamilyAudit(
+            "sgld", lambda capacity: DPSGLD(dim=2, dataset_size=capacity, batch_size=capacity, step_size=1.0,
+                                            epsilon=9.7, delta=0.1, passes=1.0, lipschitz=0.25),
+            AUDIT_RECORDS[:2], noise_multiplier=4.0,
+            ratio_floor=0.99, floor_reason="attained: the clipped gradients at theta = 0 are antiparallel",
+            note="at theta = 0 the gradients are +-x/2, clipped to L = 1/4: they differ by 2L, the "
+                 "claimed diameter (z = 4 is the paper's minimum for this configuration)")
 
     # ------------------------------------------------------------------ release
     def blocks(self) -> tuple[Block, ...]:

@@ -64,6 +64,10 @@ Initialisation. All-zero weight means would keep every hidden unit identical for
 initial site carries weight means drawn from ``init_seed`` (public, data-independent, like PBP's
 random initial means) at zero site precision: theta_f = (m_init lambda / N, 0, 0, 0), clipped to C.
 
+Length: over the project's 600-line guide because a family is one module: besides the model
+it holds everything the package knows about the family (its fit rule, synthetic data, demo and
+audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
+
 >>> m = BNNSEP(dim=1, hidden=4, dataset_size=100, clip=1.0)
 >>> b = m.parse_batch([{"x": [0.5], "y": 1.0}, {"x": [-0.5], "y": -1.0}, {"x": [0.1], "y": "a"}])
 >>> b.accepted.tolist(), [r[1] for r in b.rejected]
@@ -80,16 +84,22 @@ random initial means) at zero site precision: theta_f = (m_init lambda / N, 0, 0
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtr
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.models.sep.core import SITE, DampedSite, public_vector
+from stream_vips.models.sep.core import (RULE_CLIP, RULE_KAPPA, RULE_MIN_BATCH, RULE_TAU0, SITE, DampedSite,
+                                         public_vector, site_schedule)
+from stream_vips.models.synthetic import Demo, SyntheticData, check_dimension, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -208,30 +218,118 @@ def gamma_site(mf: np.ndarray, vf: np.ndarray, y: np.ndarray, alpha: float, beta
     return np.where(ok, a_new - alpha, 0.0), np.where(ok, beta - b_new, 0.0), ok
 
 
+class NonlinearData(SyntheticData):
+    """Regression records ``{"x": [...], "y": y}`` from a fixed smooth function.
+
+    ``x ~ N(0, I)`` in ``dimension`` features and ``y = sin(2 x_1) + 0.5 x_2^2 - 0.5 + N(0,
+    noise_std^2)`` (with one feature, the quadratic term uses x_1 too): a function a linear model
+    cannot fit and a one-hidden-layer network can.
+    """
+
+    def __init__(self, rng: np.random.Generator, dimension: int = 2, noise_std: float = 0.1) -> None:
+        self.dimension = check_dimension(dimension)
+        if float(noise_std) < 0:
+            raise ValueError("noise_std must be >= 0")
+        super().__init__(rng)
+        self.noise_std = float(noise_std)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def function(self, X: np.ndarray) -> np.ndarray:
+        """The noise-free regression function at rows X."""
+        X = np.atleast_2d(X)
+        second = X[:, 1] if X.shape[1] > 1 else X[:, 0]
+        return np.sin(2.0 * X[:, 0]) + 0.5 * second**2 - 0.5
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        X = self._rng.standard_normal((n, self.dimension))
+        return X, self.function(X) + self.noise_std * self._rng.standard_normal(n)
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
+def _demo_lines(s: Mapping[str, Any]) -> list[str]:
+    return [f"held-out RMSE        {s['rmse']:.4f} (private), {s['non_private_rmse']:.4f} (non-private, same "
+            f"records, {s['non_private_updates']} updates); noise std {s['noise_std']:g}, spread of y "
+            f"{s['target_std']:.4f}",
+            f"held-out log-lik     {s['log_likelihood']:.4f} (private), {s['non_private_log_likelihood']:.4f} "
+            f"(non-private)"]
+
+
 class BNNSEP(DampedSite, Model):
-    """(DP-)SEP posterior over a one-hidden-layer ReLU network for regression (PBP moments).
+    """DP-SEP for a one-hidden-layer Bayesian neural network (regression) with probabilistic
+    backpropagation's moment matching: a factorised Gaussian over every weight and a Gamma over the
+    noise precision, learnt by stochastic expectation propagation whose clipped sites are the
+    released statistic. Records are ``{"x": [dim numbers], "y": number}`` in original units.
 
-    Records are ``{"x": [dim numbers], "y": number}`` in original units; constructor arguments
-    are public configuration:
+    Parameters (public configuration):
 
+    - ``dim``: d, the length of a record's ``x``;
+    - ``dataset_size``: N in theta_q = theta_0 + N theta_f (the reservoir capacity; fit's N);
+    - ``clip``: C, the L2 bound on every site (``None``: plain SEP, non-private only);
     - ``hidden``: H (50 by default; the paper uses 100 for its largest sets);
-    - ``x_mean``/``x_std``/``y_mean``/``y_std``: the public standardisation (number or per feature);
+    - ``damping``: gamma, the SEP step is s = min(1, gamma * rho_t);
+    - ``x_mean``, ``x_std``, ``y_mean``, ``y_std``: the public standardisation (a number or one per
+      feature);
     - ``input_clip``: standardised inputs and targets are clipped to [-input_clip, input_clip];
-    - ``dataset_size``, ``clip`` (C; ``None`` is plain SEP), ``damping``: as in the SEP core;
-    - ``weight_precision_shape``/``_rate``: the Gamma hyperprior of the weight precision lambda
-      (its mean is the prior precision of every weight); ``noise_shape``/``noise_rate``: the Gamma
-      prior of the noise precision (PBP's 6, 6 for both);
-    - ``precision_floor``/``floor_factor``: floor of the posterior weight precisions (default the
+    - ``weight_precision_shape``, ``weight_precision_rate``: the Gamma hyperprior of the weight
+      precision lambda (its mean is the prior precision of every weight);
+    - ``noise_shape``, ``noise_rate``: the Gamma prior of the noise precision (PBP's 6, 6 for both);
+    - ``precision_floor``, ``floor_factor``: floor of the posterior weight precisions (default the
       prior precision, raised to floor_factor times the public noise std of a precision entry);
-    - ``init_seed``/``init_scale``: the public draw of the initial weight means;
+    - ``init_seed``, ``init_scale``: the public draw of the initial weight means;
     - ``warmup_growth``: g of the warm-up cap on the step (see :meth:`step_fraction`);
     - ``mean_step_sds``: with a number k, an update moves no weight's mean by more than k current
-      posterior sds (``None``: no such limit; see the module docstring).
+      posterior sds (``None``: no such limit; see the module docstring);
+    - ``max_abs``: records with a |value| beyond it are rejected as out of range.
 
     :func:`fit_rule` gives every setting from (N, d, epsilon, delta) for a finite data set.
     """
 
     family: ClassVar[str] = "sep_bnn"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
+    synthetic: ClassVar[type[SyntheticData]] = NonlinearData
+    demo: ClassVar[Demo] = Demo(
+        about="DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2 plus noise): "
+              "held-out RMSE and log-likelihood, next to the noise std",
+        source={"dimension": 2, "noise_std": 0.2},
+        # public scaling: the generator's x ~ N(0, I) and y of mean ~0 and spread ~1; the SEP step
+        # s = min(1, damping * rho_t) with damping 0.2 (docs/sep_bnn.md)
+        params=lambda data, seed: {"dim": data.dimension, "hidden": 50, "clip": 1.0, "damping": 0.2,
+                                   "init_seed": seed},
+        held_out=lambda data: data.sample(5_000),
+        score=lambda model, data, xy: {"rmse": model.rmse(*xy), "log_likelihood": model.log_likelihood(*xy)},
+        reference=lambda data, xy: {"noise_std": data.noise_std, "target_std": float(np.std(xy[1]))},
+        lines=_demo_lines)
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The SEP families' schedule (:mod:`~stream_vips.models.sep.core`: small Poisson batches,
+        2,000 steps, one site refresh in all when private and 20 without noise), clip C = 1 (the
+        paper's), H = 50 hidden units (100 without noise from :data:`RULE_LARGE_N` records), a trust
+        region of :data:`RULE_MEAN_STEP_SDS` posterior sds per update and precision floors at the
+        public noise level, chosen on synthetic regression data (the module's :func:`fit_rule`
+        gives the reasons; docs/sep_bnn.md)."""
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  fit_rule(n, d, None if non_private else epsilon, delta))
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Targets -3 to 3 at three inputs, every site clipped to C = 1/4."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_bnn", lambda capacity: BNNSEP(dim=1, hidden=2, dataset_size=capacity, clip=0.25),
+            tuple({"x": [v], "y": t} for v in (-2.0, 0.0, 2.0) for t in (-3.0, 0.0, 1.5, 3.0)),
+            ratio_floor=0.96, floor_reason="sites of two records share their Gamma and precision parts; best 0.969",
+            note="clip 0.25 clips every site to C; sites of different targets share their Gamma and "
+                 "precision parts, so ||u - u'|| < 2C (0.83 at clip 1 with targets -3, 0, 3)")
 
     def __init__(
         self,
@@ -490,13 +588,9 @@ class BNNSEP(DampedSite, Model):
 
 # ------------------------------------------------------------------------- settings rule
 
-#: Constants of :func:`fit_rule`, chosen on synthetic data only (docs/sep_bnn.md, "Fit rule").
-#: Schedules: (Poisson rate q, steps T, site refreshes s T) for private and non-private fits.
-RULE_SCHEDULE = {"private": (0.01, 2000, 1.0), "non_private": (0.01, 2000, 20.0)}
-#: Smallest expected batch (q is raised to this over N for small N).
-RULE_MIN_BATCH = 10
-RULE_TAU0, RULE_KAPPA = 1e7, 0.51
-RULE_CLIP = 1.0
+#: Constants of :func:`fit_rule`, chosen on synthetic data only (docs/sep_bnn.md, "Fit rule"); the
+#: schedule (RULE_SCHEDULE, RULE_MIN_BATCH, RULE_TAU0, RULE_KAPPA) and RULE_CLIP are the SEP families'
+#: (:mod:`stream_vips.models.sep.core`), chosen here.
 RULE_LARGE_N = 20_000
 RULE_MEAN_STEP_SDS = 2.0
 
@@ -522,8 +616,6 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     >>> r["q"], r["steps"], round(r["step"] * r["steps"], 6), fit_rule(500, 8, None, 1e-5)["q"]
     (0.01, 2000, 20.0, 0.02)
     """
-    from stream_vips.schedule import step_size
-
     n = integer("n", n)
     d = integer("d", d)
     private = epsilon is not None
@@ -532,10 +624,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     hidden = 100 if n >= RULE_LARGE_N and not private else 50
-    q, steps, refreshes = RULE_SCHEDULE["private" if private else "non_private"]
-    q = min(1.0, max(q, RULE_MIN_BATCH / n))
-    step = refreshes / steps
-    damping = step / step_size(0, RULE_TAU0, RULE_KAPPA)
+    q, steps, refreshes, step, damping = site_schedule(n, private)
     why = {
         "q": (f"q = {q:g}: small Poisson batches (at least {RULE_MIN_BATCH} records expected), many small SEP "
               "steps (fewer, larger steps linearise more records at one cavity; q = 1 was worse in the first "

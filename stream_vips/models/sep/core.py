@@ -356,3 +356,66 @@ def parse_vectors(objs: Sequence[Any], dim: int, x_clip: float | None, max_abs: 
     if x_clip is not None and len(x):
         x = x * clip_factors(np.linalg.norm(x, axis=1), x_clip)[:, None]
     return fields, x
+
+
+# ------------------------------------------------------------------------- fit schedule
+
+#: The SEP families' fit schedule, chosen for sep_bnn on synthetic data only (docs/sep_bnn.md,
+#: "Fit rule") and shared by every SEP family: (Poisson rate q, steps T, site refreshes s T) for
+#: private and non-private fits.
+RULE_SCHEDULE = {"private": (0.01, 2000, 1.0), "non_private": (0.01, 2000, 20.0)}
+#: Smallest expected batch (q is raised to this over N for small N).
+RULE_MIN_BATCH = 10
+#: rho_t = (tau0 + t)^-kappa, constant to about 0.01% over a run, so damping alone sets the step.
+RULE_TAU0, RULE_KAPPA = 1e7, 0.51
+#: C, the clip of every site: the DP-SEP paper's choice (its Appendix E found larger C worse at epsilon 1).
+RULE_CLIP = 1.0
+
+
+def site_schedule(n: int, private: bool) -> tuple[float, int, float, float, float]:
+    """(q, T, s T, s, damping) of a SEP fit of N records: the schedule's q raised so that at least
+    :data:`RULE_MIN_BATCH` records are expected per batch, its T and s T, the step s = s T / T and
+    the damping that gives s under the nearly constant rho_t.
+
+    The released natural parameters carry noise of std about C sqrt(2 s T) / mu per coordinate
+    (mu: the Gaussian-DP level of (epsilon, delta)) whatever q and T, so the schedule fixes the
+    product s T (the site refreshes) and lets q and T serve stability and cost.
+
+    >>> q, T, sT, s, damping = site_schedule(500, private=True)
+    >>> q, T, sT, s
+    (0.02, 2000, 1.0, 0.0005)
+    """
+    from stream_vips.schedule import step_size
+
+    q, steps, refreshes = RULE_SCHEDULE["private" if private else "non_private"]
+    q = min(1.0, max(q, RULE_MIN_BATCH / n))
+    step = refreshes / steps
+    return q, steps, refreshes, step, step / step_size(0, RULE_TAU0, RULE_KAPPA)
+
+
+def site_rule(n: int, d: int, epsilon: float | None, delta: float, model_params: Mapping[str, Any],
+              why: Mapping[str, str]) -> dict[str, Any]:
+    """The fit rule of a SEP family that takes the shared schedule as it is (sep_mixture,
+    sep_probit), as a mapping (:func:`stream_vips.fitting.rules.settings_from_rule`): the schedule
+    of :func:`site_schedule`, the clip :data:`RULE_CLIP`, ``dim`` d, ``dataset_size`` N, the
+    family's ``model_params`` and the reasons, the family's ``why`` among them."""
+    private = epsilon is not None
+    q, steps, refreshes, step, damping = site_schedule(integer("n", n), private)
+    reasons = {
+        "q": (f"q = {q:g}: the SEP families' Poisson rate (at least {RULE_MIN_BATCH} records expected per batch), "
+              "chosen for sep_bnn on synthetic data (docs/sep_bnn.md): many small steps linearise fewer records "
+              "at one cavity; not re-chosen for this family"),
+        "steps": f"{steps} steps ({q * steps:g} epochs): enough for the site to settle at s T = {refreshes:g}",
+        "step": (f"s = {step:.4g} per step (s T = {refreshes:g} site refreshes): "
+                 + ("the noise on the released natural parameters grows like sqrt(s T) whatever q and T, and "
+                    "1 refresh was sep_bnn's best on synthetic data" if private else
+                    "no noise, so as many refreshes as converge (sep_bnn's choice without noise)")),
+        "tau0_kappa": f"tau0 = {RULE_TAU0:g}, kappa = {RULE_KAPPA}: rho_t constant to about 0.01% over the run",
+        "clip": (f"C = {RULE_CLIP}: the DP-SEP paper's choice; records are used at their own scale (no x_clip): "
+                 "the clip bounds every site whatever x is"),
+        **why,
+    }
+    return {"q": q, "steps": steps, "tau0": RULE_TAU0, "kappa": RULE_KAPPA,
+            "model_params": {"dim": integer("d", d), "clip": RULE_CLIP, "damping": damping, "dataset_size": n,
+                             **model_params},
+            "why": reasons}

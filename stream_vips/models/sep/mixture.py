@@ -34,19 +34,83 @@ Components start apart: the initial posterior means are drawn from the prior wit
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import softmax
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
-from stream_vips.models.sep.core import SEPModel
+from stream_vips.models.sep.core import SEPModel, site_rule
+from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
+
+
+class MixtureData(SyntheticData):
+    """Points ``{"x": [d numbers]}`` from a mixture of ``n_components`` isotropic Gaussians of
+    standard deviation ``noise_sd`` with equal weights; the means (:attr:`means`, K x d) are
+    ``N(0, spread^2 I)`` draws."""
+
+    def __init__(self, rng: np.random.Generator, n_components: int = 3, dimension: int = 2, spread: float = 2.0,
+                 noise_sd: float = 0.5) -> None:
+        self.dimension = check_dimension(dimension)
+        if int(n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {n_components}")
+        if not (float(spread) > 0 and float(noise_sd) > 0):
+            raise ValueError("spread and noise_sd must be > 0")
+        super().__init__(rng)
+        self.n_components, self.noise_sd = int(n_components), float(noise_sd)
+        self.means = float(spread) * rng.standard_normal((self.n_components, self.dimension))
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> np.ndarray:
+        """``n`` fresh points (n, d) (advances the generator)."""
+        h = self._rng.integers(self.n_components, size=n)
+        return self.means[h] + self.noise_sd * self._rng.standard_normal((n, self.dimension))
+
+    def records(self, n: int) -> list[bytes]:
+        return [b'{"x": [%s]}' % ", ".join(map(repr, row)).encode() for row in self.sample(n).tolist()]
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
+#: Components the fit rule gives when the caller names none (the number of clusters is the caller's choice).
+RULE_COMPONENTS = 3
 
 
 class MixtureSEP(SEPModel):
-    """(DP-)SEP posterior over the means of a Gaussian mixture with known isotropic covariance."""
+    """DP-SEP clustering: the posterior over the means of a mixture of Gaussians with known isotropic
+    covariance and equal weights, one full-covariance Gaussian factor per component, learnt by
+    stochastic expectation propagation whose clipped local sites are the released statistic.
+
+    Parameters (public configuration; the others are the SEP core's):
+
+    - ``n_components``: K, the mixture's components;
+    - ``dim``: d, the length of a record's ``x``;
+    - ``noise_sd``: the known standard deviation of every component, in the data's units;
+    - ``init_seed``: the public draw of the initial component means from the prior.
+    """
 
     family: ClassVar[str] = "sep_mixture"
+    record_format: ClassVar[str] = '{"x": [d numbers]}'
+    synthetic: ClassVar[type[SyntheticData]] = MixtureData
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`)
+        with :data:`RULE_COMPONENTS` components; the noise sd and the prior keep their defaults (their
+        scale is the data's, which the rule may not read)."""
+        why = {"n_components": (f"K = {RULE_COMPONENTS}: a default so that the rule runs; the number of clusters is "
+                                "the caller's modelling choice (--param n_components), not a public quantity"),
+               "noise_sd": "the model's default 0.5: the clusters' spread is in the data's units, which the rule "
+                           "may not read (--param noise_sd, prior_var for the data's scale)"}
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  site_rule(n, d, None if non_private else epsilon, delta,
+                                            {"n_components": RULE_COMPONENTS}, why))
 
     def __init__(
         self,
@@ -75,6 +139,19 @@ class MixtureSEP(SEPModel):
         K, d = self.n_factors, self.dim
         start = self.prior_mean + np.sqrt(self.prior_var) * np.random.default_rng(self.init_seed).standard_normal((K, d))
         self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Points across the line, every site clipped to C = 1/4."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_mixture",
+            lambda capacity: MixtureSEP(n_components=2, dim=1, dataset_size=capacity, clip=0.25, init_seed=0),
+            tuple({"x": [v]} for v in (-8.0, -3.0, -1.0, 0.0, 1.0, 3.0, 8.0)),
+            ratio_floor=0.98, floor_reason="the two sites share part of their precision direction; best 0.988",
+            note="clip 0.25 clips every site to C; sites of different points share part of their "
+                 "precision part, so ||u - u'|| stays just under 2C (0.94 at clip 1)")
 
     def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log N(x; mean_j, cov_j + noise_sd^2 I) (B, J) and the differences x - mean_j (B, J, d)."""

@@ -30,15 +30,20 @@ True
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from stream_vips.fitting.rules import Settings, settings_from_rule
 from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
-from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors
+from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors, site_rule
+from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
+
+if TYPE_CHECKING:
+    from stream_vips.audit.spec import FamilyAudit
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -68,14 +73,60 @@ def site_coefficients(mu: np.ndarray, s2: np.ndarray, t: np.ndarray) -> tuple[np
     return (t * r / root + mu * beta) / denom, beta / denom
 
 
-class ProbitSEP(SEPModel):
-    """(DP-)SEP probit classifier with a Gaussian posterior over the weights.
+class ProbitData(SyntheticData):
+    """Probit records ``{"x": [d numbers], "y": 0 | 1}``: ``x ~ N(0, I)`` in ``dimension`` features
+    and ``y ~ Bernoulli(Phi(w . x + bias))``; ``weights`` default to ``N(0, I)`` draws. None of the
+    malformed records is a valid probit record (y = 0.5 is not a label)."""
 
-    ``dim`` is the length of a record's ``x``; with ``intercept`` a constant 1 is appended after
-    clipping x to ``x_clip`` (both public configuration), so the weights have dim + 1 entries.
+    def __init__(self, rng: np.random.Generator, dimension: int = 3, weights: Sequence[float] | None = None,
+                 bias: float = 0.0) -> None:
+        self.dimension = check_dimension(dimension)
+        super().__init__(rng)
+        if weights is None:
+            self.weights = rng.standard_normal(self.dimension)
+        else:
+            self.weights = check_weights(weights, self.dimension)
+        self.bias = float(bias)
+        self.malformed = malformed_vectors(self.dimension)
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
+        X = self._rng.standard_normal((n, self.dimension))
+        y = (self._rng.random(n) < ndtr(X @ self.weights + self.bias)).astype(np.int64)
+        return X, y
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
+class ProbitSEP(SEPModel):
+    """DP-SEP probit classification (records ``{"x": [d numbers], "y": 0 | 1}``): a Gaussian
+    posterior over the weights of p(y = 1 | x, w) = Phi(x^T w), learnt by stochastic expectation
+    propagation with closed-form rank-one sites, clipped behind the privacy wall.
+
+    Parameters (public configuration; the others are the SEP core's):
+
+    - ``dim``: d, the length of a record's ``x``;
+    - ``intercept``: a constant 1 is appended after clipping x to ``x_clip``, so the weights have
+      d + 1 entries.
     """
 
     family: ClassVar[str] = "sep_probit"
+    record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
+    synthetic: ClassVar[type[SyntheticData]] = ProbitData
+
+    @classmethod
+    def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
+        """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`):
+        the probit site is closed-form and its posterior one Gaussian, so nothing family-specific
+        is chosen; the intercept and the prior keep their defaults."""
+        return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
+                                  site_rule(n, d, None if non_private else epsilon, delta, {}, {}))
 
     def __init__(
         self,
@@ -100,6 +151,21 @@ class ProbitSEP(SEPModel):
             damping=damping, prior_mean=0.0, prior_var=prior_var, precision_floor=precision_floor,
             floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
         )
+
+    @classmethod
+    def audit(cls) -> FamilyAudit:
+        """Label flips at x in {-1, 0, 1} under a wide prior, both sites clipped to C = 0.1."""
+        from stream_vips.audit.spec import FamilyAudit
+
+        return FamilyAudit(
+            "sep_probit",
+            lambda capacity: ProbitSEP(dim=1, dataset_size=capacity, clip=0.1, x_clip=1.0, prior_var=100.0),
+            tuple({"x": [v], "y": y} for v in (-1.0, 0.0, 1.0) for y in (0, 1)),
+            ratio_floor=0.99, floor_reason="a label flip keeps the site's precision part, here 1/12 of its eta",
+            note="a label flip negates the site's eta but not its precision part tau; at x = 0 (the "
+                 "intercept alone) with the wide prior (variance 100) the cavity variance makes "
+                 "eta / tau about 12, and clip 0.1 holds both sites at C: 0.997 of 2C (0.84 at "
+                 "prior variance 1, clip 1)")
 
     def row_layout(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         return {"x": (np.dtype(np.float64), (self.dim,)), "y": (np.dtype(np.int8), ())}
