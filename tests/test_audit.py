@@ -30,6 +30,7 @@ from stream_vips.audit.families import (
     candidate_distances, pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
+from stream_vips.audit.spec import trials
 from stream_vips.audit.stats import (
     audit_samples, clopper_pearson_upper, epsilon_lower_bound, ideal_lower_bound,
 )
@@ -112,17 +113,17 @@ def test_engine_trials_release_the_normalised_noisy_sum():
     normaliser, plus noise of the engine's block std over the normaliser; the ledger grows."""
     spec = FAMILY_AUDITS["linreg"]
     record = {"x": [0.25, 0.0], "y": 2.0}
-    trials = EngineTrials(spec.make_model, record, capacity=4, sampling="fixed", batch_size=4,
-                          noise_multiplier=3.0, seed=5)
-    out = trials(4000)
+    side = EngineTrials(spec.make_model, record, capacity=4, sampling="fixed", batch_size=4,
+                        noise_multiplier=3.0, seed=5)
+    out = side(4000)
     # coordinates: xx upper triangle (3), xy (2); xy[0] = x0 * y / S = 0.25 * 2 / 4
-    std = trials.engine.block_stds["xy"] / 4
+    std = side.engine.block_stds["xy"] / 4
     assert out.shape == (4000, 5)
     assert abs(out[:, 3].mean() - 0.125) < 4 * std / math.sqrt(4000)
     assert out[:, 3].std() == pytest.approx(std, rel=0.05)
-    assert trials.monitor.steps == 4000
+    assert side.monitor.steps == 4000
     # the claim is the exact Gaussian epsilon of sensitivity 2C / (z C) = 2/3 at q = 1
-    assert claimed_epsilon(trials.event, AUDIT_DELTA) == pytest.approx(gaussian_epsilon(2 / 3, AUDIT_DELTA), rel=1e-4)
+    assert claimed_epsilon(side.event, AUDIT_DELTA) == pytest.approx(gaussian_epsilon(2 / 3, AUDIT_DELTA), rel=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_AUDITS))
@@ -196,11 +197,11 @@ def test_key_audits_release_one_key_of_several_records_through_the_key_engine():
     claim for the key-level event."""
     spec = EXTRA_AUDITS["linreg_key"]
     pair = pair_sensitivity(spec)
-    trials = spec.trials(pair.record_a, seed=3)
-    assert trials.engine.unit == "key" and trials.event == spec.trials(pair.record_b, seed=4).event
-    _, groups, n_groups = trials.reservoir.take_groups(np.arange(4))  # the engine's view at q = 1
+    side = trials(spec, pair.record_a, seed=3)
+    assert side.engine.unit == "key" and side.event == trials(spec, pair.record_b, seed=4).event
+    _, groups, n_groups = side.reservoir.take_groups(np.arange(4))  # the engine's view at q = 1
     assert np.bincount(groups, minlength=n_groups).tolist() == [KEY_RECORDS, 0, 0, 0]
-    assert trials.engine.privacy_report(0, False)["unit"] == "key"
+    assert side.engine.privacy_report(0, False)["unit"] == "key"
 
 
 @pytest.mark.parametrize("name, model_class", [("linreg_key", LinearRegression),
@@ -270,8 +271,8 @@ def test_the_fit_audits_use_the_allocations_fit_deploys():
     the bounds, 1/2 : 1/4)."""
     for name in ("logistic_fit", "logistic_centred"):
         spec = EXTRA_AUDITS[name]
-        engine = spec.trials(None, seed=0).engine
+        engine = trials(spec, None, seed=0).engine
         assert engine.diameter == pytest.approx(spec.make_model(spec.capacity).diameter(spec.block_weights))
-        assert engine.diameter < FAMILY_AUDITS["logistic"].trials(None, seed=0).engine.diameter
-    assert EXTRA_AUDITS["logistic_centred"].trials(None, seed=0).engine.block_stds["g"] == pytest.approx(
-        EXTRA_AUDITS["logistic_centred"].trials(None, seed=0).engine.block_stds["s2"] * 0.5 / 0.25)
+        assert engine.diameter < trials(FAMILY_AUDITS["logistic"], None, seed=0).engine.diameter
+    assert trials(EXTRA_AUDITS["logistic_centred"], None, seed=0).engine.block_stds["g"] == pytest.approx(
+        trials(EXTRA_AUDITS["logistic_centred"], None, seed=0).engine.block_stds["s2"] * 0.5 / 0.25)

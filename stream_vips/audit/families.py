@@ -36,7 +36,7 @@ import numpy as np
 
 from stream_vips import fitting
 from stream_vips.audit.release import claimed_epsilon
-from stream_vips.audit.spec import FamilyAudit
+from stream_vips.audit.spec import FamilyAudit, contribution, trials
 from stream_vips.audit.stats import CONFIDENCE, AuditResult, audit_samples, ideal_lower_bound
 from stream_vips.models.base import Block, Model
 from stream_vips.models.logistic import BayesianLogisticRegression
@@ -204,17 +204,17 @@ class Pair:
 def candidate_distances(spec: FamilyAudit) -> tuple[np.ndarray, float]:
     """Noiseless distances between all candidates' contributions and the claimed sensitivity.
 
-    Uses the model's own clipping (:meth:`FamilyAudit.contribution`, noiseless, a diagnostic on
+    Uses the model's own clipping (:func:`stream_vips.audit.spec.contribution`, noiseless, a diagnostic on
     a separate model instance) and the engine's per-block noise stds: the distance of a pair
     is sqrt(sum_k ||S_k(a) - S_k(b)||_F^2 / std_k^2). The claimed sensitivity is the diameter the
     engine tells the accountant (its allocation- and unit-aware ``engine.diameter``) over z, an
     upper bound on every entry of the matrix if the family's bounds are right.
     """
-    probe = spec.trials(None, seed=0)
+    probe = trials(spec, None, seed=0)
     stds = probe.engine.block_stds
     scaled = []
     for record in spec.candidates:  # a fresh model each: the state (and any public draws) of step 0
-        sums = spec.contribution(spec.make_model(spec.capacity), record)
+        sums = contribution(spec, spec.make_model(spec.capacity), record)
         scaled.append(np.concatenate([np.ravel(sums[k]) / stds[k] for k in stds]))
     vectors = np.array(scaled)
     distances = np.linalg.norm(vectors[:, None, :] - vectors[None, :, :], axis=-1)
@@ -264,7 +264,7 @@ def sample_sides(spec: FamilyAudit, pair: Pair, n_train: int, n_test: int, seed:
                  delta: float = AUDIT_DELTA) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """Training and test releases of both sides (independent engines) and the claimed epsilon."""
     s = np.random.SeedSequence(seed).generate_state(2)
-    sides = [spec.trials(rec, seed=int(x), delta=delta) for rec, x in zip((pair.record_a, pair.record_b), s)]
+    sides = [trials(spec, rec, seed=int(x), delta=delta) for rec, x in zip((pair.record_a, pair.record_b), s)]
     if sides[0].event != sides[1].event:
         raise AssertionError("the two sides of a neighbouring pair must release under the same event")
     train_a, train_b = sides[0](n_train), sides[1](n_train)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
-    from stream_vips.fitting.rules import Settings
+    from stream_vips.models.auditing import FamilyAudit
+    from stream_vips.models.fit_rule import Settings
     from stream_vips.models.synthetic import Demo, SyntheticData
 
 

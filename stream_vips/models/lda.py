@@ -54,7 +54,7 @@ import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
-from stream_vips.fitting.rules import Settings, accountant_for, why_accountant
+from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.synthetic import Demo, SyntheticData
@@ -62,7 +62,7 @@ from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 #: Guards 0/0 in phi's normaliser, as in Hoffman et al.'s reference code.
 _EPS = 1e-100
@@ -491,7 +491,7 @@ class LDA(Model):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """Two one-word documents on different words: orthogonal non-negative contributions at C."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "lda", lambda capacity: LDA(vocabulary=["w0", "w1", "w2", "w3"], dataset_size=capacity, n_topics=2,

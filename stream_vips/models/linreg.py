@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy import linalg, stats
 
-from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accountant
+from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
@@ -84,7 +84,7 @@ from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.records import FieldBatch
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 NOISE_OPTIONS = ("known", "gamma")
 #: Default eigenvalue floor of the noisy ``xx`` in units of sqrt(d) * (its diagonal noise std):
@@ -267,7 +267,7 @@ class LinearRegression(Model):
     def audit(cls) -> FamilyAudit:
         """Records at the bounds R = 1/4, B = 2 (and one at the origin): the worst pair is y' = -y
         with x' at 60 degrees to x (:data:`AUDIT_FLOOR`)."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "linreg", lambda capacity: LinearRegression(dim=2, dataset_size=capacity, x_bound=0.25, y_bound=2.0),

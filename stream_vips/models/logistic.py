@@ -121,7 +121,7 @@ from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
-from stream_vips.fitting.rules import WHY_Q, Settings, accountant_for, why_accountant
+from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
                                     group_sum)
@@ -131,7 +131,7 @@ from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.records import FieldBatch
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 #: Below this |c| the Pólya-Gamma mean uses its Taylor series 1/4 - c^2/48 (error < c^4/480).
 _PG_SERIES_BELOW = 1e-4
@@ -371,7 +371,7 @@ class BayesianLogisticRegression(Model):
     def audit(cls) -> FamilyAudit:
         """Unit x on the axes and at an angle, with both labels (:data:`AUDIT_RECORDS`): a label flip
         at the same x moves s1 by twice its bound and s2 not at all."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "logistic", lambda capacity: BayesianLogisticRegression(dim=2, dataset_size=capacity), AUDIT_RECORDS,

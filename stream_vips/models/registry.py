@@ -145,12 +145,10 @@ def _support(cls: type[Model]) -> list[str]:
 def _fit_rule(cls: type[Model]) -> list[str]:
     import inspect
 
-    from stream_vips.fitting.rules import fit_settings
-
     if cls.engine_refusal is not None:
         return []
     ex = DOCS_EXAMPLE
-    s = fit_settings(cls.family, ex["n"], ex["d"], ex["epsilon"], ex["delta"])
+    s = cls.fit_rule(ex["n"], ex["d"], ex["epsilon"], ex["delta"], False)
     shown = {k: v for k, v in s.model_params.items() if k not in ("dataset_size", cls.dim_param)}
     params = ", ".join(f"`{k}` = {v:.4g}" if isinstance(v, float) else f"`{k}` = {v}" for k, v in shown.items())
     weights = "the family's default" if s.block_weights is None else \

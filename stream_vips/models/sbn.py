@@ -134,7 +134,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import expit, kve
 
-from stream_vips.fitting.rules import Settings, settings_from_rule
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.logistic import pg_mean
@@ -142,7 +142,7 @@ from stream_vips.models.synthetic import Demo, SyntheticData
 from stream_vips.records import OUT_OF_RANGE, FieldBatch
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 #: Eigenvalue floor without noise: only negative (rounding) eigenvalues are removed.
 _MIN_FLOOR = float(np.finfo(float).tiny)
@@ -283,7 +283,7 @@ class SigmoidBeliefNetwork(Model):
     def audit(cls) -> FamilyAudit:
         """The two halves of the pixels, each owned by one latent unit of a confident public state
         (:func:`_audit_model`), against all-off and all-on images."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         half = [1 - j % AUDIT_UNITS for j in range(AUDIT_PIXELS)]  # the pixels unit 0 owns
         return FamilyAudit(

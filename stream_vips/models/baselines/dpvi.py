@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 import numpy as np
 from scipy.special import expit
 
-from stream_vips.fitting.rules import Settings, accountant_for, why_accountant
+from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
@@ -54,7 +54,7 @@ from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 #: Guards the AdaGrad division before any gradient arrived.
 _ADAGRAD_EPS = 1e-12
@@ -137,7 +137,7 @@ class DPVI(LogisticRecords):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """A label flip at one x with one Monte Carlo draw: antiparallel gradients, both clipped to c."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "dpvi", lambda capacity: DPVI(dim=2, dataset_size=capacity, clip=0.25, seed=0), AUDIT_RECORDS[:2],

@@ -51,7 +51,7 @@ import numpy as np
 from scipy.special import expit
 
 from stream_vips.errors import FitError, StreamVipsError
-from stream_vips.fitting.rules import Settings, accountant_for, gaussian_mu, why_accountant
+from stream_vips.models.fit_rule import Settings, accountant_for, gaussian_mu, why_accountant
 from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.baselines import LogisticRecords
@@ -59,7 +59,7 @@ from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_rows
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 
 #: Fit-rule constants (:meth:`DPSGLD.fit_rule`): least and most full-batch steps, the share of the
@@ -264,7 +264,7 @@ class DPSGLD(LogisticRecords):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """A label flip at one x at theta = 0: gradients +-x/2 clipped to L = 1/4, antiparallel."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         # The model's own check needs the engine's z >= the paper's: with step 1 the Langevin
         # branch gives z = tau / (N L sqrt(eta)) = 4 at tau = N, L = 1/4.

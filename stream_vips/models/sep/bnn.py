@@ -89,7 +89,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from stream_vips.fitting.rules import Settings, settings_from_rule
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.sep.core import (RULE_CLIP, RULE_KAPPA, RULE_MIN_BATCH, RULE_TAU0, SITE, DampedSite,
@@ -99,7 +99,7 @@ from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -322,7 +322,7 @@ class BNNSEP(DampedSite, Model):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """Targets -3 to 3 at three inputs, every site clipped to C = 1/4."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "sep_bnn", lambda capacity: BNNSEP(dim=1, hidden=2, dataset_size=capacity, clip=0.25),

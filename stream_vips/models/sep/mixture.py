@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import softmax
 
-from stream_vips.fitting.rules import Settings, settings_from_rule
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.sep.core import SEPModel, site_rule
 from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 
 class MixtureData(SyntheticData):
@@ -143,7 +143,7 @@ class MixtureSEP(SEPModel):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """Points across the line, every site clipped to C = 1/4."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "sep_mixture",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
-from stream_vips.fitting.rules import Settings, settings_from_rule
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors, site_rule
@@ -43,7 +43,7 @@ from stream_vips.models.synthetic import SyntheticData, check_dimension, check_w
 from stream_vips.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
-    from stream_vips.audit.spec import FamilyAudit
+    from stream_vips.models.auditing import FamilyAudit
 
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -155,7 +155,7 @@ class ProbitSEP(SEPModel):
     @classmethod
     def audit(cls) -> FamilyAudit:
         """Label flips at x in {-1, 0, 1} under a wide prior, both sites clipped to C = 0.1."""
-        from stream_vips.audit.spec import FamilyAudit
+        from stream_vips.models.auditing import FamilyAudit
 
         return FamilyAudit(
             "sep_probit",
