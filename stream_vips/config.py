@@ -21,23 +21,25 @@ the M-step, defaults to the reservoir capacity), both at start, each naming the 
 >>> try:
 ...     config_from_dict({"privacy": {"epsilom": 2.0}}, env={})
 ... except ConfigError as exc:
-...     print(exc)
-privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon, key_field, ledger, max_records_per_key, mode, noise_multiplier, planned_steps, seed, unit)
+...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon,
+key_field, ledger, max_records_per_key, mode, noise_multiplier, planned_steps, seed, unit)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import abc
 import inspect
 import math
 import os
 import re
 import types
 import typing
+from collections import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 
@@ -45,7 +47,6 @@ from stream_vips.errors import ConfigError
 from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
 from stream_vips.privacy.accountants import MIN_NOISE_MULTIPLIER
 from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL
-
 
 ENV_PREFIX = "STREAM_VIPS__"
 #: Largest privacy.epsilon. Beyond 709.78 e^epsilon, the likelihood-ratio bound an (epsilon,
@@ -425,7 +426,8 @@ def check_kwargs(target: Any, options: Mapping[str, Any], key: str) -> dict[str,
         hints = typing.get_type_hints(func)
     except Exception:  # annotations that cannot be resolved are checked by the constructor
         hints = {}
-    params = {n: p for n, p in sig.parameters.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    params = {n: p for n, p in sig.parameters.items()
+              if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     out = {}
     for name, value in options.items():

@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import math
 import operator
+from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 

@@ -12,8 +12,9 @@ before anything is spent.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -21,18 +22,18 @@ from stream_vips.config import DEFAULT_MODEL_PARAMS, Config, check_kwargs
 from stream_vips.core.data.key_reservoir import KeyReservoir
 from stream_vips.core.data.reservoir import Reservoir, ReservoirLike
 from stream_vips.core.data.sampling import Sampler, make_sampler
-from stream_vips.schedule import Trigger
 from stream_vips.core.data.window import WindowReservoir, window_steps
 from stream_vips.core.engine import PrivateEngine, allocation_diameter
 from stream_vips.errors import ConfigError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountants import Accountant, make_accountant
-from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, Ledger, MemoryLedger
 from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.schedule import Trigger
 
 
 def model_params(cfg: Config) -> dict[str, Any]:

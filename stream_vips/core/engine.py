@@ -51,20 +51,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from stream_vips.errors import ReservoirNotFull
-
 from stream_vips import messages
+from stream_vips.core.data.reservoir import ReservoirLike
+from stream_vips.core.data.sampling import Sampler
+from stream_vips.errors import ReservoirNotFull
 from stream_vips.models.base import Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
-from stream_vips.core.data.reservoir import ReservoirLike
-from stream_vips.core.data.sampling import Sampler
 from stream_vips.schedule import step_size
 
 ADJACENCY = "replace_one"
@@ -110,7 +110,7 @@ class Contribution:
     sums: Mapping[str, np.ndarray]
     position: int
 
-    def plus(self, other: "Contribution") -> "Contribution":
+    def plus(self, other: Contribution) -> Contribution:
         """The contribution of both parts together (the same step: equal positions)."""
         if other.position != self.position or set(other.sums) != set(self.sums):
             raise ValueError("contributions of different steps or blocks do not add up")
@@ -333,7 +333,8 @@ class PrivateEngine:
         else:
             sums = self.model.clipped_sum(self.reservoir.take(idx))
         if set(sums) != {b.name for b in self.blocks}:
-            raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, model declares {[b.name for b in self.blocks]}")
+            raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, "
+                             f"model declares {[b.name for b in self.blocks]}")
         return Contribution(sums, self.reservoir.seen)
 
     def release(self, contribution: Contribution, started: float | None = None) -> StepResult | None:

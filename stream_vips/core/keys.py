@@ -4,7 +4,8 @@ arrivals that have none, rejected as ``missing_key`` while keeping their stream 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 

@@ -47,21 +47,21 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from stream_vips import messages
-from stream_vips import records
-from stream_vips.core.data.decoding import DecodedBatch, decode_batch
+from stream_vips import messages, records
 from stream_vips.core import build
-from stream_vips.core.keys import ArrivalKeys, arrival_keys, field_keys, with_keys
-from stream_vips.records import tabular, top_reasons
+from stream_vips.core.data.decoding import DecodedBatch, decode_batch
 from stream_vips.core.data.reservoir import ReservoirLike
 from stream_vips.core.engine import StepResult
+from stream_vips.core.keys import ArrivalKeys, arrival_keys, field_keys, with_keys
 from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models.base import Model
 from stream_vips.privacy.ledger import Ledger, LedgerMismatch, check_binding
+from stream_vips.records import tabular, top_reasons
 
 log = logging.getLogger("stream_vips.core.learner")
 
@@ -123,7 +123,7 @@ class PrivateLearner:
         self.validation = cfg.sampling.validation
 
     @classmethod
-    def from_config(cls, config: Any, ledger: Ledger | None = None) -> "PrivateLearner":
+    def from_config(cls, config: Any, ledger: Ledger | None = None) -> PrivateLearner:
         """A learner from a validated :class:`~stream_vips.config.Config` (``ledger`` replaces the
         configured one; the caller then owns it)."""
         return cls(config=config, ledger=ledger)
@@ -290,7 +290,7 @@ class PrivateLearner:
             return field_keys(values, self.config.privacy.key_field)
         return keys
 
-    def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
+    def learn_many(self, data: Any, chunk: int = 5000) -> PrivateLearner:
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
         A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`, nothing fed).
@@ -325,7 +325,7 @@ class PrivateLearner:
             raise ConfigError(f"model.params.dim: not given, so the {self.model.family} default dim={default} "
                               f"applies, but the data has {columns} columns: pass dim={columns} (nothing was fed)")
 
-    def arrival_keys(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> "ArrivalKeys | None":
+    def arrival_keys(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> ArrivalKeys | None:
         """The key ids of a batch's arrivals (:meth:`keys_of`, canonicalised once), for
         :meth:`offer` / :meth:`offer_raw` and for rejecting keyless arrivals before any step;
         ``None`` for ``unit: record``."""
@@ -551,7 +551,7 @@ class PrivateLearner:
             self.ledger.close()
             self._owns_ledger = False
 
-    def __enter__(self) -> "PrivateLearner":
+    def __enter__(self) -> PrivateLearner:
         return self
 
     def __exit__(self, *exc: object) -> None:

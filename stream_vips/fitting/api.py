@@ -9,19 +9,31 @@ import dataclasses
 import math
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from stream_vips import messages
 from stream_vips.errors import FitError, LedgerRefused, NoModelError, SpentError, error_text
 from stream_vips.fitting.data import check_json_objects, encode_records, resolve_dim
-from stream_vips.fitting.rules import (CALIBRATION_RTOL, PYTHON_NAMES, Settings, _logistic_sums_rule, _rule_settings,
-                                       calibration_rtol, centred_logistic, check_public, check_settings, overridden)
+from stream_vips.fitting.rules import (
+    CALIBRATION_RTOL,
+    PYTHON_NAMES,
+    Settings,
+    _logistic_sums_rule,
+    _rule_settings,
+    calibration_rtol,
+    centred_logistic,
+    check_public,
+    check_settings,
+    overridden,
+)
 from stream_vips.models import dimension
 from stream_vips.privacy.ledger import first_line_is_ledger
+
 
 @dataclass
 class FitResult:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 from stream_vips.privacy.accountants import Accountant
-
 
 HEADROOM_WINDOW = 2**20
 
@@ -418,7 +418,7 @@ class _Sliding:
         counts[unit] = counts.get(unit, 0) + unit.count
         return counts
 
-    def copy(self) -> "_Sliding":
+    def copy(self) -> _Sliding:
         other = _Sliding(self.size)
         other.units, other.counts = deque(self.units), dict(self.counts)
         return other

@@ -37,11 +37,12 @@ import json
 import logging
 import os
 import uuid
-
-import orjson
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
 
 from stream_vips.errors import StreamVipsError
 
@@ -104,7 +105,8 @@ class Ledger(Protocol):
 
 def new_genesis(supersedes: Iterable[str] = ()) -> dict[str, Any]:
     """A genesis body with a fresh random id."""
-    return {"ledger_id": uuid.uuid4().hex, "created_at": datetime.now(timezone.utc).isoformat(),
+    # timezone.utc, not the UTC alias: this module is mutation-tested and its code stays as recorded
+    return {"ledger_id": uuid.uuid4().hex, "created_at": datetime.now(timezone.utc).isoformat(),  # noqa: UP017
             "supersedes": sorted(set(supersedes))}
 
 
@@ -475,7 +477,7 @@ class FileLedger(LedgerSteps):
             os.close(self._fd)  # also releases the lock
             self._fd = -1
 
-    def __enter__(self) -> "FileLedger":
+    def __enter__(self) -> FileLedger:
         return self
 
     def __exit__(self, *exc: object) -> None:

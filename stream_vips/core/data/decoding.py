@@ -29,10 +29,11 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -172,8 +173,9 @@ class ProcessDecoder:
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         with theirs:
-            self._proc = subprocess.Popen([sys.executable, "-m", "stream_vips.core.data.decoding", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "stream_vips.core.data.decoding", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         self._conn = Connection(ours.detach())
         self._pending = 0
         self._started = False  # the worker's start-up (imports, model) overlaps the first poll

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from stream_vips.errors import StreamVipsError
 from stream_vips.privacy.events import SubsampledGaussianEvent
@@ -44,7 +44,7 @@ class Accountant(ABC):
         if why is not None:
             raise UnsupportedEvent(f"the {self.name} accountant cannot account {event!r}: {why}")
 
-    def group(self, events: Iterable[object]) -> "OrderedDict[SubsampledGaussianEvent, int]":
+    def group(self, events: Iterable[object]) -> OrderedDict[SubsampledGaussianEvent, int]:
         """Distinct unit events -> total count, in order of first appearance (checked)."""
         counts: OrderedDict[SubsampledGaussianEvent, int] = OrderedDict()
         for event in events:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-
 import numpy as np
 from scipy import fft as sp_fft
 from scipy import signal
@@ -336,7 +335,8 @@ class PldAccountant(Accountant):
                 math.ceil(math.log2(unit_width / h0 / self.max_points)))
         return h0 * 2**k
 
-    def _compose_side(self, unit, sides: tuple[_Pmf, _Pmf], side: int, n: int, h: float) -> tuple[int, np.ndarray, float]:
+    def _compose_side(self, unit, sides: tuple[_Pmf, _Pmf], side: int, n: int,
+                      h: float) -> tuple[int, np.ndarray, float]:
         """n-fold composition of one side of ``unit``'s PLD, on grid ``h``.
 
         Beyond ``2 * BLOCKS`` compositions it is built in two levels: a block of m = n // BLOCKS

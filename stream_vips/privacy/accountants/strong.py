@@ -33,7 +33,7 @@ relies on).
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from stream_vips.privacy.accountants.base import Accountant, Counts
 from stream_vips.privacy.events import PureDpEvent
