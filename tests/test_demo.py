@@ -12,17 +12,22 @@ from scipy.special import expit
 
 from connectors import connector_class
 from connectors.memory import MemoryDeadLetterSink, MemorySink
-from connectors.synthetic import (MALFORMED_DOCUMENTS, MALFORMED_KINDS, SyntheticLdaSource,
-                                  SyntheticLogisticSource, _fill)
+from connectors.synthetic import (
+    MALFORMED_DOCUMENTS,
+    MALFORMED_KINDS,
+    SyntheticLdaSource,
+    SyntheticLogisticSource,
+    _fill,
+)
 from stream_vips import messages
 from stream_vips.cli import main
-from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
 from stream_vips.cli.demo import FAMILIES
+from stream_vips.config import ConfigError
 from stream_vips.models.lda import topic_recovery
-from stream_vips.service.app import Application
 from stream_vips.privacy.accountants import PldAccountant
 from stream_vips.privacy.ledger import FileLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 
 def test_demo_end_to_end(tmp_path, capsys):
