@@ -225,12 +225,14 @@ class UncertifiedEvent:
         return out
 
 
-EVENT_TYPES: dict[str, type] = {
+#: event classes by ``TYPE``; looked up with whatever JSON value a ledger line's ``type`` holds (an
+#: unknown one is refused), so the key type is that of a JSON value
+EVENT_TYPES: Mapping[Any, type[SubsampledGaussianEvent] | type[PureDpEvent] | type[UncertifiedEvent]] = {
     cls.TYPE: cls for cls in (SubsampledGaussianEvent, PureDpEvent, UncertifiedEvent)
 }
 
 
-def event_from_dict(data: Mapping[str, Any]):
+def event_from_dict(data: Mapping[str, Any]) -> SubsampledGaussianEvent | PureDpEvent | UncertifiedEvent:
     """Rebuild an event from ``to_dict`` output; refuses unknown types, versions and fields."""
     if not isinstance(data, Mapping):
         raise UnknownEvent(f"an event must be a JSON object, got {type(data).__name__}")
