@@ -58,10 +58,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from stream_vips import messages
-from stream_vips.core.data.reservoir import ReservoirLike
+from stream_vips.core.data.protocols import AnyReservoir
 from stream_vips.core.data.sampling import Sampler
 from stream_vips.errors import ReservoirNotFull
-from stream_vips.models.base import Model
+from stream_vips.models.base import Block, Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
@@ -117,7 +117,7 @@ class Contribution:
         return Contribution({name: self.sums[name] + other.sums[name] for name in self.sums}, self.position)
 
 
-def allocation_weights(blocks: Sequence[Any], block_weights: Mapping[str, float] | None) -> dict[str, float]:
+def allocation_weights(blocks: Sequence[Block], block_weights: Mapping[str, float] | None) -> dict[str, float]:
     """The noise allocation a_k per block, normalised to sum a_k^2 = 1 (default: a_k
     proportional to the block's bound C_k, i.e. noise z on the concatenated vector)."""
     names = [b.name for b in blocks]
@@ -165,7 +165,7 @@ class PrivateEngine:
     def __init__(
         self,
         model: Model,
-        reservoir: ReservoirLike,
+        reservoir: AnyReservoir,
         sampler: Sampler,
         monitor: Monitor | None,
         noise_multiplier: float,

@@ -40,6 +40,7 @@ import numpy as np
 from stream_vips import records
 from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Model
+from stream_vips.records import RawRecord
 
 
 class DecoderError(StreamVipsError, RuntimeError):
@@ -62,7 +63,7 @@ class DecodedBatch:
     skipped: int = 0
 
 
-def decode_batch(model: Model, values: Sequence[bytes]) -> DecodedBatch:
+def decode_batch(model: Model, values: Sequence[RawRecord]) -> DecodedBatch:
     """Decode JSON and validate with ``model.parse_batch``; rejection positions are arrivals."""
     decoded = records.decode_json(values)
     parsed = model.parse_batch(decoded.values)
