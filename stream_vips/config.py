@@ -36,7 +36,7 @@ import re
 import types
 import typing
 from collections import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -407,20 +407,23 @@ def _build_dataclass(cls: type, data: Any, key: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build_dataclass(hint, value, f"{key}.{name}")
         else:
             kwargs[name] = _coerce(value, hint, f"{key}.{name}")
     return cls(**kwargs)
 
 
-def check_kwargs(target: Any, options: Mapping[str, Any], key: str) -> dict[str, Any]:
+def check_kwargs(target: type[object] | Callable[..., object], options: Mapping[str, Any],
+                 key: str) -> dict[str, Any]:
     """Check ``options`` against the keyword parameters of ``target`` (a class or function).
 
     Unknown names, missing required ones and values of the wrong annotated type raise
     :class:`ConfigError` naming ``key.name``.
     """
-    func = target.__init__ if isinstance(target, type) else target
+    # a class's own __init__ (its annotations are the keyword parameters' types; mypy calls reading
+    # __init__ off a class unsound in general, since a subclass may change its signature)
+    func = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
     sig = inspect.signature(func)
     try:
         hints = typing.get_type_hints(func)
@@ -596,7 +599,7 @@ def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | No
         if name not in sections:
             raise ConfigError(f"{name}: unknown section (known: {', '.join(sorted(sections))})")
     hints = typing.get_type_hints(Config)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name in sections & set(raw):
         if name in _CONNECTOR_SECTIONS:
             kwargs[name] = _connector(name, raw[name])

@@ -66,7 +66,7 @@ class RecordBatch(Sequence[RawRecord]):
         return RawRecord(self.values[i], origin(recs[i - self._starts[seg]]))
 
 
-    def keep_from(self, floors: Mapping[tuple[str, int], int]) -> tuple[RecordBatch, int]:
+    def keep_from(self, floors: Mapping[tuple[Any, Any], int]) -> tuple[RecordBatch, int]:
         """This batch without the records below ``floors[(topic, partition)]`` (offsets already
         delivered), and how many were dropped. Reads only the first origin of each segment
         (offsets increase within one) unless the segment starts below its floor."""
@@ -98,7 +98,7 @@ class RecordBatch(Sequence[RawRecord]):
 
     def ends(self) -> dict[tuple[Any, Any], int]:
         """``{(topic, partition): last offset + 1}`` over the segments whose origin has offsets."""
-        out = {}
+        out: dict[tuple[Any, Any], int] = {}
         for recs, origin in self._segments:
             last = origin(recs[-1])
             if "offset" in last:
