@@ -26,16 +26,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from benchmarks.datasets import load_adult, train_records  # noqa: E402
-from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
-from stream_vips import messages  # noqa: E402
-from stream_vips.config import config_from_dict  # noqa: E402
-from stream_vips.models.logistic import BayesianLogisticRegression, log_loss, roc_auc  # noqa: E402
-from stream_vips.service.app import Application  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from benchmarks.datasets import load_adult, train_records
+from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
+from stream_vips import messages
+from stream_vips.config import config_from_dict
+from stream_vips.models.logistic import BayesianLogisticRegression, log_loss, roc_auc
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.service.app import Application
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 SEEDS = (0, 1, 2, 3, 4)

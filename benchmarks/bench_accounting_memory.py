@@ -158,8 +158,8 @@ def child_run_huge_budget(records: int) -> dict:
     killed at 18.6 GB): calibration, the headroom search and a report per published message."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     t = time.perf_counter()
     cfg = config_from_dict({"privacy": {"epsilon": 1e4, "seed": 0, "ledger": {"type": "memory"}},
@@ -175,8 +175,8 @@ def child_run_huge_budget(records: int) -> dict:
 def child_long_run(records: int) -> dict:
     from connectors.memory import MemoryDeadLetterSink, MemorySink
     from connectors.synthetic import SyntheticRegressionSource
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     cfg = config_from_dict({
         "privacy": {"epsilon": 1e3, "planned_steps": records // 1000, "seed": 0, "ledger": {"type": "memory"}},
@@ -211,7 +211,8 @@ def child_long_run(records: int) -> dict:
     return {
         "records": stats.records, "updates": stats.updates, "halted": stats.halted, "seconds": elapsed,
         "epsilon_spent": app.engine.epsilon_spent(),
-        "rss_mb_after_warmup": base, "rss_mb_peak_after_warmup": peak_after, "rss_mb_end": samples[-1][1] if samples else None,
+        "rss_mb_after_warmup": base, "rss_mb_peak_after_warmup": peak_after,
+        "rss_mb_end": samples[-1][1] if samples else None,
         "rss_growth_after_warmup": peak_after / base - 1,
         "records_per_s_first_fifth": rate(0.0, 0.2), "records_per_s_last_fifth": rate(0.8, 1.0),
         "rss_samples_mb": [round(s[1], 1) for s in samples[:: max(1, len(samples) // 40)]],
@@ -282,7 +283,8 @@ def main() -> dict:
         long_run = run_child("long_run", str(args.records))
         if "error" not in long_run:
             growth = long_run["rss_growth_after_warmup"]
-            long_run.update({"target": f"RSS growth after warm-up <= {TARGET_FLAT:.0%}", "met": bool(growth <= TARGET_FLAT)})
+            long_run.update({"target": f"RSS growth after warm-up <= {TARGET_FLAT:.0%}",
+                             "met": bool(growth <= TARGET_FLAT)})
         result["long_run"] = long_run
         print(json.dumps(long_run), flush=True)
     result["targets_met"] = (all(p["met"] for p in plans) and restart["met"] and restart_file["met"] and huge["met"]

@@ -25,14 +25,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, write_result  # noqa: E402
-
-from stream_vips.audit.families import (  # noqa: E402
-    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, NOT_AUDITED, FamilyAudit, broken_audit, pair_sensitivity, sample_sides,
+from common import machine, write_result
+from stream_vips.audit.families import (
+    AUDIT_DELTA,
+    EXTRA_AUDITS,
+    FAMILY_AUDITS,
+    NOT_AUDITED,
+    FamilyAudit,
+    broken_audit,
+    pair_sensitivity,
+    sample_sides,
 )
-from stream_vips.audit.release import claimed_epsilon  # noqa: E402
-from stream_vips.audit.stats import audit_samples, ideal_lower_bound  # noqa: E402
-from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
+from stream_vips.audit.release import claimed_epsilon
+from stream_vips.audit.stats import audit_samples, ideal_lower_bound
+from stream_vips.privacy.events import SubsampledGaussianEvent
 
 N_TRAIN, N_TEST, SEED = 5_000, 20_000, 2024
 DEPLOYED_DELTA = 1e-5
@@ -80,7 +86,8 @@ def main() -> dict:
     started = time.perf_counter()
     families = [audit(name, spec) for name, spec in {**FAMILY_AUDITS, **EXTRA_AUDITS}.items()]
     broken = [audit(name + "_halved_bounds", broken_audit(spec), broken=True)
-              for name, spec in {**FAMILY_AUDITS, **EXTRA_AUDITS}.items() if name in ("linreg", "lda", "dpvi", "linreg_poisson")]
+              for name, spec in {**FAMILY_AUDITS, **EXTRA_AUDITS}.items()
+              if name in ("linreg", "lda", "dpvi", "linreg_poisson")]
     key = f"delta_{AUDIT_DELTA:g}"
     checks = [v["met"] for row in families for k, v in row[key].items() if k in ("within_claim", "tight")]
     checks += [row[key]["caught"]["met"] for row in broken]

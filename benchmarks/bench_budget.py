@@ -33,18 +33,18 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import dp_accounting as dpa  # noqa: E402
-import numpy as np  # noqa: E402
-from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism  # noqa: E402
-from dp_accounting.pld import PLDAccountant  # noqa: E402
-from dp_accounting.rdp import RdpAccountant as DpaRdp  # noqa: E402
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant as DpaRdp
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant  # noqa: E402
-from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
-from stream_vips.privacy.ledger import FileLedger, MemoryLedger  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
+from stream_vips.privacy.events import SubsampledGaussianEvent
+from stream_vips.privacy.ledger import FileLedger, MemoryLedger
 
 STEPS = 100_000
 DELTA = 1e-5

@@ -72,12 +72,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import machine, write_result  # noqa: E402
-from stream_vips import PrivateLearner  # noqa: E402
-from stream_vips.core.data.decoding import DecodedBatch  # noqa: E402
-from stream_vips.core.data.window import window_steps  # noqa: E402
+from benchmarks.common import machine, write_result
+from stream_vips import PrivateLearner
+from stream_vips.core.data.decoding import DecodedBatch
+from stream_vips.core.data.window import window_steps
 
 DIM = 4
 M = 10_000  # reservoir (window) size

@@ -64,11 +64,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import machine, write_result  # noqa: E402
-from benchmarks.datasets import load_adult, load_adult_official, load_other_table  # noqa: E402
-from stream_vips.models.logistic import roc_auc  # noqa: E402
+from benchmarks.common import machine, write_result
+from benchmarks.datasets import load_adult, load_adult_official, load_other_table
+from stream_vips.models.logistic import roc_auc
 
 fitmod = importlib.import_module("stream_vips.fitting")
 

@@ -142,9 +142,9 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
     from what is shipped."""
     import yaml
 
-    from stream_vips.service.build import load_config
     from stream_vips.privacy.accountants import make_accountant
     from stream_vips.privacy.calibration import calibrate_noise_multiplier
+    from stream_vips.service.build import load_config
 
     kafka = {"bootstrap_servers": bootstrap, "client": client}
     if name == "k8s":
@@ -175,8 +175,8 @@ def configuration(name: str, bootstrap: str, topic: str, tag: str, client: str, 
 
 def pipeline(bootstrap: str, topic: str, n: int, name: str, client: str, round_no: int, tmp: Path) -> dict:
     """Consumption and end-to-end records/s of the pipeline in configuration ``name``."""
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     tag = f"bench-{name}-{client}-{round_no}-{os.getpid()}"
     cfg = config_from_dict(configuration(name, bootstrap, topic, tag, client, tmp), env={})
@@ -269,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = paired_ratio(rates, peer)
         target = TARGET_RATIO if client == "kafka-python" else TARGET_CONFLUENT_RATIO
         pipelines[f"{name}/{client}"] = {
-            "records_per_s": [round(x) for x in rates], "end_to_end_records_per_s": [round(r["end_to_end"]) for r in rs],
+            "records_per_s": [round(x) for x in rates],
+            "end_to_end_records_per_s": [round(r["end_to_end"]) for r in rs],
             **{k: rs[-1][k] for k in ("updates", "published", "rejected", "ledger_steps", "prepay_steps", "pay_ahead")}}
         targets[f"{name}/{client}_vs_bare_{client}"] = {
             "ratio": round(ratio, 3), "target": target, "met": bool(ratio >= target),
@@ -300,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer_records_per_s": {k: [round(x) for x in v] for k, v in peers.items()},
         "pipelines": pipelines,
         "targets": targets,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "kafka_python_crc32c_in_c": _crc32c_in_c(),
-                    "load_avg_1m": os.getloadavg()[0]},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "kafka_python_crc32c_in_c": _crc32c_in_c(), "load_avg_1m": os.getloadavg()[0]},
         "code": code,
     }
     text = json.dumps(result, indent=2)

@@ -36,10 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import machine, write_result  # noqa: E402
-
-from stream_vips import PrivateLearner  # noqa: E402
-from stream_vips.models.logistic import log_loss, roc_auc  # noqa: E402
+from common import machine, write_result
+from stream_vips import PrivateLearner
+from stream_vips.models.logistic import log_loss, roc_auc
 
 DELTA = 1e-5
 EPSILON = 1.0
@@ -121,7 +120,8 @@ def compare(name: str, X, y, Xt, yt, seeds: list[int], memory: int, q: float, pe
         configs: dict[str, dict[str, Any]] = {
             f"key_L{L}": dict(unit="key", epsilon=EPSILON, delta=DELTA, per_key=L) for L in per_keys}
         configs["record"] = dict(unit="record", epsilon=EPSILON, delta=DELTA, per_key=1)
-        configs["record_group"] = dict(unit="record", epsilon=EPSILON / k_max, delta=DELTA / (k_max * math.e), per_key=1)
+        configs["record_group"] = dict(unit="record", epsilon=EPSILON / k_max, delta=DELTA / (k_max * math.e),
+                                       per_key=1)
         configs["record_group_p99"] = dict(unit="record", epsilon=EPSILON / k_99, delta=DELTA / (k_99 * math.e),
                                            per_key=1)
         configs["non_private"] = dict(unit="record", epsilon=EPSILON, delta=DELTA, per_key=1, non_private=True)
@@ -129,7 +129,8 @@ def compare(name: str, X, y, Xt, yt, seeds: list[int], memory: int, q: float, pe
             started = time.perf_counter()
             out = run(Xs, ys, Xt, yt, keys, memory=memory, q=q, seed=seed, **cfg)
             out["seconds"] = time.perf_counter() - started
-            out["epsilon_per_record"] = cfg["epsilon"] if cfg["unit"] == "record" and not cfg.get("non_private") else None
+            private_record = cfg["unit"] == "record" and not cfg.get("non_private")
+            out["epsilon_per_record"] = cfg["epsilon"] if private_record else None
             rows.setdefault(label, []).append(out)
             print(f"{name} seed {seed} {label:>17}: log loss {out['log_loss']:.4f} auc {out['auc']:.4f} "
                   f"z {out['noise_multiplier']:.3g} steps {out['steps']}", flush=True)
@@ -137,13 +138,15 @@ def compare(name: str, X, y, Xt, yt, seeds: list[int], memory: int, q: float, pe
     for label, outs in rows.items():
         ll = np.array([o["log_loss"] for o in outs])
         auc = np.array([o["auc"] for o in outs])
-        summary[label] = {"log_loss_mean": float(ll.mean()), "log_loss_sd": float(ll.std(ddof=1)) if ll.size > 1 else 0.0,
+        summary[label] = {"log_loss_mean": float(ll.mean()),
+                          "log_loss_sd": float(ll.std(ddof=1)) if ll.size > 1 else 0.0,
                           "auc_mean": float(auc.mean()), "auc_sd": float(auc.std(ddof=1)) if auc.size > 1 else 0.0,
                           "runs": outs}
     best_key = min((k for k in summary if k.startswith("key_")), key=lambda k: summary[k]["log_loss_mean"])
     return {"n_stream": int(X.shape[0]), "n_test": int(Xt.shape[0]), "dim": int(X.shape[1]), "memory_records": memory,
             "q": q, "every_records": EVERY, "seeds": seeds, **info, "results": summary,
-            "key_beats_group_route": bool(summary[best_key]["log_loss_mean"] < summary["record_group"]["log_loss_mean"]),
+            "key_beats_group_route": bool(summary[best_key]["log_loss_mean"]
+                                          < summary["record_group"]["log_loss_mean"]),
             "best_key_config": best_key}
 
 

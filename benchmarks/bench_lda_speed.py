@@ -44,14 +44,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
+import numpy as np
+import scipy.sparse as sp
 
-from lda_eval import news_split  # noqa: E402
-from benchmarks.common import machine, write_result  # noqa: E402
-from stream_vips.models.lda import LDA, Bags, dirichlet_expectation, e_step  # noqa: E402
-from stream_vips.privacy.mechanisms import gaussian_noise  # noqa: E402
-from stream_vips.schedule import step_size  # noqa: E402
+from benchmarks.common import machine, write_result
+from lda_eval import news_split
+from stream_vips.models.lda import LDA, Bags, dirichlet_expectation, e_step
+from stream_vips.privacy.mechanisms import gaussian_noise
+from stream_vips.schedule import step_size
 
 K, V, N, S = 50, 5000, 500, 1000
 MAX_ITER, TOL = 50, 1e-3

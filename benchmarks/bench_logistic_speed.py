@@ -42,15 +42,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 try:
     import pandas as pd
@@ -61,14 +62,14 @@ try:
 except ImportError as exc:  # pragma: no cover - the peers are what this benchmark measures
     raise SystemExit(f"bench_logistic_speed needs river, scikit-learn and pandas: {exc}") from exc
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.core.engine import PrivateEngine  # noqa: E402
-from stream_vips.models.logistic import BayesianLogisticRegression  # noqa: E402
-from stream_vips.privacy.accountants import RdpAccountant  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
-from stream_vips.core.data.sampling import FixedSizeSampler  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.models.logistic import BayesianLogisticRegression
+from stream_vips.privacy.accountants import RdpAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import MemoryLedger
 
 NAME = "bench_logistic_speed"
 D = 100
@@ -243,7 +244,8 @@ def main(label: str | None = None) -> dict:
 
     def target(peer: str) -> dict[str, Any]:
         ratio = medians[HEADLINE] / medians[peer]
-        return {"peer": PEERS[peer], "ratio": ratio, "target": f">= {TARGET_RATIO}x", "met": bool(ratio >= TARGET_RATIO)}
+        return {"peer": PEERS[peer], "ratio": ratio, "target": f">= {TARGET_RATIO}x",
+                "met": bool(ratio >= TARGET_RATIO)}
 
     result: dict[str, Any] = {
         "benchmark": NAME,

@@ -62,14 +62,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource  # noqa: E402
-from connectors.synthetic import SyntheticRegressionSource  # noqa: E402
-from stream_vips.config import config_from_dict  # noqa: E402
-from stream_vips.service.app import Application  # noqa: E402
-from stream_vips.privacy.accountants import Accountant, make_accountant  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
+from connectors.synthetic import SyntheticRegressionSource
+from stream_vips.config import config_from_dict
+from stream_vips.privacy.accountants import Accountant, make_accountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.service.app import Application
 
 RECORDS = 100_000
 DIM = 10
@@ -257,7 +257,8 @@ def main() -> dict:
                                                 / default["pipeline"]["records_per_s"])},
     }
     summary = {c["stream"] + ": " + c["case"]: {
-        "vs_json": round(c["throughput_ratio"]["value"], 3), "vs_orjson": round(c["throughput_ratio_vs_orjson"]["value"], 3)}
+        "vs_json": round(c["throughput_ratio"]["value"], 3),
+        "vs_orjson": round(c["throughput_ratio_vs_orjson"]["value"], 3)}
         for c in cases}
     summary.update({c["stream"] + ": " + c["case"]: {
         "vs_orjson": round(c["pipeline"]["records_per_s"] / c["orjson_peer"]["records_per_s"], 3)} for c in long_cases})

@@ -20,11 +20,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-from scipy.special import expit  # noqa: E402
+import numpy as np
+from scipy.special import expit
 
-from stream_vips.models.logistic import pg_mean  # noqa: E402
-from stream_vips.models.sbn import SigmoidBeliefNetwork  # noqa: E402
+from stream_vips.models.logistic import pg_mean
+from stream_vips.models.sbn import SigmoidBeliefNetwork
 
 J, K, S, ITERS, REPEATS = 64, 50, 400, 2, 5
 

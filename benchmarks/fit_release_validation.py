@@ -41,10 +41,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks import fit_rule_evidence as ev  # noqa: E402
-from benchmarks.common import machine, write_result  # noqa: E402
+from benchmarks import fit_rule_evidence as ev
+from benchmarks.common import machine, write_result
 
 N0S = (1000, 2000, 4000, 8000)
 D0S = (1, 6, 10)

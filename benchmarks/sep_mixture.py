@@ -39,18 +39,18 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-from scipy.optimize import linear_sum_assignment  # noqa: E402
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from stream_vips.core.engine import PrivateEngine  # noqa: E402
-from stream_vips.models.sep.mixture import MixtureSEP  # noqa: E402
-from stream_vips.privacy.accountants import PldAccountant  # noqa: E402
-from stream_vips.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
-from stream_vips.privacy.budget import BudgetMonitor  # noqa: E402
-from stream_vips.privacy.ledger import MemoryLedger  # noqa: E402
-from stream_vips.core.data.reservoir import Reservoir  # noqa: E402
-from stream_vips.core.data.sampling import PoissonSampler  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_result
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import PoissonSampler
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.models.sep.mixture import MixtureSEP
+from stream_vips.privacy.accountants import PldAccountant
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
+from stream_vips.privacy.ledger import MemoryLedger
 
 N, J, D, SD = 1000, 4, 4, 0.5
 SEEDS = range(5)

@@ -31,13 +31,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.common import RESULTS, machine, write_result  # noqa: E402
-from benchmarks import adult_logistic as vips  # noqa: E402
-from benchmarks.datasets import load_adult, train_records  # noqa: E402
-from stream_vips.client import posterior_from_message  # noqa: E402
-from stream_vips.models.logistic import log_loss, roc_auc  # noqa: E402
+from benchmarks import adult_logistic as vips
+from benchmarks.common import RESULTS, machine, write_result
+from benchmarks.datasets import load_adult, train_records
+from stream_vips.client import posterior_from_message
+from stream_vips.models.logistic import log_loss, roc_auc
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 SEEDS = (0, 1, 2)
@@ -90,7 +90,8 @@ def main() -> dict:
         "setup": {
             "train_rows": n, "test_rows": int(len(split.y_test)), "features": d, "seeds": len(SEEDS),
             "delta": vips.DELTA, "q": vips.Q, "steps": vips.STEPS, "tau0": vips.TAU0, "kappa": vips.KAPPA,
-            "sep_clip": SEP_CLIP, "sep_floor_factor": SEP_FLOOR_FACTOR, "sampling": "poisson", "accountant": "pld (replace-one)",
+            "sep_clip": SEP_CLIP, "sep_floor_factor": SEP_FLOOR_FACTOR, "sampling": "poisson",
+            "accountant": "pld (replace-one)",
         },
         "results": rows,
         "targets": {

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Mapping, Sequence, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from stream_vips.io import DeadLetter, reverse_lines
 from stream_vips.messages import dumps

@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from connectors._lines import PausableSource, dead_letter_line, last_message, line_value, message_line
 from stream_vips.io import DeadLetter, RawRecord

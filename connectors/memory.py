@@ -5,7 +5,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from connectors._lines import PausableSource
 from stream_vips.io import DeadLetter, RawRecord

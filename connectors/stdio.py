@@ -5,7 +5,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from typing import Any, BinaryIO, Mapping, Sequence, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, TextIO
 
 from connectors._lines import PausableSource, dead_letter_line, line_value, message_line, write_lines
 from stream_vips.io import DeadLetter, RawRecord

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from river import base as river_base
@@ -49,7 +50,9 @@ class ModelReader:
                  security: Mapping[str, Any] | None = None, **security_options: Any) -> None:
         from kafka import KafkaConsumer
 
-        from connectors.kafka import Reassembler, security_options as _security, server_list as _servers
+        from connectors.kafka import Reassembler
+        from connectors.kafka import security_options as _security
+        from connectors.kafka import server_list as _servers
         from connectors.kafka.access import authenticate, check_access
 
         self.topic = topic
@@ -151,7 +154,7 @@ class ModelReader:
     def close(self) -> None:
         self._consumer.close(autocommit=False)
 
-    def __enter__(self) -> "ModelReader":
+    def __enter__(self) -> ModelReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

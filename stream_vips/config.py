@@ -21,23 +21,25 @@ the M-step, defaults to the reservoir capacity), both at start, each naming the 
 >>> try:
 ...     config_from_dict({"privacy": {"epsilom": 2.0}}, env={})
 ... except ConfigError as exc:
-...     print(exc)
-privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon, key_field, ledger, max_records_per_key, mode, noise_multiplier, planned_steps, seed, unit)
+...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+privacy.epsilom: unknown key (known: accountant, accounting, block_weights, calibration_rtol, delta, epsilon,
+key_field, ledger, max_records_per_key, mode, noise_multiplier, planned_steps, seed, unit)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import abc
 import inspect
 import math
 import os
 import re
 import types
 import typing
+from collections import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 
@@ -45,7 +47,6 @@ from stream_vips.errors import ConfigError
 from stream_vips.logsafety import REDACTED, is_secret  # the one rule for what is a secret
 from stream_vips.privacy.accountants import MIN_NOISE_MULTIPLIER
 from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL
-
 
 ENV_PREFIX = "STREAM_VIPS__"
 #: Largest privacy.epsilon. Beyond 709.78 e^epsilon, the likelihood-ratio bound an (epsilon,
@@ -403,26 +404,30 @@ def _build_dataclass(cls: type, data: Any, key: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build_dataclass(hint, value, f"{key}.{name}")
         else:
             kwargs[name] = _coerce(value, hint, f"{key}.{name}")
     return cls(**kwargs)
 
 
-def check_kwargs(target: Any, options: Mapping[str, Any], key: str) -> dict[str, Any]:
+def check_kwargs(target: type[object] | Callable[..., object], options: Mapping[str, Any],
+                 key: str) -> dict[str, Any]:
     """Check ``options`` against the keyword parameters of ``target`` (a class or function).
 
     Unknown names, missing required ones and values of the wrong annotated type raise
     :class:`ConfigError` naming ``key.name``.
     """
-    func = target.__init__ if isinstance(target, type) else target
+    # a class's own __init__ (its annotations are the keyword parameters' types; mypy calls reading
+    # __init__ off a class unsound in general, since a subclass may change its signature)
+    func = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
     sig = inspect.signature(func)
     try:
         hints = typing.get_type_hints(func)
     except Exception:  # annotations that cannot be resolved are checked by the constructor
         hints = {}
-    params = {n: p for n, p in sig.parameters.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    params = {n: p for n, p in sig.parameters.items()
+              if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     out = {}
     for name, value in options.items():
@@ -591,7 +596,7 @@ def config_from_dict(data: Mapping[str, Any] | None, env: Mapping[str, str] | No
         if name not in sections:
             raise ConfigError(f"{name}: unknown section (known: {', '.join(sorted(sections))})")
     hints = typing.get_type_hints(Config)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name in sections & set(raw):
         if name in _CONNECTOR_SECTIONS:
             kwargs[name] = _connector(name, raw[name])

@@ -6,8 +6,9 @@ import hashlib
 import operator
 import os
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, overload, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class RecordBatch(Sequence[RawRecord]):
         return RawRecord(self.values[i], origin(recs[i - self._starts[seg]]))
 
 
-    def keep_from(self, floors: Mapping[tuple[str, int], int]) -> tuple["RecordBatch", int]:
+    def keep_from(self, floors: Mapping[tuple[Any, Any], int]) -> tuple[RecordBatch, int]:
         """This batch without the records below ``floors[(topic, partition)]`` (offsets already
         delivered), and how many were dropped. Reads only the first origin of each segment
         (offsets increase within one) unless the segment starts below its floor."""
@@ -97,7 +98,7 @@ class RecordBatch(Sequence[RawRecord]):
 
     def ends(self) -> dict[tuple[Any, Any], int]:
         """``{(topic, partition): last offset + 1}`` over the segments whose origin has offsets."""
-        out = {}
+        out: dict[tuple[Any, Any], int] = {}
         for recs, origin in self._segments:
             last = origin(recs[-1])
             if "offset" in last:
@@ -136,7 +137,7 @@ class DeadLetter:
 
     @classmethod
     def bounded(cls, record: RawRecord, reason: str, detail: str, max_bytes: int,
-                max_detail: int = 500, max_field: int = 1024) -> "DeadLetter":
+                max_detail: int = 500, max_field: int = 1024) -> DeadLetter:
         """A letter whose value is cut to ``max_bytes``, detail to ``max_detail`` characters and
         every bytes or text origin field to ``max_field`` bytes (text: UTF-8, cut at a character
         boundary; ``<name>.length`` counts its UTF-8 bytes), so delivering it can never fail for
@@ -169,7 +170,7 @@ class DeadLetter:
             return cls(record, reason, detail)
         return cls(record, reason, detail, len(value), hashlib.sha256(value).hexdigest()).shortened(max_bytes)
 
-    def shortened(self, max_bytes: int) -> "DeadLetter":
+    def shortened(self, max_bytes: int) -> DeadLetter:
         """This letter with its value cut to ``max_bytes``; ``length`` and ``sha256`` keep
         describing the original value (computed here if the letter had none)."""
         value = self.record.value

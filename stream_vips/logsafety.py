@@ -14,8 +14,8 @@ logs its whole configuration at DEBUG, SASL password included.
 
 * **floor** -- the ``kafka`` logger gets level WARNING, or INFO when the run logs at DEBUG (the
   root logger's level when the guard runs: ``--log-level DEBUG`` / ``runtime.log_level: DEBUG``);
-  a level above WARNING that someone chose (ERROR) is kept; every existing ``kafka.*`` logger with an explicit level below
-  the floor is raised to it. So the client's connection chatter (connections, bootstraps,
+  a level above WARNING that someone chose (ERROR) is kept; every existing ``kafka.*`` logger with an explicit
+  level below the floor is raised to it. So the client's connection chatter (connections, bootstraps,
   metadata updates, one INFO line per broker round) stays out of an INFO log, and the client's
   DEBUG calls are no-ops whatever the root level is (no record is even created); the floor is
   never below INFO;
@@ -54,7 +54,8 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: The root of kafka-python's logger hierarchy (every client module logs below it).
 CLIENT_LOGGER = "kafka"

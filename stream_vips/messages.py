@@ -33,10 +33,11 @@ import base64
 import binascii
 import json
 import math
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -241,14 +242,14 @@ def build_message(
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
     """A schema-valid message for one published model (validated before it is returned)."""
-    when = created_at or datetime.now(timezone.utc)
+    when = created_at or datetime.now(UTC)
     msg = {
         "schema_version": SCHEMA_VERSION,
         "model_id": model_id,
         "family": family,
         "hyperparameters": dict(hyperparameters),
         "version": int(version),
-        "created_at": when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
+        "created_at": when.astimezone(UTC).isoformat().replace("+00:00", "Z"),
         "natural_parameters": {name: encode_array(arr) for name, arr in state.items()},
         "privacy": dict(privacy),
     }

@@ -30,15 +30,18 @@ from __future__ import annotations
 import json
 import math
 import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Protocol, TypeAlias, TypeGuard, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # optional speed-up: json alone gives the same results
-    _fast_loads = json.loads
+    _fast_loads = json.loads  # type: ignore[assignment]  # json.loads takes what orjson.loads takes, and more
 # orjson reads integers beyond 64 bits as floats (json keeps them exact, and validation rejects them
 # as out_of_range): a document with a run of 19+ digits that is not a fraction goes to json, as does
 # anything but bytes. (Digits mapped to "0" and substring counts: several times faster than a
@@ -91,7 +94,8 @@ class RecordRejected(ValueError):
         self.detail = detail
 
 
-class Decoded(NamedTuple):
+@dataclass(frozen=True)
+class Decoded:
     """Decoded JSON values, their positions in the input, and the rejected positions."""
 
     values: list[Any]
@@ -99,7 +103,27 @@ class Decoded(NamedTuple):
     rejected: list[tuple[int, str, str]]
 
 
-def undecoded(values: Sequence[Any]) -> bool:
+#: One record as a source delivers it: a JSON document (bytes or text), or ``None`` for a record
+#: without a value (a Kafka tombstone).
+RawRecord: TypeAlias = bytes | str | None
+
+
+class DataFrameLike(Protocol):
+    """A pandas DataFrame as :func:`tabular` reads it (by duck typing: pandas is not a dependency)."""
+
+    @property
+    def columns(self) -> Iterable[object]: ...
+
+    def to_numpy(self, dtype: Any = ...) -> np.ndarray: ...
+
+
+#: A whole data set, as ``fit`` and ``PrivateLearner.learn_many`` take it: record dicts or raw JSON
+#: documents, ``(X, y)`` arrays, ``X`` alone, or a pandas DataFrame (:func:`tabular` reads the arrays).
+DataSet: TypeAlias = (Iterable[Mapping[str, Any]] | Iterable[RawRecord] | tuple[ArrayLike, ArrayLike] | np.ndarray
+                      | DataFrameLike)
+
+
+def undecoded(values: Sequence[object]) -> TypeGuard[Sequence[RawRecord]]:
     """Whether a batch holds raw documents (bytes or text, ``None`` for a record without a value)
     rather than decoded records; a batch is one or the other, so its first item tells.
 
@@ -137,10 +161,11 @@ def decode_one(raw: bytes | str | None, max_bytes: int | None = None) -> Any:
     refused = _refused_unread(raw, max_bytes)
     if refused is not None:
         raise refused
+    document = cast("bytes | str", raw)  # a None was refused above
     try:
-        return _loads(raw)
+        return _loads(document)
     except _DECODE_ERRORS as exc:
-        raise _decode_failure(raw, exc) from None
+        raise _decode_failure(document, exc) from None
 
 
 def _loads(raw: bytes | str) -> Any:
@@ -173,7 +198,7 @@ def decode_json(raws: Sequence[bytes | str | None], max_bytes: int | None = None
     fast = _orjson_candidates(raws, max_bytes)
     fast_idx = np.flatnonzero(fast)
     docs = raws if fast_idx.size == n else list(map(raws.__getitem__, fast_idx.tolist()))
-    values, failed = _orjson_resuming(docs)
+    values, failed = _orjson_resuming(cast("Sequence[bytes]", docs))  # the candidates are bytes
     slow = np.flatnonzero(~fast)
     if failed:
         keep = np.ones(fast_idx.size, dtype=bool)
@@ -245,7 +270,9 @@ def _orjson_resuming(docs: Sequence[bytes]) -> tuple[list[Any], list[int]]:
     so after a refusal the same iterator resumes with the next document. Should an interpreter
     drop the partial items, the counts disagree and a plain loop decides instead.
     """
-    loads, values, failed = _fast_loads, [], []
+    loads = _fast_loads
+    values: list[Any] = []
+    failed: list[int] = []
     it = iter(docs)
     while True:
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 # --- Kafka: one real Apache Kafka broker (KRaft, loopback) per test session -------------------------
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,12 @@ import importlib.util
 import os
 import sys
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 #: The Kafka client libraries the connectors can run on (``client`` of a connection); tests of
 #: the connectors' invariants run on each (``@pytest.mark.parametrize("client", CLIENTS)``).
-from connectors.kafka.connection import CLIENTS
+from connectors.kafka.connection import CLIENTS as CLIENTS  # re-exported for the tests
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("stream_vips_kafka_broker", ROOT / "tools" / "kafka" / "broker.py")
@@ -121,8 +121,8 @@ def build_app(spec: dict):
     """An Application from ``spec`` = {"config": ..., "ledger_topic", "ledger_id", ["checkpoint"]}
     with the Kafka ledger configured as ``privacy.ledger`` (type kafka), and (when ``checkpoint``
     is given) the reservoir checkpoint attached."""
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     config = {**spec["config"]}
     if spec.get("ledger_path"):

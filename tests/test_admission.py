@@ -17,13 +17,13 @@ from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
-from stream_vips.io import RecordBatch
 from stream_vips.core.data.key_reservoir import KeyReservoir
-from stream_vips.service.app import Application
-from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir
 from stream_vips.core.data.window import WindowReservoir
+from stream_vips.io import RecordBatch
+from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 LAYOUT = {"pos": (np.int64, ())}
 DIM = 3
@@ -116,7 +116,8 @@ def feed(lr: PrivateLearner, values: list[bytes], poll: int, keys: list | None =
 
 POLICIES = {"uniform": {}, "window": {"sampling": {"reservoir_policy": "window"}},
             "sampled window": {"sampling": {"reservoir_policy": "window", "window_rate": 0.4}},
-            "key": {"privacy": {"unit": "key", "max_records_per_key": 2}, "sampling": {"reservoir": 20, "batch_size": 5}}}
+            "key": {"privacy": {"unit": "key", "max_records_per_key": 2},
+                    "sampling": {"reservoir": 20, "batch_size": 5}}}
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -138,8 +139,9 @@ def test_admitted_learns_exactly_what_all_learns_and_dead_letters_only_admitted_
         assert [e.to_dict() for e in lr.ledger.events()] == [e.to_dict() for e in full.ledger.events()]
     # Dead letters: a subset of all's that holds all's at every admitted (placed) position. What
     # is decoded besides (arrivals whose draw hit a slot, overwritten within their chunk) depends
-    # on positions, draws and where polls end (public), never on content. A keyless arrival takes no slot: it is rejected as
-    # missing_key without decoding (with all, an invalid keyless record gets its content reason).
+    # on positions, draws and where polls end (public), never on content. A keyless arrival takes no
+    # slot: it is rejected as missing_key without decoding (with all, an invalid keyless record gets
+    # its content reason).
     content = lambda rej: {(p, r) for p, r in rej if r != "missing_key"}  # noqa: E731
     assert content(adm_rej) <= content(full_rej) and content(other_rej) <= content(full_rej) and adm_rej
     if policy != "window":  # the sliding window admits every arrival: nothing to skip
@@ -273,7 +275,8 @@ def run_app(validation: str, values: list[bytes], polls: list[tuple[int, int]]) 
     samples = [s for m in app.metrics.registry.collect() for s in m.samples if s.name.endswith("_total")]
     rejected = {s.labels["reason"]: s.value for s in samples if s.name.endswith("records_rejected_total")}
     rejected["not_decoded"] = next(s.value for s in samples if s.name.endswith("records_not_decoded_total"))
-    return stats, app.reservoir.get_state(), sorted((d.record.origin["offset"], d.reason) for d in dead.letters), rejected
+    letters = sorted((d.record.origin["offset"], d.reason) for d in dead.letters)
+    return stats, app.reservoir.get_state(), letters, rejected
 
 
 def test_pipeline_admitted_dead_letters_metrics_and_duplicates():

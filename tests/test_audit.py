@@ -26,13 +26,23 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from stream_vips.audit.families import (
-    AUDIT_DELTA, EXTRA_AUDITS, FAMILY_AUDITS, KEY_RECORDS, NOT_AUDITED, audit_family, broken_audit,
-    candidate_distances, pair_sensitivity,
+    AUDIT_DELTA,
+    EXTRA_AUDITS,
+    FAMILY_AUDITS,
+    KEY_RECORDS,
+    NOT_AUDITED,
+    audit_family,
+    broken_audit,
+    candidate_distances,
+    pair_sensitivity,
 )
 from stream_vips.audit.release import EngineTrials, claimed_epsilon
 from stream_vips.audit.spec import trials
 from stream_vips.audit.stats import (
-    audit_samples, clopper_pearson_upper, epsilon_lower_bound, ideal_lower_bound,
+    audit_samples,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    ideal_lower_bound,
 )
 from stream_vips.models import MODEL_FAMILIES
 from stream_vips.models import linreg as linreg_module

@@ -49,9 +49,10 @@ import json
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,9 +63,9 @@ from stream_vips.audit.end_to_end import ReleaseCapture, copies_in_reservoir, fi
 from stream_vips.audit.families import AUDIT_DELTA, FAMILY_AUDITS, pair_sensitivity
 from stream_vips.audit.release import claimed_epsilon
 from stream_vips.audit.stats import AuditResult, audit_samples, ideal_lower_bound
-from stream_vips.service.build import config_from_dict
-from stream_vips.service.app import Application
 from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 pytestmark = pytest.mark.kafka
 

@@ -7,13 +7,13 @@ import pytest
 from scipy.optimize import minimize
 from scipy.special import log_expit
 
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.dpvi import DPVI
 from stream_vips.privacy.accountants import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler
 
 
 def data(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

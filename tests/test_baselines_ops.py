@@ -6,20 +6,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from stream_vips.errors import ReservoirNotFull
 import pytest
 from scipy.special import log_expit, logsumexp
 
-from stream_vips.core.engine import PrivateEngine
-from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
-from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.accountants import StrongCompositionAccountant
-from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
-from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.core.data.reservoir import Reservoir
 from stream_vips.core.data.sampling import FixedSizeSampler
+from stream_vips.core.engine import PrivateEngine
+from stream_vips.errors import ReservoirNotFull
+from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, StrongCompositionAccountant, UnsupportedEvent
+from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent, event_from_dict
+from stream_vips.privacy.ledger import MemoryLedger
 
 
 def test_scaled_likelihood_matches_the_target_epsilon_formula():

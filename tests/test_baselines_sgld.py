@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.sgld import DPSGLD, SgldConditionError
 from stream_vips.privacy.accountants import RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler
 
 PARAMS = dict(dim=3, dataset_size=2000, batch_size=100, step_size=1e-4, epsilon=1.0, delta=1e-5, passes=1.0)
 
@@ -82,8 +82,11 @@ def test_engine_refuses_a_noise_multiplier_below_algorithm_2():
     z = m.paper_noise_multiplier()
     res = Reservoir(m.row_layout(), 2000, np.random.default_rng(0))
     monitor = BudgetMonitor(1.0, 1e-5, RdpAccountant(), MemoryLedger())
-    make = lambda zz: PrivateEngine(m, res, FixedSizeSampler(100), monitor, zz, np.random.default_rng(0),
-                                    tau0=10.0, kappa=0.7, accountant_name="autodp")
+
+    def make(zz: float) -> PrivateEngine:
+        return PrivateEngine(m, res, FixedSizeSampler(100), monitor, zz, np.random.default_rng(0),
+                             tau0=10.0, kappa=0.7, accountant_name="autodp")
+
     with pytest.raises(SgldConditionError, match="Algorithm 2"):
         make(0.5 * z)
     assert make(z).noise_multiplier == z

@@ -26,10 +26,10 @@ import pytest
 
 from connectors.kafka import KafkaConnectorError, KafkaSource, dead_letter_from_record, read_topic
 from kafka_broker import CLIENTS, WEAK_LEDGER, build_app, create_topic, pipeline_config, produce, unique_topic
-from stream_vips.service.checkpoint import Checkpoint
-from stream_vips.service.app import DeadLetterError
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerMismatch
+from stream_vips.service.app import DeadLetterError
+from stream_vips.service.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.kafka
 each_client = pytest.mark.parametrize("client", CLIENTS)
@@ -288,7 +288,8 @@ def test_the_kafka_ledger_refuses_weak_durability_unless_told(kafka_bootstrap):
 
     with pytest.raises(KafkaConnectorError, match="weaker than 3 / 2"):
         KafkaLedger(kafka_bootstrap, unique_topic("ledger"), name="w", replication_factor=1)
-    with pytest.raises(KafkaConnectorError, match="cannot create topic .* replication factor 3: InvalidReplicationFactor"):
+    with pytest.raises(KafkaConnectorError,
+                       match="cannot create topic .* replication factor 3: InvalidReplicationFactor"):
         KafkaLedger(kafka_bootstrap, unique_topic("ledger"), name="w")  # one broker cannot hold 3 replicas
     topic = create_topic(kafka_bootstrap, unique_topic("ledger"))  # exists with one replica
     with pytest.raises(KafkaConnectorError, match="1 replica"):

@@ -7,7 +7,13 @@ import pytest
 from river import evaluate, metrics
 
 from stream_vips import messages
-from stream_vips.client import RiverClassifier, RiverRegressor, SchemaVersionError, check_message, posterior_from_message
+from stream_vips.client import (
+    RiverClassifier,
+    RiverRegressor,
+    SchemaVersionError,
+    check_message,
+    posterior_from_message,
+)
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
 
@@ -185,9 +191,8 @@ SIZES = ("dim", "hidden", "n_latent", "n_visible", "n_components", "n_topics")
 
 def test_every_family_states_the_shapes_its_state_has():
     """``state_shapes`` is what a reader checks a message against before building the model."""
-    from test_records import FAMILY_PARAMS
-
     from stream_vips.models import model_class
+    from test_records import FAMILY_PARAMS
 
     variants = [(family, params) for family, params in FAMILY_PARAMS.items()]
     variants += [("linreg", {"dim": 2, "noise": "gamma"}), ("sep_probit", {"dim": 2, "clip": 1.0, "intercept": False}),
@@ -210,9 +215,8 @@ def test_hostile_sizes_are_refused_before_anything_is_allocated():
     set far above what the message's arrays hold, is refused with little memory used."""
     import tracemalloc
 
-    from test_records import FAMILY_PARAMS
-
     from stream_vips.models import model_class
+    from test_records import FAMILY_PARAMS
 
     for family, params in FAMILY_PARAMS.items():
         model = model_class(family)(dataset_size=100, **params)

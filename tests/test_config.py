@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 from stream_vips.config import Config, ConfigError, ConnectorConfig
 from stream_vips.models import model_class
-from stream_vips.service.build import config_from_dict, load_config
 from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict, load_config
 
 
 def test_empty_configuration_is_the_shipped_default_file():

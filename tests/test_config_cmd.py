@@ -9,6 +9,7 @@ import yaml
 
 import stream_vips.cli as cli
 from stream_vips.cli import config_cmd
+
 KAFKA_SOURCE = """
 source:
   type: kafka

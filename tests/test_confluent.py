@@ -15,8 +15,12 @@ import pytest
 pytest.importorskip("confluent_kafka")
 
 from connectors.kafka import KafkaConnection, KafkaConnectorError, KafkaSource  # noqa: E402
-from connectors.kafka.confluent import (CONSUMER_NAMES, LIBRDKAFKA_LOGGER, PRODUCER_NAMES,  # noqa: E402
-                                        librdkafka_config)
+from connectors.kafka.confluent import (  # noqa: E402
+    CONSUMER_NAMES,
+    LIBRDKAFKA_LOGGER,
+    PRODUCER_NAMES,
+    librdkafka_config,
+)
 from kafka_broker import create_topic, unique_topic  # noqa: E402
 from stream_vips import logsafety  # noqa: E402
 from test_log_safety import CANARY_TEXT, N_GOOD, _config, _found, _outputs, debug_logging  # noqa: E402,F401
@@ -56,7 +60,7 @@ def test_the_client_is_chosen_in_the_connector_options_of_a_config_file():
                           "source": {**section, "client": "rdkafka"}}, env={})
 
 
-def test_librdkafka_logs_reach_only_the_guarded_client_logger(debug_logging, monkeypatch):
+def test_librdkafka_logs_reach_only_the_guarded_client_logger(debug_logging, monkeypatch):  # noqa: F811 (the fixture)
     """librdkafka's lines (here: a refused connection) arrive on ``kafka.librdkafka``, which the
     log-safety guard floors (INFO here: the root is at DEBUG) and filters like kafka-python's loggers."""
     from confluent_kafka import Consumer
@@ -83,11 +87,12 @@ def test_librdkafka_logs_reach_only_the_guarded_client_logger(debug_logging, mon
 
 
 @pytest.mark.kafka
-def test_guarded_debug_run_on_the_confluent_client_leaks_no_canary(kafka_bootstrap, tmp_path, debug_logging,
+def test_guarded_debug_run_on_the_confluent_client_leaks_no_canary(kafka_bootstrap, tmp_path,
+                                                                   debug_logging,  # noqa: F811 (the fixture)
                                                                    monkeypatch):
     """The canary pipeline of test_log_safety.py with every connector on confluent-kafka."""
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     monkeypatch.delenv(logsafety.UNSAFE_ENV, raising=False)
     cfg = _config(kafka_bootstrap, tmp_path)

@@ -17,9 +17,9 @@ from connectors.jsonl import JsonlDeadLetterSink, JsonlSink, JsonlSource
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.stdio import StderrDeadLetterSink, StdinSource, StdoutSink
 from connectors.synthetic import SyntheticRegressionSource
-from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips.io import DeadLetter, RawRecord
 from stream_vips.models.linreg import LinearRegression
+from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips.records import decode_json
 
 

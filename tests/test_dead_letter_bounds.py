@@ -10,8 +10,13 @@ from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from connectors.kafka.dead_letters import (MAX_REQUEST_BYTES, SIZE_MARGIN, KafkaDeadLetterSink, dead_letter_from_record,
-                                           fitted)
+from connectors.kafka.dead_letters import (
+    MAX_REQUEST_BYTES,
+    SIZE_MARGIN,
+    KafkaDeadLetterSink,
+    dead_letter_from_record,
+    fitted,
+)
 from stream_vips.io import DeadLetter, RawRecord
 
 

@@ -13,10 +13,10 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticLdaSource, SyntheticRegressionSource
 from stream_vips.config import ConfigError
-from stream_vips.models import model_class
-from stream_vips.service.build import config_from_dict
 from stream_vips.core.data.decoding import DecoderError, InlineDecoder, ProcessDecoder, make_decoder
+from stream_vips.models import model_class
 from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 LINREG = {"dim": 3, "dataset_size": 1000}
 
@@ -140,8 +140,9 @@ def test_run_tunes_the_garbage_collector_only_while_it_runs(tmp_path):
 
 _TRICKY = [b'{"x": [NaN, 1, 2], "y": 1}', b'{"x": [1, 2, 3], "y": 123456789012345678901}', b"[" * 5000,
            b'{"x": [1, 2, 3], "x": [0.5, 0, 0], "y": 0}', b'{"x": [1, 2, "3"], "y": 1}', b'{"x": [1, 2], "y": 1}',
-           b'{"x": [1, 2, 3], "y": 0.5}', b'\xff{"x": [1, 2, 3], "y": 1}', b'{"x": [1, 2, ' + b"9" * 400 + b'], "y": 1}',
-           b'{"x": [1, 2, 3], "y": Infinity}', b"", b'{"x": [0.' + b"3" * 30 + b", 0, 0], \"y\": 1}"]
+           b'{"x": [1, 2, 3], "y": 0.5}', b'\xff{"x": [1, 2, 3], "y": 1}',
+           b'{"x": [1, 2, ' + b"9" * 400 + b'], "y": 1}', b'{"x": [1, 2, 3], "y": Infinity}', b"",
+           b'{"x": [0.' + b"3" * 30 + b", 0, 0], \"y\": 1}"]
 
 
 @pytest.mark.parametrize("family, params", [("linreg", LINREG), ("logistic", {"dim": 3, "dataset_size": 1000})])

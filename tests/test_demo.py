@@ -13,18 +13,17 @@ from scipy.special import expit
 from connectors import connector_class
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from connectors.synthetic import SyntheticLdaSource, SyntheticLogisticSource
-from stream_vips.models.lda import MALFORMED_DOCUMENTS
-from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips import messages
 from stream_vips.cli import main
-from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
 from stream_vips.cli.demo import demo_of, demo_source
+from stream_vips.config import ConfigError
 from stream_vips.models import MODEL_FAMILIES, model_class
-from stream_vips.models.lda import topic_recovery
-from stream_vips.service.app import Application
+from stream_vips.models.lda import MALFORMED_DOCUMENTS, topic_recovery
+from stream_vips.models.synthetic import MALFORMED_KINDS, fill
 from stream_vips.privacy.accountants import PldAccountant
 from stream_vips.privacy.ledger import FileLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 
 def test_demo_end_to_end(tmp_path, capsys):

@@ -8,21 +8,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from stream_vips.errors import ReservoirNotFull
 import pytest
 
 import stream_vips.core.engine as engine_mod
-from stream_vips.core.engine import PrivateEngine, allocation_diameter, allocation_weights
 from stream_vips.core.data.key_reservoir import KeyReservoir
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
+from stream_vips.core.engine import PrivateEngine, allocation_diameter, allocation_weights
+from stream_vips.errors import ReservoirNotFull
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
 from stream_vips.privacy.mechanisms import effective_noise_multiplier
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 
 class FakeModel(Model):
@@ -379,7 +378,8 @@ def test_a_private_engine_refuses_a_block_without_a_finite_positive_bound(bound)
 def test_the_engine_asks_the_model_to_check_z_and_refuses_key_level_for_a_model_without_it():
     with pytest.raises(ValueError, match="z must be >= 0.5"):
         make_engine(Allocated(TWO), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=0.4)
-    assert make_engine(Allocated(TWO), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=0.5).noise_multiplier == 0.5
+    engine = make_engine(Allocated(TWO), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=0.5)
+    assert engine.noise_multiplier == 0.5
     keys = KeyReservoir({"v": (np.float64, ())}, 10, 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match="not supported by the fake family"):
         make_engine(FakeModel(TWO), keys, FixedSizeSampler(5), AdmitAll(), unit="key")

@@ -33,10 +33,10 @@ import pytest
 
 from stream_vips import messages
 from stream_vips.client import posterior_from_message
-from stream_vips.records import REASONS
 from stream_vips.core.engine import allocation_diameter, allocation_weights
 from stream_vips.models import MODEL_FAMILIES, model_class
 from stream_vips.models.base import Model
+from stream_vips.records import REASONS
 
 FAMILIES = list(MODEL_FAMILIES)
 #: Records per model (its dataset_size) and per fit.

@@ -9,14 +9,12 @@ import math
 
 import numpy as np
 import pytest
-
-from stream_vips.errors import FitError
-from stream_vips.models import MODEL_FAMILIES, dimension
+from scipy.stats import norm
 
 from stream_vips import messages
 from stream_vips.client import check_message, posterior_from_message
-from scipy.stats import norm
-
+from stream_vips.errors import FitError
+from stream_vips.models import MODEL_FAMILIES, dimension
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.calibration import calibrate_noise_multiplier
 
@@ -635,8 +633,12 @@ def test_the_calibration_steepness_is_the_gaussian_curves():
 
     R = RTOL
     for epsilon, delta in [(1e-6, 1e-5), (1e-5, 1e-5), (1.0, 1e-5), (4.0, 1e-6)]:
-        mu = brentq(lambda m: gaussian_delta(epsilon, m) - delta, 1e-9, 50, xtol=1e-15, rtol=1e-13)
-        eps_at = lambda m: brentq(lambda e: gaussian_delta(e, m) - delta, 1e-12, 100, xtol=1e-16, rtol=1e-13)
+        mu = brentq(lambda m, epsilon=epsilon, delta=delta: gaussian_delta(epsilon, m) - delta, 1e-9, 50,
+                    xtol=1e-15, rtol=1e-13)
+
+        def eps_at(m: float, delta: float = delta) -> float:
+            return brentq(lambda e: gaussian_delta(e, m) - delta, 1e-12, 100, xtol=1e-16, rtol=1e-13)
+
         k = math.log(eps_at(mu * (1 + 1e-4)) / eps_at(mu)) / math.log(1 + 1e-4)
         rtol = fitmod.calibration_rtol(epsilon, delta)
         assert rtol == pytest.approx(min(R, 2 * math.log1p(R) / (1.25 * k)), rel=0.01), (epsilon, k)
@@ -832,8 +834,8 @@ def test_cli_out_onto_a_damaged_or_legacy_ledger_is_refused_whether_or_not_its_c
 
 def test_the_ledgers_warning_about_a_cut_torn_line_reaches_the_cli_user(tmp_path, capsys):
     """The command line silences the service's refused-step logs, not the ledger's warnings."""
-    from stream_vips.privacy.ledger import FileLedger, encode_line
     from stream_vips.privacy.events import SubsampledGaussianEvent
+    from stream_vips.privacy.ledger import FileLedger, encode_line
 
     data, ledger = tmp_path / "data.jsonl", tmp_path / "ledger.jsonl"
     write_jsonl(data)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from stream_vips.cli import main
-from stream_vips.errors import FitError
 from stream_vips.cli.report import dead_letter_counts
+from stream_vips.errors import FitError
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL, calibrate_noise_multiplier
 

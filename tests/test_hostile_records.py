@@ -24,14 +24,15 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from connectors._lines import dead_letter_line
-from connectors.kafka import kafka_python, source as source_module
+from connectors.kafka import kafka_python
+from connectors.kafka import source as source_module
 from connectors.kafka.dead_letters import MAX_REQUEST_BYTES, SIZE_MARGIN, fitted
 from connectors.kafka.source import KafkaSource
 from connectors.memory import MemorySink
-from stream_vips.service.build import config_from_dict
 from stream_vips.io import DeadLetter
-from stream_vips.service.app import Application
 from stream_vips.records import REASONS
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 TOPIC = "events"
 DIM = 2

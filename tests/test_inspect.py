@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import stream_vips.cli as cli
-from stream_vips.cli import inspect as sv_inspect
 from stream_vips import messages
+from stream_vips.cli import inspect as sv_inspect
 from stream_vips.io import reverse_lines
 
 

@@ -31,9 +31,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from functools import lru_cache
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -98,7 +99,7 @@ def require_script(name: str, installed_by: str) -> str:
     return str(path) if path.is_file() else require(name, installed_by)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kustomize_command() -> tuple[str, ...] | None:
     """``kubectl kustomize`` when this kubectl renders the base, else a standalone ``kustomize build``."""
     kubectl, kustomize = shutil.which("kubectl"), shutil.which("kustomize")
@@ -108,7 +109,7 @@ def _kustomize_command() -> tuple[str, ...] | None:
     return (kustomize, "build") if kustomize else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _render(overlay: str) -> tuple[str, str, int]:
     cmd = _kustomize_command()
     assert cmd is not None
@@ -288,7 +289,7 @@ def strict_crd_schema(schema: Any) -> Any:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd(filename: str) -> dict[str, Any]:
     path = CRDS / filename
     if not path.is_file():
@@ -298,7 +299,7 @@ def crd(filename: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cr_schema(api_version: str, kind: str) -> dict[str, Any]:
     """The CRD's schema of ``api_version``, with apiVersion and kind pinned to the served ones."""
     definition = crd(CUSTOM_KINDS[(api_version, kind)])["spec"]
@@ -338,7 +339,7 @@ def test_pinned_crds_are_the_operators_own() -> None:
     setup = (ROOT / ".ci" / "k8s-setup.sh").read_text()
     pinned = {name: digest for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", setup, flags=re.M)}
     assert set(pinned) == set(CUSTOM_KINDS.values())
-    for (api_version, kind), filename in CUSTOM_KINDS.items():
+    for (_api_version, kind), filename in CUSTOM_KINDS.items():
         text = (CRDS / filename).read_text() if (CRDS / filename).is_file() else ""
         definition = crd(filename)
         assert definition["kind"] == "CustomResourceDefinition"
@@ -348,8 +349,10 @@ def test_pinned_crds_are_the_operators_own() -> None:
             f"{filename} differs from the file pinned in .ci/k8s-setup.sh"
     topic_spec = _cr_schema("kafka.strimzi.io/v1", "KafkaTopic")["properties"]["spec"]["properties"]
     assert {"topicName", "partitions", "replicas", "config"} <= set(topic_spec)
-    sm_endpoint = _cr_schema("monitoring.coreos.com/v1", "ServiceMonitor")["properties"]["spec"]["properties"]["endpoints"]
-    assert {"port", "path", "interval", "scrapeTimeout", "tlsConfig", "relabelings"} <= set(sm_endpoint["items"]["properties"])
+    sm_spec = _cr_schema("monitoring.coreos.com/v1", "ServiceMonitor")["properties"]["spec"]
+    sm_endpoint = sm_spec["properties"]["endpoints"]
+    assert {"port", "path", "interval", "scrapeTimeout", "tlsConfig", "relabelings"} \
+        <= set(sm_endpoint["items"]["properties"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -759,7 +762,8 @@ def test_acls_let_only_the_pipeline_read_raw_records(overlay: str) -> None:
     assert all(op != "All" and rtype != "cluster" for rtype, _, _, op in pipeline)
     source_ops = {op for rtype, name, _, op in pipeline if rtype == "topic" and name in kafka_topics_of(cfg, "source")}
     assert source_ops == {"Read"}, "the pipeline never writes its input"
-    dead_letter_ops = {op for rtype, name, _, op in pipeline if rtype == "topic" and name in kafka_topics_of(cfg, "dead_letter")}
+    dead_letter_ops = {op for rtype, name, _, op in pipeline
+                       if rtype == "topic" and name in kafka_topics_of(cfg, "dead_letter")}
     assert "Read" not in dead_letter_ops, "dead letters are raw records: operators read them, not the pipeline"
     (reader,) = users.values()
     assert reader == {("topic", model_topic, "literal", "Read")}
@@ -789,7 +793,7 @@ def test_connectors_find_the_kafka_password_the_pod_gets(overlay: str, tmp_path:
     """Each Kafka connector's security settings resolve from the config plus the mounted Secret
     (its mount point stood in for by a directory here); without the file, a one-line error names
     the key."""
-    from connectors.kafka import SECURITY_KEYS, FILE_KEYS, security_options
+    from connectors.kafka import FILE_KEYS, SECURITY_KEYS, security_options
     from stream_vips.config import ConfigError
 
     docs = render(overlay)

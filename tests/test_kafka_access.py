@@ -19,9 +19,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -81,8 +82,14 @@ def strimzi_topics(path: Path) -> list[Any]:
 
 
 def _acl_count(admin: Any) -> int:
-    from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePatternFilter
-    from kafka.admin import ResourceType
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePatternFilter,
+        ResourceType,
+    )
 
     acls, error = admin.describe_acls(ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
                                                 ResourcePatternFilter(ResourceType.ANY, None,
@@ -306,7 +313,8 @@ def test_the_reader_may_read_models_and_nothing_else(secured):
     broker = secured.broker
     reader = security(broker, READER, READER_PASSWORD)
     for topic in ("stream-vips.records", "stream-vips.ledger", "stream-vips.dead-letters"):
-        assert_refused(lambda: read_topic(broker.sasl_bootstrap, topic, security=reader, timeout_s=5), f"read {topic}")
+        assert_refused(lambda topic=topic: read_topic(broker.sasl_bootstrap, topic, security=reader, timeout_s=5),
+                       f"read {topic}")
     producer = KafkaProducer(**broker.sasl_options(READER, READER_PASSWORD), max_block_ms=10_000,
                              enable_idempotence=False)  # a plain Produce request: Write on the topic
     try:
@@ -316,7 +324,7 @@ def test_the_reader_may_read_models_and_nothing_else(secured):
     for group in ("stream-vips", "a-group-of-its-own"):
         consumer = KafkaConsumer("stream-vips.models", **broker.sasl_options(READER, READER_PASSWORD), group_id=group)
         try:
-            assert_refused(lambda: consumer.poll(10_000), f"join group {group}")
+            assert_refused(lambda consumer=consumer: consumer.poll(10_000), f"join group {group}")
         finally:
             consumer.close()
     transactional = KafkaProducer(**broker.sasl_options(READER, READER_PASSWORD), transactional_id="stream-vips-models",
@@ -326,7 +334,8 @@ def test_the_reader_may_read_models_and_nothing_else(secured):
     finally:
         transactional.close()
     rdkafka = AdminClient({"bootstrap.servers": broker.sasl_bootstrap, "security.protocol": "SASL_PLAINTEXT",
-                           "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": READER, "sasl.password": READER_PASSWORD})
+                           "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": READER,
+                           "sasl.password": READER_PASSWORD})
     (future,) = rdkafka.describe_configs([ConfigResource("topic", "stream-vips.models")]).values()
     assert_refused(lambda: future.result(10), "DescribeConfigs on the model topic")
     admin = KafkaAdminClient(**broker.sasl_options(READER, READER_PASSWORD))
@@ -379,13 +388,19 @@ def test_the_pipeline_may_do_nothing_outside_its_table(secured):
 
 def _acls_visible_to(admin: Any) -> bool:
     """Whether DescribeAcls answers (kafka-python returns the broker's error instead of raising)."""
-    from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePatternFilter
-    from kafka.admin import ResourceType
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePatternFilter,
+        ResourceType,
+    )
     from kafka.errors import ClusterAuthorizationFailedError, NoError
 
     try:
-        _, error = admin.describe_acls(ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
-                                                 ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY)))
+        everything = ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY)
+        _, error = admin.describe_acls(ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY, everything))
     except ClusterAuthorizationFailedError:
         return False
     return error is NoError
@@ -409,7 +424,8 @@ def test_anonymous_and_wrong_credentials_are_refused_and_named(secured, tmp_path
     assert denied.value.principal == "User:ANONYMOUS" and denied.value.operation == "Read"
     anonymous = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        assert {t["error_code"] for t in anonymous.describe_topics(["stream-vips.models", "stream-vips.records"])} == {29}
+        described = anonymous.describe_topics(["stream-vips.models", "stream-vips.records"])
+        assert {t["error_code"] for t in described} == {29}
     finally:
         anonymous.close()
     # a wrong password and an unknown user: named as such, not as a broker that is down
@@ -454,9 +470,10 @@ def test_kcat_cannot_log_in_with_scram_so_the_secured_reader_is_confluent_kafka(
         pytest.skip("kcat not installed (.ci/kafka-setup.sh installs it)")
     version = subprocess.run(["kcat", "-V"], capture_output=True, text=True, timeout=10).stdout
     broker = secured.broker
-    out = subprocess.run(["kcat", "-L", "-b", broker.sasl_bootstrap, "-m", "2", "-X", "security.protocol=SASL_PLAINTEXT",
-                          "-X", "sasl.mechanisms=SCRAM-SHA-512", "-X", f"sasl.username={READER}",
-                          "-X", f"sasl.password={READER_PASSWORD}"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["kcat", "-L", "-b", broker.sasl_bootstrap, "-m", "2",
+                          "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=SCRAM-SHA-512",
+                          "-X", f"sasl.username={READER}", "-X", f"sasl.password={READER_PASSWORD}"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "SASL authentication error" in out.stderr, (version, out.stderr[-500:])
 
 

@@ -8,11 +8,11 @@ import pytest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from kafka_broker import linreg_records
-from stream_vips.service.checkpoint import Checkpoint, CheckpointError, attach
-from stream_vips.service.build import config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.service.app import Application
 from stream_vips.privacy.ledger import MemoryLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
+from stream_vips.service.checkpoint import Checkpoint, CheckpointError, attach
 
 
 class OffsetSource:

@@ -10,8 +10,17 @@ import pytest
 from kafka import KafkaAdminClient
 
 from connectors.kafka import (
-    KafkaConnectorError, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink, KafkaPublishError, KafkaSource,
-    Reassembler, chunk_payload, dead_letter_from_record, read_topic, security_options,
+    KafkaConnectorError,
+    KafkaDeadLetterSink,
+    KafkaLedger,
+    KafkaModelSink,
+    KafkaPublishError,
+    KafkaSource,
+    Reassembler,
+    chunk_payload,
+    dead_letter_from_record,
+    read_topic,
+    security_options,
 )
 from kafka_broker import CLIENTS, SASL_PASSWORD, SASL_USER, WEAK_LEDGER, create_topic, produce, unique_topic
 from stream_vips import messages
@@ -38,7 +47,8 @@ def _drain(source: KafkaSource, n: int, max_records: int = 1000, timeout_s: floa
 def _committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        return {(tp.topic, tp.partition): om.offset for tp, om in admin.list_group_offsets(group)[group].items() if om.offset >= 0}
+        offsets = admin.list_group_offsets(group)[group]
+        return {(tp.topic, tp.partition): om.offset for tp, om in offsets.items() if om.offset >= 0}
     finally:
         admin.close()
 
@@ -225,7 +235,8 @@ def test_sasl_settings_from_environment(kafka_broker, monkeypatch, client):
 
 def test_security_options_prefer_explicit_values_and_reject_unknown_protocols():
     env = {"STREAM_VIPS_KAFKA_SECURITY_PROTOCOL": "SSL", "STREAM_VIPS_KAFKA_SSL_CAFILE": "/env/ca.pem"}
-    assert security_options({"ssl_cafile": "/cfg/ca.pem"}, env) == {"security_protocol": "SSL", "ssl_cafile": "/cfg/ca.pem"}
+    assert security_options({"ssl_cafile": "/cfg/ca.pem"}, env) == {"security_protocol": "SSL",
+                                                                    "ssl_cafile": "/cfg/ca.pem"}
     assert security_options({}, {}) == {"security_protocol": "PLAINTEXT"}
     with pytest.raises(KafkaConnectorError, match="security_protocol"):
         security_options({"security_protocol": "TLS"}, {})
@@ -302,8 +313,11 @@ def test_model_over_the_broker_limit_is_chunked_and_reassembled(kafka_bootstrap,
 
 def test_reassembler_refuses_missing_chunks_and_bad_checksums():
     r = Reassembler()
-    h = lambda i, n, d="00": [("stream-vips-chunk", f"{i}/{n}".encode()), ("stream-vips-message-id", b"m"),
-                              ("stream-vips-sha256", d.encode())]
+
+    def h(i: int, n: int, d: str = "00") -> list[tuple[str, bytes]]:
+        return [("stream-vips-chunk", f"{i}/{n}".encode()), ("stream-vips-message-id", b"m"),
+                ("stream-vips-sha256", d.encode())]
+
     assert r.add(b"k#chunk-0", b"ab", h(0, 3)) is None
     with pytest.raises(KafkaConnectorError, match="1 of 3 chunks missing"):
         r.add(b"k", b"cd", h(2, 3))
@@ -336,25 +350,31 @@ def test_dead_letters_keep_original_bytes_reason_and_origin(kafka_bootstrap, cli
 @each_client
 def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap, client):
     topic = unique_topic("ledger")
-    events = [SubsampledGaussianEvent(noise_multiplier=1.0 + i, sampling_rate=0.1, sampling="poisson") for i in range(3)]
+    events = [SubsampledGaussianEvent(noise_multiplier=1.0 + i, sampling_rate=0.1, sampling="poisson")
+              for i in range(3)]
     first = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client)
     assert [first.append(e) for e in events] == [0, 1, 2]
-    other = KafkaLedger(kafka_bootstrap, topic, ledger_id="m2", **WEAK_LEDGER, client=client)  # another model's ledger on the same topic
+    # another model's ledger on the same topic
+    other = KafkaLedger(kafka_bootstrap, topic, ledger_id="m2", **WEAK_LEDGER, client=client)
     assert other.events() == [] and other.append(events[0]) == 0
     other.close()
 
-    second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client)  # a restart: replays and fences `first`
+    # a restart: replays and fences `first`
+    second = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client)
     assert second.events() == events
-    with pytest.raises(KafkaPublishError, match="'m1' on topic .* was opened by another process, which fenced this one"):
+    with pytest.raises(KafkaPublishError,
+                       match="'m1' on topic .* was opened by another process, which fenced this one"):
         first.append(events[0])
     with pytest.raises(KafkaPublishError, match="refused further appends"):
         first.append(events[0])
     assert second.append(events[1]) == 3
     second.close()
-    assert KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client).events() == events + [events[1]]
+    replayed = KafkaLedger(kafka_bootstrap, topic, ledger_id="m1", **WEAK_LEDGER, client=client).events()
+    assert replayed == events + [events[1]]
 
     # a gap in the steps (a lost event) is refused rather than under-counted
     from kafka import KafkaProducer
+
     from stream_vips.privacy.ledger import encode_line
 
     prod = KafkaProducer(bootstrap_servers=kafka_bootstrap)
@@ -364,7 +384,8 @@ def test_ledger_replays_fences_older_writers_and_refuses_gaps(kafka_bootstrap, c
     prod.close()
     with pytest.raises(LedgerCorrupt, match="step 2 where 1 was expected"):
         KafkaLedger(kafka_bootstrap, topic, ledger_id="m2", **WEAK_LEDGER, client=client)
-    with pytest.raises(LedgerCorrupt, match="has no genesis and does not start at step 0: its earlier records are gone"):
+    with pytest.raises(LedgerCorrupt,
+                       match="has no genesis and does not start at step 0: its earlier records are gone"):
         KafkaLedger(kafka_bootstrap, topic, ledger_id="m3", **WEAK_LEDGER, client=client)
 
 
@@ -453,8 +474,8 @@ def test_topics_left_at_the_broker_defaults_are_checked_by_their_effective_setti
     as unset and refused the ledger; a real conflict is still refused."""
     plain = create_topic(kafka_bootstrap, unique_topic("ledger-default"), configs={"cleanup.policy": "compact"})
     KafkaLedger(kafka_bootstrap, plain, ledger_id="svc", **WEAK_LEDGER).close()
-    KafkaModelSink(kafka_bootstrap, create_topic(kafka_bootstrap, unique_topic("models-default"),
-                                                 configs={"cleanup.policy": "compact"}), max_message_bytes=1_000_000).close()
+    models = create_topic(kafka_bootstrap, unique_topic("models-default"), configs={"cleanup.policy": "compact"})
+    KafkaModelSink(kafka_bootstrap, models, max_message_bytes=1_000_000).close()
     with pytest.raises(KafkaConnectorError, match=r"max.message.bytes='1048588' \(needs '2000000'\)"):
         KafkaModelSink(kafka_bootstrap, plain, max_message_bytes=2_000_000)
 

@@ -20,14 +20,22 @@ import pytest
 
 from connectors.kafka import KafkaLedger, dead_letter_from_record, dead_letter_reasons, read_topic
 from kafka_broker import (
-    CLIENTS, KafkaBroker, WEAK_LEDGER, build_app, create_topic, linreg_records, pipeline_config, produce, unique_topic,
+    CLIENTS,
+    WEAK_LEDGER,
+    KafkaBroker,
+    build_app,
+    create_topic,
+    linreg_records,
+    pipeline_config,
+    produce,
+    unique_topic,
 )
-from stream_vips.cli import inspect as sv_inspect
 from stream_vips import messages
-from stream_vips.service.checkpoint import Checkpoint
+from stream_vips.cli import inspect as sv_inspect
 from stream_vips.client import ModelReader
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.service.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.kafka
 each_client = pytest.mark.parametrize("client", CLIENTS)
@@ -255,7 +263,7 @@ def test_sigkill_restarts_lose_no_record_and_never_repeat_a_version(kafka_bootst
     def lines() -> int:
         return sum(1 for _ in open(consumed_log)) if consumed_log.exists() else 0
 
-    for attempt in range(15):
+    for _attempt in range(15):
         start_lines = lines()
         proc = subprocess.Popen([sys.executable, str(HERE / "kafka_broker.py"), str(spec_path)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

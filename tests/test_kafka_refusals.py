@@ -7,8 +7,17 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from kafka.errors import GroupAuthorizationFailedError, SaslAuthenticationFailedError, TopicAuthorizationFailedError
 
-from connectors.kafka import (Grant, KafkaAccessDenied, KafkaDeadLetterSink, KafkaLedger, KafkaModelSink,
-                              KafkaPublishError, KafkaSource, connector_grants, principal)
+from connectors.kafka import (
+    Grant,
+    KafkaAccessDenied,
+    KafkaDeadLetterSink,
+    KafkaLedger,
+    KafkaModelSink,
+    KafkaPublishError,
+    KafkaSource,
+    connector_grants,
+    principal,
+)
 from connectors.kafka.access import authentication_failed, denial
 
 SCRAM = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "stream-vips",
@@ -19,14 +28,16 @@ WRITE_TXN = Grant("transactionalId", "stream-vips-models", "Write", "the model s
 
 @pytest.mark.parametrize("exc", [
     TopicAuthorizationFailedError("stream-vips.models"),
-    KafkaException(KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed")),
+    KafkaException(KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                              "Transactional Id authorization failed")),
 ], ids=["kafka-python", "confluent"])
 def test_a_refusal_of_either_library_is_named_as_the_grant_the_call_needed(exc):
     grant = (WRITE_TXN if isinstance(exc, KafkaException)
              else Grant("topic", "stream-vips.models", "Read", "the model sink reads the latest model back at start"))
     denied = denial(exc, SCRAM, grant)
     assert isinstance(denied, KafkaAccessDenied)
-    assert (denied.principal, denied.operation, denied.resource) == ("User:stream-vips", grant.operation, grant.resource)
+    assert (denied.principal, denied.operation, denied.resource) == ("User:stream-vips", grant.operation,
+                                                                      grant.resource)
     assert str(denied).startswith(f"not authorized: User:stream-vips needs {grant.operation} on {grant.resource} "
                                   f"({grant.why}")
     assert "not-shown" not in str(denied)

@@ -12,16 +12,16 @@ from stream_vips import PrivateLearner, messages
 from stream_vips.audit.release import AUDIT_BUDGET, claimed_epsilon, flatten
 from stream_vips.audit.stats import audit_samples
 from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
-from stream_vips.core.engine import PrivateEngine, allocation_weights
 from stream_vips.core.data.key_reservoir import MISSING_KEY, KeyReservoir, key_ids
+from stream_vips.core.data.sampling import make_sampler
+from stream_vips.core.engine import PrivateEngine, allocation_weights
 from stream_vips.models.base import group_gram_norms, group_sum
 from stream_vips.models.linreg import LinearRegression
 from stream_vips.models.logistic import BayesianLogisticRegression
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.sampling import make_sampler
+from stream_vips.service.build import config_from_dict
 
 LAYOUT = {"x": (np.float64, ())}
 
@@ -342,7 +342,8 @@ def test_a_reservoir_state_of_another_key_id_scheme_is_refused():
     state = res.get_state()
     KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(1)).set_state(state)
     with pytest.raises(ValueError, match="maps keys to ids under scheme 1"):
-        KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(1)).set_state({k: v for k, v in state.items() if k != "key_ids"})
+        unversioned = {k: v for k, v in state.items() if k != "key_ids"}
+        KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(1)).set_state(unversioned)
 
 
 def test_plan_unit_key_and_the_group_privacy_trade_off(capsys):
@@ -415,7 +416,8 @@ def test_the_pipeline_passes_keys_from_the_key_field_and_the_message_key():
 
     app, stats, dead = run("user")
     assert stats.updates > 0 and app.reservoir.seen == 3000
-    assert {l.reason for l in dead.letters} == {"missing_key"} and len(dead.letters) == 60  # every 50th has no user
+    # every 50th has no user
+    assert {letter.reason for letter in dead.letters} == {"missing_key"} and len(dead.letters) == 60
     app, stats, dead = run(None)  # the message key: all present
     assert stats.updates > 0 and not dead.letters
 

@@ -12,14 +12,14 @@ from scipy.special import gammaln, psi
 
 from stream_vips import messages
 from stream_vips.config import check_kwargs
-from stream_vips.models import model_class
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.engine import PrivateEngine
+from stream_vips.models import model_class
 from stream_vips.models.lda import LDA, Bags, _theta_phinorm, e_step, hellinger, topic_recovery
 from stream_vips.privacy.accountants import PldAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 VOCAB = [f"w{i}" for i in range(12)]
 
@@ -51,7 +51,7 @@ def ref_doc(counts: dict[int, float], eb, alpha, max_iter, tol):
     K = len(eb)
     n = sum(counts.values())
     gamma = [alpha + n / K] * K
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 (its last value is returned)
         t = ref_exp_elog(gamma)
         phinorm = {w: sum(t[k] * eb[k][w] for k in range(K)) + 1e-100 for w in counts}
         new = [alpha + t[k] * sum(c * eb[k][w] / phinorm[w] for w, c in counts.items()) for k in range(K)]
@@ -221,9 +221,9 @@ def test_sparse_clipping_norms_equal_dense():
     for blk in e_step(bags, model._exp_elog_beta_t, model.alpha, model.max_iter, model.tol, model.block_size):
         for b, d in enumerate(blk.docs):
             dense = np.zeros((K, V))  # c_dv phi_dvk, one word slot at a time
-            for l in range(len(blk.ids[b])):
-                v = blk.ids[b, l]
-                dense[:, v] += blk.counts[b, l] * blk.exp_elog_theta[b] * eb[:, v] / blk.phinorm[b, l]
+            for slot in range(len(blk.ids[b])):
+                v = blk.ids[b, slot]
+                dense[:, v] += blk.counts[b, slot] * blk.exp_elog_theta[b] * eb[:, v] / blk.phinorm[b, slot]
             assert np.linalg.norm(dense) == pytest.approx(np.sqrt(blk.sq_norms[b]), rel=1e-12)
             assert dense.sum() == pytest.approx(N, rel=1e-12)  # expected counts sum to N
             np.testing.assert_array_equal(np.flatnonzero(dense.sum(0)), np.unique(rows[d]))
@@ -267,7 +267,9 @@ def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
     # random non-negative vectors of norm <= C, sparse and dense, including disjoint supports
     u = rng.exponential(size=(20000, 36)) * (rng.random((20000, 36)) < rng.random((20000, 1)))
     v = rng.exponential(size=(20000, 36)) * (rng.random((20000, 36)) < rng.random((20000, 1)))
-    clip = lambda x: x * np.minimum(1.0, C / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300))
+    def clip(x: np.ndarray) -> np.ndarray:
+        return x * np.minimum(1.0, C / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300))
+
     u, v = clip(u), clip(v)
     gaps = np.linalg.norm(u - v, axis=1)
     assert gaps.max() <= math.sqrt(2) * C * (1 + 1e-12)
@@ -400,8 +402,8 @@ def test_pipeline_run_publishes_lda_with_the_ledgers_epsilon():
     """`stream-vips run` path: config -> Application with memory connectors -> messages."""
     from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
     from stream_vips.client import posterior_from_message
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     rng = np.random.default_rng(20)
     vocab = [f"w{i}" for i in range(20)]

@@ -8,7 +8,7 @@ import pytest
 import stream_vips
 from stream_vips import ConfigError, PrivateLearner, StreamVipsError
 from stream_vips.core.learner import StateMismatch
-from stream_vips.privacy.ledger import FileLedger, LedgerMismatch
+from stream_vips.privacy.ledger import LedgerMismatch
 
 
 def linreg_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +65,7 @@ def test_finite_data_smaller_than_the_reservoir_gives_no_model_and_says_what_to_
         lrn.learn_many(linreg_data(300))
     assert len(caught) == 1
     with pytest.raises(StreamVipsError) as exc:
-        lrn.posterior
+        _ = lrn.posterior
     message = str(exc.value)
     assert str(caught[0].message) == "learn_many ended without a released model: " + message.split(": ", 1)[1]
     assert "300 records fed, 0 rejected; updates have not halted" in message
@@ -91,7 +91,7 @@ def test_no_model_says_how_many_records_were_rejected_why_the_learner_halted_and
     with pytest.warns(UserWarning, match="without a released model"):
         lrn.learn_many(records)
     with pytest.raises(StreamVipsError) as exc:
-        lrn.posterior
+        _ = lrn.posterior
     message = str(exc.value)
     assert message.startswith("no private step has been taken yet, so there is no released model: "
                               "800 records fed (500 reached the reservoir before updates halted), 800 rejected "

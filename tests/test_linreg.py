@@ -241,11 +241,11 @@ def test_error_shrinks_as_epsilon_grows():
     We require strictly decreasing errors, each error/z within a factor 2 of the others, and
     the accountant's epsilon strictly increasing (PLD, replace-one, delta 1e-5).
     """
+    from stream_vips.core.data.reservoir import Reservoir
+    from stream_vips.core.data.sampling import PoissonSampler
     from stream_vips.core.engine import PrivateEngine
     from stream_vips.privacy.accountants import PldAccountant
     from stream_vips.privacy.events import SubsampledGaussianEvent
-    from stream_vips.core.data.reservoir import Reservoir
-    from stream_vips.core.data.sampling import PoissonSampler
 
     M, d, q, T = 2000, 3, 0.5, 10
     rng = np.random.default_rng(0)
@@ -283,7 +283,8 @@ def test_reader_rebuilds_the_model_from_a_published_message():
     report = messages.privacy_report(epsilon_spent=0.1, delta=1e-5, epsilon_budget=1.0, accountant="pld",
                                      sampling="poisson", q=0.1, noise_multiplier=1.0, steps=1, halted=False,
                                      seeded=True)
-    msg = messages.loads(messages.dumps(messages.build_message("a", m.family, m.hyperparameters(), 0, m.state(), report)))
+    msg = messages.loads(messages.dumps(messages.build_message("a", m.family, m.hyperparameters(), 0, m.state(),
+                                                               report)))
     reader = LinearRegression(**msg["hyperparameters"])
     reader.load_state(messages.decode_state(msg))
     X = np.array([[0.2, 0.1], [-0.3, 0.4]])
@@ -302,7 +303,7 @@ def test_default_allocation_serves_the_posterior_mean():
         assert sum(v * v for v in w.values()) == pytest.approx(1.0)
         assert w["yy"] ** 2 == pytest.approx(1.0 / (d + 1))
 
-        def error(a_xx: float, a_xy: float) -> float:
+        def error(a_xx: float, a_xy: float, R: float = R, B: float = B) -> float:
             return (R * B / a_xy) ** 2 + (R * R / a_xx) ** 2 * (B / R) ** 2
 
         share = 1.0 - w["yy"] ** 2  # what xx and xy share

@@ -17,8 +17,9 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -114,8 +115,8 @@ def debug_logging() -> Iterator[_Capture]:
 def _run_in_process(bootstrap: str, tmp: Path, capture: _Capture) -> tuple[Any, Any, dict[str, Any]]:
     """Build (this is where the library installs the guard) and run the pipeline; ``capture``
     holds what the pipeline logged, not the test's own producer."""
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     cfg = _config(bootstrap, tmp)
     capture.lines.clear()

@@ -10,6 +10,8 @@ import pytest
 from scipy.optimize import minimize
 
 from stream_vips import messages
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.logistic import (
     BayesianLogisticRegression,
@@ -21,8 +23,6 @@ from stream_vips.models.logistic import (
 from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 C1, C2 = 0.5, 0.25
 
@@ -108,7 +108,7 @@ def test_pg_mean_closed_form_series_and_laplace_transform():
     # for PG(1, c) (Polson, Scott & Windle 2013); central difference error ~ h^2 f''' / 6 < 1e-9.
     for cc in (0.0, 0.7, 3.0, 12.0):
         # cosh(sqrt(u)) is entire in u: evaluate through the complex sqrt when u < 0 (c = 0)
-        lt = lambda t: math.cosh(cc / 2) / cmath.cosh(cmath.sqrt(cc * cc / 4 + t / 2)).real  # noqa: E731
+        lt = lambda t, cc=cc: math.cosh(cc / 2) / cmath.cosh(cmath.sqrt(cc * cc / 4 + t / 2)).real  # noqa: E731
         h = 1e-5
         assert abs(-(lt(h) - lt(-h)) / (2 * h) - pg_mean(np.array([cc]))[0]) < 1e-8
 
@@ -246,7 +246,7 @@ def test_noiseless_engine_converges_to_batch_vb_posterior():
 def test_released_precision_is_always_positive_definite():
     rng = np.random.default_rng(4)
     d, N = 8, 1000
-    for trial in range(200):
+    for _trial in range(200):
         model = BayesianLogisticRegression(d, N, a0=1.0, b0=float(rng.uniform(0.01, 100)))
         std = float(rng.choice([0.0, 1e-4, 1e-2, 1.0]))
         model.set_noise_scale({"s1": std, "s2": std})

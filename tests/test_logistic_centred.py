@@ -160,7 +160,9 @@ def test_state_round_trip_continues_identically():
     n, d = 300, 3
     X, y = synthetic(rng, n, d)
     model = centred(d, n, average_from=1)
-    step = lambda m, t: m.update({k: v / n for k, v in m.clipped_sum({"x": X, "y": y}).items()}, 1.0 / (t + 1))
+    def step(m, t):
+        m.update({k: v / n for k, v in m.clipped_sum({"x": X, "y": y}).items()}, 1.0 / (t + 1))
+
     for t in range(3):
         step(model, t)
     hp = model.hyperparameters()

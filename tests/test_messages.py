@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ def report(**kw):
 def message():
     rng = np.random.default_rng(0)
     state = {"precision": rng.normal(size=(4, 4)), "shift": rng.normal(size=4), "shape": np.array(3.5)}
-    when = datetime(2026, 11, 26, 0, 0, tzinfo=timezone.utc)
+    when = datetime(2026, 11, 26, 0, 0, tzinfo=UTC)
     return build_message("model-a", "linreg", {"dim": 4, "y_bound": 1.0}, 3, state, report(), when), state
 
 

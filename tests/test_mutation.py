@@ -50,9 +50,11 @@ def test_a_changed_module_or_target_makes_its_record_stale(monkeypatch):
 
 def test_survivors_are_keyed_by_function_and_mutated_text_and_lists_are_checked_both_ways(tmp_path):
     diff = ("--- a\n+++ b\n@@ -1,3 +1,3 @@\n def f(x):\n-    return x < 1  # bound\n+    return x <= 1  # bound\n")
-    key = mutation.mutant_key("stream_vips/core/data/window.py", mutation.function_label("stream_vips.core.data.window.x_f__mutmut_3"), diff)
+    label = mutation.function_label("stream_vips.core.data.window.x_f__mutmut_3")
+    key = mutation.mutant_key("stream_vips/core/data/window.py", label, diff)
     assert key == "stream_vips/core/data/window.py | f | return x <= 1"
-    assert mutation.function_label("stream_vips.core.data.window.xǁWindowReservoirǁadmit__mutmut_12") == "WindowReservoir.admit"
+    label = mutation.function_label("stream_vips.core.data.window.xǁWindowReservoirǁadmit__mutmut_12")
+    assert label == "WindowReservoir.admit"
     listed = tmp_path / "equivalent.txt"
     listed.write_text(f"# comment\n\n{key} | x is an integer here\n")
     assert mutation.read_equivalent(listed) == {key: "x is an integer here"}

@@ -9,12 +9,12 @@ import json
 from collections.abc import Sequence
 
 import pytest
-from test_pipeline import cfg_dict, synthetic_lines
 
 from connectors.memory import MemorySink
 from stream_vips.config import config_from_dict
 from stream_vips.io import RawRecord
 from stream_vips.service.app import Application
+from test_pipeline import cfg_dict, synthetic_lines
 
 N_GOOD = 300
 TOMBSTONES_AT = (0, 150, 199)  # within the first 200 arrivals, which fill the reservoir: admitted either way

@@ -8,13 +8,13 @@ import io
 from pathlib import Path
 
 import pytest
-from test_pipeline import cfg_dict, synthetic_lines
 
 from connectors.jsonl import JsonlSource
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.stdio import StdinSource
 from stream_vips.config import config_from_dict
 from stream_vips.service.app import Application
+from test_pipeline import cfg_dict, synthetic_lines
 
 N_GOOD = 300
 NULL_AT = (0, 150, 301)  # first, in the middle, last of the stream

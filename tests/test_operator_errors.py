@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -105,7 +105,7 @@ def ledger_with_steps(path: Path, steps: int) -> None:
 def test_two_resets_in_one_second_keep_both_old_ledgers(tmp_path, monkeypatch, capsys):
     config = reset_config(tmp_path)
     ledger_with_steps(tmp_path / "ledger.jsonl", 5)
-    frozen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)  # both resets in the same second
+    frozen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)  # both resets in the same second
 
     class FrozenClock(datetime):
         @classmethod
@@ -182,13 +182,13 @@ def test_a_full_disk_at_the_ledger_is_one_line_exit_6_whole_lines_and_no_unpaid_
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    [line] = [l for l in err.splitlines() if "privacy.ledger.path" in l]
+    [line] = [text for text in err.splitlines() if "privacy.ledger.path" in text]
     assert line.startswith("stream-vips: stopped:") and "no step was released" in line
     raw = (tmp_path / "ledger.jsonl").read_bytes()
     assert raw.endswith(b"\n") and raw.count(b"\n") == 3  # cut back to whole lines: genesis + 2 steps
     with FileLedger(tmp_path / "ledger.jsonl") as ledger:
         assert len(ledger.events()) == 2
-    versions = [json.loads(l)["version"] for l in (tmp_path / "models.jsonl").read_text().splitlines()]
+    versions = [json.loads(text)["version"] for text in (tmp_path / "models.jsonl").read_text().splitlines()]
     assert versions and max(versions) == 1  # no model for the step whose line is missing
 
 
@@ -291,7 +291,8 @@ def _kafka_config(tmp_path: Path, extra: str) -> Path:
 def test_a_secret_file_that_cannot_be_used_stops_the_start_naming_the_key(tmp_path, monkeypatch, capsys, case):
     """One line, exit 2, before any connection is made: the key, the path and why."""
     monkeypatch.chdir(tmp_path)
-    path = {"missing": tmp_path / "absent", "directory": tmp_path, "empty": tmp_path / "empty"}.get(case, tmp_path / "pw")
+    path = {"missing": tmp_path / "absent", "directory": tmp_path,
+            "empty": tmp_path / "empty"}.get(case, tmp_path / "pw")
     (tmp_path / "empty").write_text("")
     (tmp_path / "pw").write_text(PASSWORD)
     extra = f", sasl_password_file: '{path}'" + (f", sasl_password: '{PASSWORD}'" if case == "both" else "")

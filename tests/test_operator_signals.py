@@ -18,10 +18,10 @@ from connectors.kafka.source import KafkaSource
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import main
-from stream_vips.service.build import config_from_dict
 from stream_vips.cli.console import Progress
 from stream_vips.io import Coverage
 from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 DIM = 3
 
@@ -121,7 +121,8 @@ def test_a_missing_topic_is_warned_of_at_start_and_no_partition_from_the_second_
         assert app.metrics.source_topic_missing.labels(topic="events")._value.get() == 1
         assert app.metrics.source_partitions._value.get() == 0
         warned = [r.getMessage() for r in caplog.records]
-        assert len(warned) == 1 and "'events' does not exist" in warned[0] and "streamvipsinputtopicmissing" in warned[0]
+        assert len(warned) == 1
+        assert "'events' does not exist" in warned[0] and "streamvipsinputtopicmissing" in warned[0]
         app._check_source()  # within the interval: no new check
         assert source.checks == 1
         for _ in range(3):

@@ -18,19 +18,19 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
-from prometheus_client import generate_latest
 import pytest
+from prometheus_client import generate_latest
 
 from connectors.memory import MemoryDeadLetterSink, MemorySink, MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips import messages
-from stream_vips.service.checkpoint import Checkpoint
 from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
 from stream_vips.io import RawRecord
-from stream_vips.service.app import Application, DeadLetterError, PublishError
 from stream_vips.privacy.accountants import PldAccountant, RdpAccountant
 from stream_vips.privacy.ledger import FileLedger
+from stream_vips.service.app import Application, DeadLetterError, PublishError
+from stream_vips.service.build import config_from_dict
+from stream_vips.service.checkpoint import Checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 3

@@ -8,10 +8,10 @@ import warnings
 import dp_accounting as dpa
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant as DpaRdp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import norm
 

@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, StrongCompositionAccountant, UnsupportedEvent
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.accountants import StrongCompositionAccountant
 from stream_vips.privacy.events import (
     PureDpEvent,
     SubsampledGaussianEvent,

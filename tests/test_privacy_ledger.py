@@ -16,8 +16,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_vips.privacy.events import SubsampledGaussianEvent
-from stream_vips.privacy.ledger import (FileLedger, Ledger, LedgerCorrupt, LedgerLocked, LedgerMismatch, MemoryLedger,
-                                        check_binding, encode_genesis, encode_line, new_genesis)
+from stream_vips.privacy.ledger import (
+    FileLedger,
+    Ledger,
+    LedgerCorrupt,
+    LedgerLocked,
+    LedgerMismatch,
+    MemoryLedger,
+    check_binding,
+    encode_genesis,
+    encode_line,
+    new_genesis,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

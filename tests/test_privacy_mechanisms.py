@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from stream_vips.privacy.mechanisms import (
-    block_noise_stds, clip_factors, clip_rows, effective_noise_multiplier, gaussian_noise,
-    make_rng, noise_std, project_pd, symmetric_noise,
+    block_noise_stds,
+    clip_factors,
+    clip_rows,
+    effective_noise_multiplier,
+    gaussian_noise,
+    make_rng,
+    noise_std,
+    project_pd,
+    symmetric_noise,
 )
 
 

@@ -28,8 +28,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -205,7 +206,8 @@ def test_prometheus_scrapes_the_halted_pipeline(stack: tuple[PromAPI, Path, subp
     def firing() -> set[str]:
         return {a["labels"]["alertname"] for a in api.get("/api/v1/alerts")["alerts"] if a["state"] == "firing"}
 
-    alerts_firing = wait_for("StreamVipsBudgetExhausted firing", lambda: "StreamVipsBudgetExhausted" in firing() and firing(), app)
+    alerts_firing = wait_for("StreamVipsBudgetExhausted firing",
+                             lambda: "StreamVipsBudgetExhausted" in firing() and firing(), app)
     assert "StreamVipsBudget80PercentSpent" not in alerts_firing  # superseded once halted
     assert "StreamVipsDown" not in alerts_firing
 

@@ -128,8 +128,8 @@ def test_the_readme_kafka_configuration_starts_on_one_broker(kafka_bootstrap, ca
     broker weakens."""
     from kafka import KafkaAdminClient
 
-    from stream_vips.service.build import config_from_dict
     from stream_vips.service.app import Application
+    from stream_vips.service.build import config_from_dict
 
     section = README[README.index("## Running on your own stream"):]
     data = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1))

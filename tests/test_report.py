@@ -20,11 +20,11 @@ import stream_vips.cli as cli
 from connectors.memory import MemorySource
 from connectors.synthetic import SyntheticRegressionSource
 from stream_vips.cli import report as sv_report
-from stream_vips.service.build import config_from_dict
-from stream_vips.service.app import Application
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 DIM = 3
 Z = {"poisson": 2.0, "fixed": 5.0}  # autodp's bound is looser: more noise for several steps
@@ -245,7 +245,8 @@ def test_a_kafka_ledger_is_read_committed_and_its_writer_keeps_appending(kafka_b
         page = (tmp_path / "out" / "report.html").read_text()
         shown = float(re.search(r'id="epsilon-spent" data-value="([^"]+)"', page).group(1))
         assert shown == pytest.approx(last["privacy"]["epsilon_spent"], rel=1e-6)
-        writer.append(SubsampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.1, sampling="poisson"))  # not fenced
+        # not fenced
+        writer.append(SubsampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.1, sampling="poisson"))
         assert len(writer.events()) == stats.updates + 1
     finally:
         writer.close()

@@ -75,7 +75,8 @@ def test_a_busy_metrics_port_is_one_line_naming_the_key_and_leaves_nothing_behin
         out = run_cli(tmp_path, CONFIG % {"planned": 10, "port": port})
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"stream-vips: configuration error: metrics.port: cannot serve metrics on 0.0.0.0:{port}: Address already in use"]
+        f"stream-vips: configuration error: metrics.port: cannot serve metrics on 0.0.0.0:{port}: "
+        "Address already in use"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml", "data.jsonl"]  # no ledger, no sinks
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-
-from stream_vips.errors import ReservoirNotFull
 import pytest
 from scipy import stats
 
 from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler, make_sampler
+from stream_vips.errors import ReservoirNotFull
 
 
 def test_fixed_size_batches_have_exactly_s_distinct_members():

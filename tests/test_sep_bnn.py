@@ -10,14 +10,20 @@ import numpy as np
 import pytest
 
 from stream_vips import messages
-from stream_vips.service.checkpoint import _pack, _unpack
 from stream_vips.client import posterior_from_message
 from stream_vips.core.learner import PrivateLearner
 from stream_vips.models import model_class
 from stream_vips.models.sep.bnn import (
-    BNNSEP, _split, fit_rule, forward_moments, log_z_gradients, n_weights, weight_sites,
+    BNNSEP,
+    _split,
+    fit_rule,
+    forward_moments,
+    log_z_gradients,
+    n_weights,
+    weight_sites,
 )
 from stream_vips.schedule import step_size
+from stream_vips.service.checkpoint import _pack, _unpack
 
 D, H = 2, 3
 
@@ -58,8 +64,10 @@ def test_log_z_gradients_match_finite_differences():
     for i in range(W):
         e = np.zeros(W)
         e[i] = h
-        fd_m = (log_z_gradients(mean + e, var, X, y, nv, D, H)[2] - log_z_gradients(mean - e, var, X, y, nv, D, H)[2]) / (2 * h)
-        fd_v = (log_z_gradients(mean, var + e, X, y, nv, D, H)[2] - log_z_gradients(mean, var - e, X, y, nv, D, H)[2]) / (2 * h)
+        fd_m = (log_z_gradients(mean + e, var, X, y, nv, D, H)[2]
+                - log_z_gradients(mean - e, var, X, y, nv, D, H)[2]) / (2 * h)
+        fd_v = (log_z_gradients(mean, var + e, X, y, nv, D, H)[2]
+                - log_z_gradients(mean, var - e, X, y, nv, D, H)[2]) / (2 * h)
         # central differences: truncation O(h^2), rounding O(eps / h) ~ 1e-10
         np.testing.assert_allclose(g_m[:, i], fd_m, atol=1e-7)
         np.testing.assert_allclose(g_v[:, i], fd_v, atol=1e-7)

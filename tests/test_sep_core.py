@@ -12,6 +12,8 @@ import math
 import numpy as np
 import pytest
 
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.sep.core import SITE, pack, packed_size, unpack
 from stream_vips.models.sep.gaussian import GaussianMeanSEP
@@ -21,8 +23,6 @@ from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 
 
 def make_engine(model, rows, sampler, z, *, steps=300, seed=0, tau0=1.0, kappa=1.0):
@@ -45,8 +45,8 @@ def make_engine(model, rows, sampler, z, *, steps=300, seed=0, tau0=1.0, kappa=1
 class Spy:
     """Records, per update, the released natural parameters and their noise-free counterpart.
 
-    With a batch of the whole reservoir (S = M) the batch is the whole reservoir, so the noise-free release is computable
-    from the same state: residual = released - noise-free is exactly the engine's noise mapped
+    With a batch of the whole reservoir (S = M) the batch is the whole reservoir, so the noise-free release is
+    computable from the same state: residual = released - noise-free is exactly the engine's noise mapped
     through the public affine map (R).
     """
 
@@ -204,7 +204,8 @@ def test_every_local_update_and_every_site_is_clipped(idx):
             assert norm <= C * (1 + 1e-12)
             hit += norm > C * (1 - 1e-9)
         total = model.clipped_sum(rows)[SITE]
-        singles = sum(model.clipped_sum({k: v[i : i + 1] for k, v in rows.items()})[SITE] for i in range(len(rows["x"])))
+        singles = sum(model.clipped_sum({k: v[i : i + 1] for k, v in rows.items()})[SITE]
+                      for i in range(len(rows["x"])))
         np.testing.assert_allclose(total, singles, rtol=1e-9, atol=1e-9)
         eng.step()
         assert np.linalg.norm(model.site) <= C * (1 + 1e-12)

@@ -6,10 +6,16 @@ import math
 
 import pytest
 
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent, make_accountant
+from stream_vips.privacy.accountants import (
+    PldAccountant,
+    RdpAccountant,
+    StrongCompositionAccountant,
+    UnsupportedEvent,
+    heterogeneous_strong_epsilon,
+    make_accountant,
+    strong_composition_epsilon,
+)
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.accountants import (StrongCompositionAccountant, heterogeneous_strong_epsilon,
-                                             strong_composition_epsilon)
 from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent, UnknownEvent, event_from_dict
 from stream_vips.privacy.ledger import MemoryLedger
 
@@ -118,7 +124,8 @@ def test_steps_of_different_events_with_the_same_epsilon_all_count():
     acct = StrongCompositionAccountant(RdpAccountant())
     a, b = PureDpEvent(0.2), PureDpEvent(0.2, adjacency="add_remove")
     mixed = acct.epsilon_of_counts(acct.group([a] * 3 + [b] * 2), 1e-5)
-    assert mixed == acct.epsilon_of_counts(acct.group([a] * 5), 1e-5) > acct.epsilon_of_counts(acct.group([a] * 3), 1e-5)
+    assert mixed == acct.epsilon_of_counts(acct.group([a] * 5), 1e-5) \
+        > acct.epsilon_of_counts(acct.group([a] * 3), 1e-5)
     assert acct.epsilon_of_counts({}, 1e-5) == 0.0
 
 

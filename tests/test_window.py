@@ -10,11 +10,11 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from stream_vips import ConfigError, PrivateLearner
+from stream_vips.core.data.window import WindowReservoir, window_steps
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.window import WindowReservoir, window_steps
 
 DELTA = 1e-5
 

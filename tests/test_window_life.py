@@ -18,14 +18,14 @@ import pytest
 from connectors.memory import MemoryDeadLetterSink, MemorySink
 from stream_vips import PrivateLearner
 from stream_vips.config import ConfigError
-from stream_vips.service.build import config_from_dict
 from stream_vips.errors import StepRefused
 from stream_vips.io import RawRecord
-from stream_vips.service.app import Application
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, LedgerMismatch
+from stream_vips.service.app import Application
+from stream_vips.service.build import config_from_dict
 
 M, EVERY = 1000, 250  # a window of M arrivals and a step every EVERY arrivals: L = 4
 L = 4

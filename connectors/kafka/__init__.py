@@ -41,14 +41,29 @@ loggers (:func:`stream_vips.logsafety.guard_client_logging`).
 
 from connectors.kafka.access import Grant, connector_grants
 from connectors.kafka.admin import ensure_topic, read_topic
-from connectors.kafka.connection import (ENV_PREFIX, FILE_KEYS, SECURITY_KEYS, KafkaConnection, principal,
-                                         security_options, server_list)
+from connectors.kafka.connection import (
+    ENV_PREFIX,
+    FILE_KEYS,
+    SECURITY_KEYS,
+    KafkaConnection,
+    principal,
+    security_options,
+    server_list,
+)
 from connectors.kafka.dead_letters import KafkaDeadLetterSink, dead_letter_from_record, dead_letter_reasons
 from connectors.kafka.errors import KafkaAccessDenied, KafkaConnectorError, KafkaPublishError
 from connectors.kafka.kafka_python import SeekListener
 from connectors.kafka.ledger import KafkaLedger, read_ledger_topic
-from connectors.kafka.sink import (CHUNK_HEADER, MESSAGE_ID_HEADER, RECORD_OVERHEAD, SHA256_HEADER, KafkaModelSink,
-                                   Reassembler, chunk_info, chunk_payload)
+from connectors.kafka.sink import (
+    CHUNK_HEADER,
+    MESSAGE_ID_HEADER,
+    RECORD_OVERHEAD,
+    SHA256_HEADER,
+    KafkaModelSink,
+    Reassembler,
+    chunk_info,
+    chunk_payload,
+)
 from connectors.kafka.source import KafkaSource
 
 __all__ = [

@@ -18,8 +18,9 @@ import inspect
 import re
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from connectors.kafka.connection import log, principal, server_list
 from connectors.kafka.errors import KafkaAccessDenied
@@ -138,7 +139,9 @@ def authenticate(servers: str | Sequence[str], security: Mapping[str, Any], time
             probe.poll(0)  # serves error_cb
             codes = [e.code() for e in errors]
             if KafkaError._AUTHENTICATION in codes:
-                raise authentication_failed(security, servers, errors[codes.index(KafkaError._AUTHENTICATION)].str())
+                # the cause is the broker's error (its text is in the message), not the metadata call's timeout
+                raise authentication_failed(security, servers,
+                                            errors[codes.index(KafkaError._AUTHENTICATION)].str()) from None
             if KafkaError._ALL_BROKERS_DOWN in codes:
                 return
             continue

@@ -4,10 +4,18 @@ settings (:func:`ensure_topic`) and read a topic's committed records (:func:`rea
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from connectors.kafka.access import (UNKNOWN_TOPIC_OR_PARTITION, Grant, authenticate, check_access, check_grants,
-                                     denial, open_admin)
+from connectors.kafka.access import (
+    UNKNOWN_TOPIC_OR_PARTITION,
+    Grant,
+    authenticate,
+    check_access,
+    check_grants,
+    denial,
+    open_admin,
+)
 from connectors.kafka.connection import server_list
 from connectors.kafka.errors import KafkaConnectorError
 

@@ -16,7 +16,8 @@ keeps no import cycle, and a process loads confluent-kafka only when a connectio
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from connectors.kafka.connection import ClientName, KafkaConnection
 from connectors.kafka.rebalance import TP, Rebalance

@@ -30,8 +30,9 @@ Example (no broker needed)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import groupby
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 

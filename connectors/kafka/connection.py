@@ -16,8 +16,8 @@ broker restart).
 
 ``client`` picks the client library behind every connector of the connection: ``kafka-python``
 (the default) or ``confluent`` (confluent-kafka on librdkafka, about three times faster at
-reading in benchmarks/bench_kafka.py; :mod:`connectors.kafka.confluent`). Both give the same guarantees; topic administration and
-reading a whole topic back (ledger replay, ``Sink.latest``) use kafka-python in either case.
+reading in benchmarks/bench_kafka.py; :mod:`connectors.kafka.confluent`). Both give the same guarantees; topic
+administration and reading a whole topic back (ledger replay, ``Sink.latest``) use kafka-python in either case.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import inspect
 import logging
 import os
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from connectors.kafka.errors import KafkaConnectorError
 from stream_vips.errors import ConfigError
@@ -99,7 +100,8 @@ def security_options(options: Mapping[str, Any] | None = None,
         out[_KAFKA_PYTHON_NAMES.get(key, key)] = value
     protocol = out.setdefault("security_protocol", "PLAINTEXT")
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-        raise KafkaConnectorError(f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {protocol!r}")
+        raise KafkaConnectorError(
+            f"security_protocol must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, got {protocol!r}")
     if protocol.startswith("SASL"):
         if "sasl_mechanism" not in out:
             raise KafkaConnectorError(f"security_protocol {protocol} needs sasl_mechanism (e.g. PLAIN, SCRAM-SHA-512)")
@@ -173,7 +175,8 @@ class KafkaConnection:
     def __post_init__(self) -> None:
         if self.client not in CLIENTS:
             raise KafkaConnectorError(f"client must be kafka-python or confluent, got {self.client!r}")
-        object.__setattr__(self, "security", security_options({k: getattr(self, k) for k in (*SECURITY_KEYS, *FILE_KEYS)}))
+        security = security_options({k: getattr(self, k) for k in (*SECURITY_KEYS, *FILE_KEYS)})
+        object.__setattr__(self, "security", security)
         object.__setattr__(self, "servers", server_list(self.bootstrap_servers))
 
     @property

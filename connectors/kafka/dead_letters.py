@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -16,7 +17,6 @@ from connectors.kafka.connection import KafkaConnection, server_list, takes_conn
 from connectors.kafka.errors import KafkaConnectorError
 from connectors.kafka.topics import TopicSpec
 from stream_vips.io import DeadLetter
-
 
 #: The dead-letter producer's request limit, set on both client libraries so that they refuse at
 #: the same size: kafka-python's default ``max_request_size`` (librdkafka's ``message.max.bytes``

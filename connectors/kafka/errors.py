@@ -10,7 +10,8 @@ themselves are imported only inside the functions that read their errors.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from stream_vips.errors import StreamVipsError
 

@@ -8,9 +8,10 @@ Like :mod:`connectors.kafka.confluent`, this side depends only on the modules be
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from connectors.kafka.connection import KafkaConnection, log
 from connectors.kafka.errors import CommitRefused, KafkaPublishError, part_label

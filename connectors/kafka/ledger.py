@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from connectors.kafka.access import Grant, check_access, denial, discard_producer, grant_for
 from connectors.kafka.admin import read_topic
@@ -15,9 +16,14 @@ from connectors.kafka.clients import producer_client
 from connectors.kafka.connection import KafkaConnection, log, takes_connection
 from connectors.kafka.errors import KafkaConnectorError, KafkaPublishError, retriable
 from connectors.kafka.topics import TopicSpec, describe_cluster, too_few_brokers
-from stream_vips.privacy.ledger import (LedgerCorrupt, LedgerSteps, encode_genesis, encode_line, new_genesis,
-                                        replay_lines)
-
+from stream_vips.privacy.ledger import (
+    LedgerCorrupt,
+    LedgerSteps,
+    encode_genesis,
+    encode_line,
+    new_genesis,
+    replay_lines,
+)
 
 #: The ledger topic's durable minimum: replicas, and ``min.insync.replicas`` (one broker may be lost).
 DURABLE_REPLICAS, DURABLE_INSYNC = 3, 2

@@ -8,7 +8,8 @@ and imports neither, nor the seam above them (:mod:`connectors.kafka.clients`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from connectors.kafka.connection import log
 

@@ -12,7 +12,8 @@ import hashlib
 import json
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from connectors.kafka.access import Grant, denial, discard_producer, grant_for
 from connectors.kafka.admin import read_topic
@@ -115,7 +116,8 @@ class KafkaModelSink:
         out = [Grant("topic", topic, "Write", "the model sink publishes each model in a transaction",
                      "connectors.kafka.sink.KafkaModelSink.publish"),
                Grant("topic", topic, "Read", "the model sink reads the latest model back at start",
-                     "connectors.kafka.sink.KafkaModelSink.latest via stream_vips.service.app.Application.check_published"),
+                     "connectors.kafka.sink.KafkaModelSink.latest via "
+                     "stream_vips.service.app.Application.check_published"),
                Grant("topic", topic, "DescribeConfigs", "the model sink checks cleanup.policy, max.message.bytes "
                      "and min.insync.replicas at start", "connectors.kafka.admin.ensure_topic"),
                Grant("transactionalId", transactional_id or TRANSACTIONAL_PREFIX, "Write",
@@ -223,7 +225,8 @@ class Reassembler:
     def __init__(self) -> None:
         self._parts: dict[str, dict[int, bytes]] = {}
 
-    def add(self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None) -> tuple[str, bytes] | None:
+    def add(self, key: bytes | None, value: bytes | None,
+            headers: Sequence[tuple[str, bytes]] | None) -> tuple[str, bytes] | None:
         info = chunk_info(headers)
         key_s = (key or b"").decode("utf-8")
         if info is None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from connectors.kafka.access import Grant, check_access
 from connectors.kafka.clients import consumer_client
@@ -130,7 +131,8 @@ class KafkaSource:
     def grants(topics: str | list[str], group_id: str = "stream-vips") -> list[Grant]:
         """The ACLs the source needs (checked at start; :mod:`connectors.kafka.access`)."""
         names = [topics] if isinstance(topics, str) else list(topics)
-        return [*(Grant("topic", t, "Read", "the source consumes the records", "connectors.kafka.source.KafkaSource.poll")
+        return [*(Grant("topic", t, "Read", "the source consumes the records",
+                        "connectors.kafka.source.KafkaSource.poll")
                   for t in names),
                 Grant("group", group_id, "Read", "the source joins its consumer group and commits offsets",
                       "connectors.kafka.source.KafkaSource.poll and .commit")]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from connectors.kafka.access import Grant
 from connectors.kafka.admin import ensure_topic
@@ -40,7 +41,7 @@ class TopicSpec:
     fits_cluster: bool = False
     risk: str = ""
 
-    def within(self, brokers: int) -> "TopicSpec":
+    def within(self, brokers: int) -> TopicSpec:
         """This spec on a cluster of ``brokers``: at most that many replicas, and
         ``min.insync.replicas`` and the replicas required at most the replication."""
         replicas = brokers if self.replication_factor == BROKER_DEFAULT else min(self.replication_factor, brokers)
@@ -50,7 +51,7 @@ class TopicSpec:
         return dataclasses.replace(self, replication_factor=replicas, configs=configs,
                                    min_replication=min(self.min_replication, replicas))
 
-    def durability(self, configured: "TopicSpec | None" = None) -> str:
+    def durability(self, configured: TopicSpec | None = None) -> str:
         """``replication R, min.insync.replicas M`` (the latter when set), each followed by the
         ``configured`` value where it differs."""
         before = _durability(configured) if configured is not None else {}
@@ -84,7 +85,7 @@ def spec_of(cls: type, options: Mapping[str, Any], **extra: Any) -> list[TopicSp
     """The topics a Kafka connector class needs with these configuration ``options`` (its
     constructor's keyword arguments): its ``topic_spec`` (or the source's ``topic_specs``)
     called with the options it names, plus ``extra`` (the source's partitions)."""
-    function = getattr(cls, "topic_specs", None) or getattr(cls, "topic_spec")
+    function = getattr(cls, "topic_specs", None) or cls.topic_spec
     wanted = {**options_of(cls, options), **extra}
     specs = function(**{name: wanted[name] for name in inspect.signature(function).parameters})
     return list(specs) if isinstance(specs, (list, tuple)) else [specs]

@@ -24,7 +24,8 @@ both (positions below ``M`` fill their own slot), so the sides are a replace-one
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

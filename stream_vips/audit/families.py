@@ -137,7 +137,8 @@ EXTRA_AUDITS: dict[str, FamilyAudit] = {
         note="privacy.unit: key as linreg_key; label flips of one key's L copies"),
     "logistic_fit": FamilyAudit(
         "logistic", _confident_logistic, _fit_sums_candidates(), block_weights=FIT_SUMS_WEIGHTS,
-        noise_multiplier=2.0, ratio_floor=0.99, floor_reason="attained: the pair is the proof's worst case of the second branch",
+        noise_multiplier=2.0, ratio_floor=0.99,
+        floor_reason="attained: the pair is the proof's worst case of the second branch",
         note="fit's s1-release allocation s1:s2 = 1:1.5 (D = 1.438): under a confident posterior both "
              "records have E[omega] = 1/4, and their angle makes the s1 and s2 changes add to the diameter "
              "(z = 2 puts the claimed sensitivity D/z near the other families' 2/3)"),

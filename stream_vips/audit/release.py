@@ -19,19 +19,20 @@ every step releases from the same model state: the trials audit one release, rep
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from stream_vips.core.engine import PrivateEngine
 from stream_vips.core.data.key_reservoir import KeyReservoir
+from stream_vips.core.data.reservoir import Reservoir
+from stream_vips.core.data.sampling import make_sampler
+from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.base import Block, Model
 from stream_vips.privacy.accountants import make_accountant
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import MemoryLedger
-from stream_vips.core.data.reservoir import Reservoir
-from stream_vips.core.data.sampling import make_sampler
 
 #: The monitor must admit every trial; it gates releases but never shapes them.
 AUDIT_BUDGET = 1e300

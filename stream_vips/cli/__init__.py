@@ -13,7 +13,7 @@ import argparse
 import importlib
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from stream_vips import __version__
 
@@ -28,8 +28,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "print the latest model per id on a model topic or in a JSONL model file"),
     "reset": ("stream_vips.cli.reset", "start a new privacy budget deliberately (the old ledger is kept and named)"),
     "fit": ("stream_vips.cli.fit", "fit a model to a finite JSONL data set, spending the whole privacy budget"),
-    "report": ("stream_vips.cli.report", "write a privacy and model report (PNG and HTML) from a ledger and the published models"),
-    "config": ("stream_vips.cli.config_cmd", "print the effective configuration after environment overrides (secrets redacted)"),
+    "report": ("stream_vips.cli.report",
+               "write a privacy and model report (PNG and HTML) from a ledger and the published models"),
+    "config": ("stream_vips.cli.config_cmd",
+               "print the effective configuration after environment overrides (secrets redacted)"),
     "topics": ("stream_vips.cli.topics", "create or check every Kafka topic a configuration names"),
 }
 

@@ -22,7 +22,8 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 PROG = "stream-vips config"
 

@@ -39,7 +39,8 @@ def startup_lines(app: Application, config: Any) -> list[str]:
         ledger = app.ledger
         where = cfg.privacy.ledger.path if cfg.privacy.ledger.type == "file" else cfg.privacy.ledger.type
         lines += [
-            f"noise          z = {engine.noise_multiplier:.4g} (paper sigma {engine.noise_multiplier / engine.diameter:.4g}), "
+            f"noise          z = {engine.noise_multiplier:.4g} "
+            f"(paper sigma {engine.noise_multiplier / engine.diameter:.4g}), "
             f"accountant {engine.accountant_name}",
             f"budget         epsilon {monitor.epsilon_budget:g}, delta {monitor.delta:g}, planned steps "
             f"{cfg.privacy.planned_steps}; spent so far {monitor.spent():.4g} in {monitor.steps} ledger steps",
@@ -55,7 +56,8 @@ def startup_lines(app: Application, config: Any) -> list[str]:
               f"models to      {_where('sink', cfg.sink)}",
               f"dead letters   {_where('dead_letter', cfg.dead_letter)}"]
     if cfg.runtime.checkpoint_path:
-        lines.append(f"checkpoint     {cfg.runtime.checkpoint_path} (at most every {cfg.runtime.checkpoint_interval_s:g} s)")
+        lines.append(f"checkpoint     {cfg.runtime.checkpoint_path} "
+                     f"(at most every {cfg.runtime.checkpoint_interval_s:g} s)")
     if app.metrics_port is not None:
         host = app.metrics_address[0] if app.metrics_address else "0.0.0.0"
         lines.append(f"metrics        http://{host}:{app.metrics_port}/metrics")
@@ -99,7 +101,8 @@ def budget_warnings(app: Application, config: Any) -> list[str]:
     steps = expected_steps(total, app.reservoir.capacity, cfg.schedule.every_records)
     planned = cfg.privacy.planned_steps
     if steps == 0:
-        return [f"the source has {total} records, fewer than the {max(app.reservoir.capacity, cfg.schedule.every_records)} "
+        needed = max(app.reservoir.capacity, cfg.schedule.every_records)
+        return [f"the source has {total} records, fewer than the {needed} "
                 "needed before the first update (sampling.reservoir, schedule.every_records): no model will be "
                 "released; lower them, or use `stream-vips fit` for a finite data set"]
     if steps is not None and steps < planned:

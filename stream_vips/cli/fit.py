@@ -8,15 +8,15 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from stream_vips import messages
-from stream_vips.errors import FitError
-from stream_vips.errors import LedgerRefused, NoModelError, SpentError, error_text
-from stream_vips.privacy.ledger import read_first_line
+from stream_vips.errors import FitError, LedgerRefused, NoModelError, SpentError, error_text
 from stream_vips.fitting.rules import CLI_NAMES, MAX_DIM
 from stream_vips.models.registry import MODEL_FAMILIES
+from stream_vips.privacy.ledger import read_first_line
 
 # ------------------------------------------------------------------------------------------- CLI
 
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CODES["written"] if error is None else EXIT_CODES["not_written"]
 
 
-def _failed_after_spending(exc: SpentError, out: "OutputFile") -> int:
+def _failed_after_spending(exc: SpentError, out: OutputFile) -> int:
     """Keep the last paid model of a fit that failed after spending (--out, else stdout)
     and say so in one line; exit code 5."""
     where = "no model had been made"

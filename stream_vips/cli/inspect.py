@@ -29,7 +29,8 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stream_vips.errors import StreamVipsError
 

@@ -184,7 +184,8 @@ def _unit_lines(report: dict) -> list[str]:
             "                  at epsilon whatever k (each key's records are summed and clipped to C).",
         ]
     lines.append(f"{'k records':>10}  {'epsilon':>9}  delta")
-    lines += [f"{g['records']:>10}  {g['epsilon']:>9.4g}  " + ("1 (no guarantee)" if g["vacuous"] else f"{g['delta']:.3g}")
+    lines += [f"{g['records']:>10}  {g['epsilon']:>9.4g}  "
+              + ("1 (no guarantee)" if g["vacuous"] else f"{g['delta']:.3g}")
               for g in report["group_privacy"]]
     return lines
 

@@ -37,10 +37,11 @@ import os
 import sys
 import textwrap
 from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from stream_vips.errors import StreamVipsError
 
@@ -70,7 +71,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``report`` on an ``add_subparsers()`` object."""
     p = subparsers.add_parser(
         "report", help="write a privacy and model report (PNG and HTML) from a ledger and the published models",
-        description=textwrap.fill("Write DIR/report.png and DIR/report.html: epsilon spent over ledger steps against the "
+        description=textwrap.fill(
+                    "Write DIR/report.png and DIR/report.html: epsilon spent over ledger steps against the "
                     "budget (recomputed from the ledger), steps over time, noise multiplier and sampling "
                     "rate per step, dead letters per reason and the latest model's predictive summary and "
                     "privacy report. Needs matplotlib (pip install 'stream_vips[report]').", 92),
@@ -119,7 +121,8 @@ class LedgerView:
 def read_ledger_topic(bootstrap: str, topic: str, name: str, timeout_s: float) -> LedgerView:
     """Kafka ledger ``name`` on ``topic``, read committed and without opening a writer (so the
     running pipeline is not fenced); :class:`ReportError` if it is empty or corrupt."""
-    from connectors.kafka import read_ledger_topic as read_committed, security_options
+    from connectors.kafka import read_ledger_topic as read_committed
+    from connectors.kafka import security_options
     from stream_vips.cli.inspect import deadline_options, within
     from stream_vips.privacy.ledger import LedgerCorrupt
 
@@ -221,8 +224,8 @@ def models_from_file(path: str | os.PathLike[str], model_id: str | None) -> Mode
 
 def models_from_topic(bootstrap: str, topic: str, model_id: str | None, timeout_s: float) -> Models | None:
     """History (what the topic still holds: it is compacted) and latest message of one id."""
-    from stream_vips.client import ModelReader
     from stream_vips.cli.inspect import open_reader, read_topic_to_end
+    from stream_vips.client import ModelReader
 
     class HistoryReader(ModelReader):
         """Also keeps a point per message that became the latest of its id."""
@@ -616,8 +619,8 @@ def render_html(report: Report, png: bytes) -> str:
     warnings = "".join(f"<p class=warn><b>Warning:</b> {e(w)}</p>" for w in report.warnings)
     s = report.summary
     if s["kind"] == "coefficients":
-        model_table = _table(((f"w[{i}]", f"{m:.6g}", f"{sd:.6g}") for i, (m, sd) in enumerate(zip(s["mean"], s["sd"]))),
-                             ("coefficient", "posterior mean", "posterior sd"))
+        rows = ((f"w[{i}]", f"{m:.6g}", f"{sd:.6g}") for i, (m, sd) in enumerate(zip(s["mean"], s["sd"], strict=True)))
+        model_table = _table(rows, ("coefficient", "posterior mean", "posterior sd"))
     elif s["kind"] == "topics":
         model_table = _table(((f"topic {i}", " ".join(words)) for i, words in enumerate(s["top_words"])),
                              ("topic", "most probable words"))
@@ -628,7 +631,8 @@ def render_html(report: Report, png: bytes) -> str:
     notes = "".join(f"<p>{e(n)}</p>" for n in s["notes"])
     privacy_rows = [(k, json.dumps(v)) for k, v in p.items()]
     if report.dead_letters is None:
-        dead = "<p>No dead letters were given (<code>--dead-letters FILE</code> or <code>--dead-letter-topic TOPIC</code>).</p>"
+        dead = ("<p>No dead letters were given (<code>--dead-letters FILE</code> or "
+                "<code>--dead-letter-topic TOPIC</code>).</p>")
     elif not report.dead_letters:
         dead = "<p>There are no dead letters.</p>"
     else:
@@ -690,7 +694,7 @@ is post-processing of the privatized release and costs no budget.</p>
 <h2>Dead letters</h2>
 {dead}
 </body></html>
-"""
+"""  # noqa: E501 (an HTML page: its lines are as long as its text)
 
 
 def write_report(report: Report, out: str | os.PathLike[str]) -> tuple[Path, Path]:

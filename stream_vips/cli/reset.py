@@ -17,7 +17,7 @@ import argparse
 import itertools
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 EXIT_CODES = """exit codes: 0 a new ledger was written; 2 bad configuration, a memory ledger, or no --yes
@@ -82,8 +82,8 @@ def keep_aside(path: Path, stamp: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
     from stream_vips.config import ConfigError
-    from stream_vips.service.build import load_config
     from stream_vips.privacy.ledger import FileLedger, LedgerCorrupt, LedgerLocked
+    from stream_vips.service.build import load_config
 
     if not args.yes:
         print("stream-vips reset: nothing done; pass --yes to start a new privacy budget", file=sys.stderr)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 ids.add(old.ledger_id)
                 ids.update(old.supersedes)
             if path.exists():
-                kept = keep_aside(path, datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+                kept = keep_aside(path, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
                 print(f"stream-vips reset: kept the old ledger as {kept}", file=sys.stderr)
         finally:
             if old is not None:

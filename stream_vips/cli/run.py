@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 EXIT_CODES = """exit codes: 0 a clean end (exhausted, halted for the budget, or signalled); 1 a model could not be
-published (the run retried it with its input paused and no new step until it was stopped); 2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
+published (the run retried it with its input paused and no new step until it was stopped); \
+2 bad configuration or option (the message names the key or flag, e.g. metrics.port when
 the port is busy; checked before anything is spent, except a --json-summary file that cannot be
 written at the end, e.g. a full disk: the summary is then on stderr only); 3 the privacy state
 refuses the start (a ledger that is corrupt, locked by another process, or does not hold the steps
@@ -46,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
 
     from stream_vips.cli import console
     from stream_vips.config import ConfigError
-    from stream_vips.service.build import load_config
     from stream_vips.errors import StreamVipsError
     from stream_vips.logsafety import guard_client_logging
-    from stream_vips.service.app import Application, DeadLetterError, PublishError
     from stream_vips.privacy.ledger import LedgerCorrupt, LedgerLocked, LedgerMismatch, LedgerWriteError
+    from stream_vips.service.app import Application, DeadLetterError, PublishError
+    from stream_vips.service.build import load_config
 
     def say(line: str) -> None:
         print(f"stream-vips: {line}", file=sys.stderr)

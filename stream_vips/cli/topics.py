@@ -95,9 +95,9 @@ def planned_topics(config: Config, partitions: int) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     """See :data:`EXIT_CODES`."""
+    from stream_vips.cli.inspect import BrokerUnreachable
     from stream_vips.config import ConfigError
     from stream_vips.service.build import load_config
-    from stream_vips.cli.inspect import BrokerUnreachable
 
     def fail(line: str, code: int) -> int:
         print(f"{PROG}: {line}", file=sys.stderr)
@@ -137,8 +137,8 @@ def settle(planned: Planned, create: bool, single: bool, timeout_s: float) -> bo
     connector requires. :class:`~stream_vips.cli.inspect.BrokerUnreachable` when Kafka fails."""
     from connectors.kafka import KafkaConnectorError
     from connectors.kafka.topics import describe_cluster, too_few_brokers
-    from stream_vips.cli.run import connector_failure
     from stream_vips.cli.inspect import BrokerUnreachable, deadline_options, error_text
+    from stream_vips.cli.run import connector_failure
 
     key, configured, connection, may_create = planned
     security = {**connection.security, **deadline_options(timeout_s)}

@@ -12,34 +12,44 @@ before anything is spent.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from stream_vips.config import Config, check_kwargs
 from stream_vips.core.data.key_reservoir import KeyReservoir
-from stream_vips.core.data.reservoir import Reservoir, ReservoirLike
+from stream_vips.core.data.protocols import AnyReservoir
+from stream_vips.core.data.reservoir import Layout, Reservoir
 from stream_vips.core.data.sampling import Sampler, make_sampler
-from stream_vips.schedule import Trigger
 from stream_vips.core.data.window import WindowReservoir, window_steps
 from stream_vips.core.engine import PrivateEngine, allocation_diameter
 from stream_vips.errors import ConfigError
 from stream_vips.models import model_class
 from stream_vips.models.base import Model
 from stream_vips.privacy.accountants import Accountant, make_accountant
-from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.budget import BudgetMonitor
+from stream_vips.privacy.calibration import calibrate_noise_multiplier
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import FileLedger, Ledger, MemoryLedger
 from stream_vips.privacy.mechanisms import make_rng
+from stream_vips.schedule import Trigger
+
+
+def family_class(family: str) -> type[Model]:
+    """The :class:`Model` subclass registered for ``family`` (:func:`stream_vips.models.model_class`)."""
+    cls = model_class(family)
+    if not issubclass(cls, Model):
+        raise TypeError(f"model family {family!r} is registered as {cls!r}, which is not a Model")
+    return cls
 
 
 def model_params(cfg: Config) -> dict[str, Any]:
     """The family's constructor arguments: its defaults, ``dataset_size`` = the reservoir's
     capacity M where the family takes one (public), then the configured ones, each checked
     against the constructor (``model.params.<name>`` named on a refusal)."""
-    cls = model_class(cfg.model.family)
+    cls = family_class(cfg.model.family)
     params = {**cls.default_params, **cfg.model.params}
     if "dataset_size" in inspect.signature(cls.__init__).parameters:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
@@ -52,12 +62,12 @@ def model_params(cfg: Config) -> dict[str, Any]:
 def model(cfg: Config, params: Mapping[str, Any]) -> Model:
     """The family's model with ``params`` (a bad value: ``model.params``)."""
     try:
-        return model_class(cfg.model.family)(**params)
+        return family_class(cfg.model.family)(**params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"model.params: {exc}") from exc
 
 
-def reservoir(cfg: Config, layout: Mapping[str, Any], rng: np.random.Generator) -> ReservoirLike:
+def reservoir(cfg: Config, layout: Layout, rng: np.random.Generator) -> AnyReservoir:
     """The reservoir of ``sampling.reservoir_policy`` (or key slots, ``privacy.unit: key``)."""
     if cfg.privacy.unit == "key":  # privacy rule 12: key slots of at most max_records_per_key records
         return KeyReservoir(dict(layout), cfg.sampling.reservoir, cfg.privacy.max_records_per_key, rng)
@@ -77,7 +87,10 @@ def window(cfg: Config) -> int | None:
     """L, the steps a record can be in under window accounting (``None``: stream accounting)."""
     if cfg.privacy.accounting != "window":
         return None
-    return window_steps(cfg.sampling.reservoir, cfg.schedule.every_records)
+    every = cfg.schedule.every_records
+    if every is None:  # the configuration refuses this already; the check narrows the type
+        raise ConfigError("privacy.accounting: window needs schedule.every_records")
+    return window_steps(cfg.sampling.reservoir, every)
 
 
 def diameter(cfg: Config, m: Model) -> float:
@@ -146,9 +159,10 @@ class Parts:
     """Everything a learner is made of, as :func:`parts` built it."""
 
     model: Model
-    reservoir: ReservoirLike
+    reservoir: AnyReservoir
     trigger: Trigger
     engine: PrivateEngine
+    monitor: BudgetMonitor | None  # the engine's, as what it is (None: non-private)
     ledger: Ledger | None
     owns_ledger: bool
     window_steps: int | None
@@ -190,4 +204,4 @@ def parts(cfg: Config, given_ledger: Ledger | None = None) -> Parts:
         if owns and led is not None:
             led.close()
         raise ConfigError(f"privacy: {exc}") from exc
-    return Parts(m, res, trig, engine, led, owns, steps_in_window)
+    return Parts(m, res, trig, engine, mon, led, owns, steps_in_window)

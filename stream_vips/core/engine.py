@@ -51,20 +51,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from stream_vips.errors import ReservoirNotFull
-
 from stream_vips import messages
-from stream_vips.models.base import Model
+from stream_vips.core.data.protocols import AnyReservoir
+from stream_vips.core.data.sampling import Sampler
+from stream_vips.errors import ReservoirNotFull
+from stream_vips.models.base import Block, Model
 from stream_vips.privacy.events import SubsampledGaussianEvent
 from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import block_noise_stds, gaussian_noise, symmetric_noise
-from stream_vips.core.data.reservoir import ReservoirLike
-from stream_vips.core.data.sampling import Sampler
 from stream_vips.schedule import step_size
 
 ADJACENCY = "replace_one"
@@ -110,14 +110,14 @@ class Contribution:
     sums: Mapping[str, np.ndarray]
     position: int
 
-    def plus(self, other: "Contribution") -> "Contribution":
+    def plus(self, other: Contribution) -> Contribution:
         """The contribution of both parts together (the same step: equal positions)."""
         if other.position != self.position or set(other.sums) != set(self.sums):
             raise ValueError("contributions of different steps or blocks do not add up")
         return Contribution({name: self.sums[name] + other.sums[name] for name in self.sums}, self.position)
 
 
-def allocation_weights(blocks: Sequence[Any], block_weights: Mapping[str, float] | None) -> dict[str, float]:
+def allocation_weights(blocks: Sequence[Block], block_weights: Mapping[str, float] | None) -> dict[str, float]:
     """The noise allocation a_k per block, normalised to sum a_k^2 = 1 (default: a_k
     proportional to the block's bound C_k, i.e. noise z on the concatenated vector)."""
     names = [b.name for b in blocks]
@@ -165,7 +165,7 @@ class PrivateEngine:
     def __init__(
         self,
         model: Model,
-        reservoir: ReservoirLike,
+        reservoir: AnyReservoir,
         sampler: Sampler,
         monitor: Monitor | None,
         noise_multiplier: float,
@@ -333,7 +333,8 @@ class PrivateEngine:
         else:
             sums = self.model.clipped_sum(self.reservoir.take(idx))
         if set(sums) != {b.name for b in self.blocks}:
-            raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, model declares {[b.name for b in self.blocks]}")
+            raise ValueError(f"clipped_sum returned blocks {sorted(sums)}, "
+                             f"model declares {[b.name for b in self.blocks]}")
         return Contribution(sums, self.reservoir.seen)
 
     def release(self, contribution: Contribution, started: float | None = None) -> StepResult | None:

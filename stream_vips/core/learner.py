@@ -47,21 +47,26 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from stream_vips import messages
-from stream_vips import records
-from stream_vips.core.data.decoding import DecodedBatch, decode_batch
+from stream_vips import messages, records
+from stream_vips.config import Config
 from stream_vips.core import build
-from stream_vips.core.keys import ArrivalKeys, arrival_keys, field_keys, with_keys
-from stream_vips.records import tabular, top_reasons
-from stream_vips.core.data.reservoir import ReservoirLike
+from stream_vips.core.data.decoding import DecodedBatch, decode_batch
+from stream_vips.core.data.protocols import AnyReservoir, KeySlotReservoir, RecordReservoir
 from stream_vips.core.engine import StepResult
+from stream_vips.core.keys import ArrivalKeys, Keys, RawKeys, arrival_keys, field_keys, with_keys
 from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models.base import Model
+from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger, LedgerMismatch, check_binding
+from stream_vips.records import DataSet, RawRecord, tabular, top_reasons
+
+if TYPE_CHECKING:
+    from stream_vips.models.posterior import PublishedModel
 
 log = logging.getLogger("stream_vips.core.learner")
 
@@ -80,8 +85,8 @@ class PrivateLearner:
     configuration with :meth:`from_config`.
     """
 
-    def __init__(self, family: str | None = None, *, config: Any = None, ledger: Ledger | None = None,
-                 **options: Any) -> None:
+    def __init__(self, family: str | None = None, *, config: Config | None = None, ledger: Ledger | None = None,
+                 **options: object) -> None:
         from stream_vips.config import ConfigError, config_from_dict
         from stream_vips.models import model_class
 
@@ -101,13 +106,15 @@ class PrivateLearner:
         self.model: Model = built.model
         self.model_id = cfg.model.id
         self.unit = cfg.privacy.unit
-        self.reservoir: ReservoirLike = built.reservoir
+        self.reservoir: AnyReservoir = built.reservoir
         self.window_steps = built.window_steps
         self.trigger = built.trigger
         self.ledger: Ledger | None = built.ledger
         self._owns_ledger = built.owns_ledger
         self.engine = built.engine
-        monitor, window = self.engine.monitor, built.window_steps
+        #: the engine's budget monitor, as what it is (``None``: a non-private learner)
+        self.monitor: BudgetMonitor | None = built.monitor
+        monitor, window = built.monitor, built.window_steps
         self.steps_taken = 0
         self.skipped_steps = 0
         self.rejected: collections.Counter = collections.Counter()  # reasons of rejected arrivals (public)
@@ -124,7 +131,7 @@ class PrivateLearner:
         self.validation = cfg.sampling.validation
 
     @classmethod
-    def from_config(cls, config: Any, ledger: Ledger | None = None) -> "PrivateLearner":
+    def from_config(cls, config: Config, ledger: Ledger | None = None) -> PrivateLearner:
         """A learner from a validated :class:`~stream_vips.config.Config` (``ledger`` replaces the
         configured one; the caller then owns it)."""
         return cls(config=config, ledger=ledger)
@@ -142,7 +149,7 @@ class PrivateLearner:
         """Why updates halted (``None`` while they go on)."""
         if self._refused is not None:
             return self._refused
-        return self.engine.monitor.halt_reason if self.engine.halted else None
+        return self._budget().halt_reason if self.engine.halted else None
 
     @property
     def halt_cause(self) -> str | None:
@@ -164,7 +171,7 @@ class PrivateLearner:
         return self.engine.last_step
 
     @property
-    def posterior(self) -> Any:
+    def posterior(self) -> PublishedModel:
         """The current model as a posterior with predictive methods (built from its message, so
         exactly what a reader of the model topic would get)."""
         from stream_vips.models.posterior import posterior_from_message
@@ -238,8 +245,8 @@ class PrivateLearner:
             "reservoir": self.reservoir.get_state(),
             "model": self.model.state(),
             "trigger_pending": self.trigger.pending,
-            "ledger_id": self.ledger.ledger_id if private else None,
-            "ledger_steps": self.engine.monitor.steps if private else None,
+            "ledger_id": self._paying_ledger().ledger_id if private else None,
+            "ledger_steps": self._budget().steps if private else None,
         }
 
     def load_state(self, state: Mapping[str, Any], what: str = "saved state") -> None:
@@ -250,7 +257,7 @@ class PrivateLearner:
         if state["model_family"] != self.model.family:
             raise StateMismatch(f"{what} is for family {state['model_family']!r}, not {self.model.family!r}")
         if not self.engine.non_private:
-            check_binding(self.ledger, what, state.get("ledger_id"), state.get("ledger_steps"))
+            check_binding(self._paying_ledger(), what, state.get("ledger_id"), state.get("ledger_steps"))
         try:
             self.reservoir.set_state(state["reservoir"])
             self.model.load_state(state["model"])
@@ -258,7 +265,7 @@ class PrivateLearner:
             raise StateMismatch(f"{what} does not fit this learner: {exc}") from exc
         self.trigger.pending = int(state["trigger_pending"])
         self._unplaced = False
-        last = None if self.engine.non_private else self.ledger.last_position
+        last = None if self.engine.non_private else self._paying_ledger().last_position
         if last is not None and last > self.reservoir.seen:
             self._replay_until = last
             log.warning("restored at stream position %d; the ledger holds steps up to position %d: "
@@ -266,8 +273,8 @@ class PrivateLearner:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def feed(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
-             keys: Sequence[Any] | np.ndarray | None = None) -> DecodedBatch:
+    def feed(self, values: Sequence[RawRecord] | Sequence[Mapping[str, Any]],
+             keys: RawKeys | None = None) -> DecodedBatch:
         """Decode (bytes) or validate (dicts) one batch of records and offer it; returns the
         decoded batch, whose ``rejected`` lists ``(arrival, reason, detail)``. With
         ``privacy.unit: key``, ``keys`` are the arrivals' keys (e.g. Kafka message keys); with
@@ -282,7 +289,7 @@ class PrivateLearner:
             batch = _parse(self.model, values)
         return self.offer(batch, keys=self.keys_of(values, keys))
 
-    def keys_of(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> Sequence[Any] | None:
+    def keys_of(self, values: Sequence[object], keys: RawKeys | None = None) -> RawKeys | None:
         """The privacy units of ``values``: the configured ``privacy.key_field`` when set (it wins
         over any other key), else ``keys`` (e.g. Kafka message keys); ``None`` for ``unit: record``."""
         if self.unit != "key":
@@ -291,7 +298,7 @@ class PrivateLearner:
             return field_keys(values, self.config.privacy.key_field)
         return keys
 
-    def learn_many(self, data: Any, chunk: int = 5000) -> "PrivateLearner":
+    def learn_many(self, data: DataSet, chunk: int = 5000) -> PrivateLearner:
         """Feed a whole data set: a list or iterable of record dicts, ``(X, y)`` arrays, ``X``
         alone (families without labels), or a pandas DataFrame (``x_columns``: all but ``y``).
         A ``str`` or ``bytes`` is refused (:class:`~stream_vips.errors.DataError`, nothing fed).
@@ -326,7 +333,7 @@ class PrivateLearner:
             raise ConfigError(f"model.params.dim: not given, so the {self.model.family} default dim={default} "
                               f"applies, but the data has {columns} columns: pass dim={columns} (nothing was fed)")
 
-    def arrival_keys(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> "ArrivalKeys | None":
+    def arrival_keys(self, values: Sequence[object], keys: RawKeys | None = None) -> ArrivalKeys | None:
         """The key ids of a batch's arrivals (:meth:`keys_of`, canonicalised once), for
         :meth:`offer` / :meth:`offer_raw` and for rejecting keyless arrivals before any step;
         ``None`` for ``unit: record``."""
@@ -336,7 +343,7 @@ class PrivateLearner:
 
     def offer(self, batch: DecodedBatch, stop: Callable[[], bool] = lambda: False,
               on_step: Callable[[StepResult], None] | None = None,
-              keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None) -> DecodedBatch:
+              keys: Keys | None = None) -> DecodedBatch:
         """Offer every arrival of ``batch`` to the reservoir, stepping when the trigger fires.
 
         Every arrival, valid or not, takes a reservoir position and counts towards
@@ -359,17 +366,17 @@ class PrivateLearner:
         def add(start: int, end: int) -> None:
             lo, hi = (int(row_end[start - 1]) if start else 0), int(row_end[end - 1])
             rows = {k: v[lo:hi] for k, v in batch.rows.items()}
-            if ids is not None:
-                self.reservoir.add_batch(rows, ids[start:end], accepted=ok[start:end], has_key=has[start:end])
+            if ids is not None and has is not None:
+                self._key_slots().add_batch(rows, ids[start:end], accepted=ok[start:end], has_key=has[start:end])
             else:
-                self.reservoir.add_batch(rows, accepted=ok[start:end])
+                self._records().add_batch(rows, accepted=ok[start:end])
 
         self._offer_chunks(len(ok), add, stop, on_step)
         return batch
 
-    def offer_raw(self, values: Sequence[bytes] | Sequence[Mapping[str, Any]],
+    def offer_raw(self, values: Sequence[RawRecord] | Sequence[Mapping[str, Any]],
                   stop: Callable[[], bool] = lambda: False, on_step: Callable[[StepResult], None] | None = None,
-                  keys: Sequence[Any] | np.ndarray | ArrivalKeys | None = None,
+                  keys: Keys | None = None,
                   on_rejected: Callable[[list[tuple[int, str, str]]], None] | None = None) -> DecodedBatch:
         """Admission before decoding (``sampling.validation: admitted``): offer every arrival of
         ``values`` (bytes or dicts), decoding and validating only those the reservoir admits.
@@ -401,8 +408,9 @@ class PrivateLearner:
         def decode(idx: np.ndarray) -> DecodedBatch:
             """Decode arrivals ``idx``; their rejections are recorded at their positions."""
             nonlocal decoded
-            part_values = list(map(values.__getitem__, idx.tolist()))
-            part = decode_batch(self.model, part_values) if bytes_in else _parse(self.model, part_values)
+            part_values: list[object] = list(map(values.__getitem__, idx.tolist()))
+            part = (decode_batch(self.model, cast("list[RawRecord]", part_values)) if bytes_in  # a batch is one kind
+                    else _parse(self.model, part_values))
             ok[idx[part.ok]] = True
             found = [(int(idx[i]), reason, detail) for i, reason, detail in part.rejected]
             rejected.extend(found)
@@ -423,17 +431,20 @@ class PrivateLearner:
             row_of = np.cumsum(pre.ok) - 1
 
         def add(start: int, end: int) -> None:
-            if ids is not None:
-                admission = self.reservoir.admit(ids[start:end], has[start:end])
+            if ids is not None and has is not None:
+                slots = self._key_slots()
+                admission = slots.admit(ids[start:end], has[start:end])
                 part = decode(admission.arrivals + start)
-                self.reservoir.place(admission, part.rows, part.ok)
+                slots.place(admission, part.rows, part.ok)
                 return
-            admission = self.reservoir.admit(end - start)
+            if candidates is None:
+                raise RuntimeError("a reservoir of records named no candidates to decode")
+            admission = self._records().admit(end - start)
             j = np.minimum(np.searchsorted(candidates, admission.arrivals + start), candidates.size - 1)
             if not np.array_equal(candidates[j], admission.arrivals + start):  # candidates() broke its promise
                 raise RuntimeError("an admitted arrival was not among the reservoir's decoded candidates")
             good = pre.ok[j]
-            self.reservoir.place(admission, {k: v[row_of[j[good]]] for k, v in pre.rows.items()}, good)
+            self._records().place(admission, {k: v[row_of[j[good]]] for k, v in pre.rows.items()}, good)
 
         self._offer_chunks(n, add, stop, on_step)
         return DecodedBatch(ok, {}, sorted(rejected), skipped=n - decoded)
@@ -465,7 +476,8 @@ class PrivateLearner:
         ``LedgerMismatch`` otherwise."""
         if self._unplaced:
             raise LedgerMismatch(
-                f"window accounting: ledger {self.ledger.ledger_id} already holds {self.engine.monitor.steps} steps, "
+                f"window accounting: ledger {self._paying_ledger().ledger_id} already holds {self._budget().steps} "
+                "steps, "
                 "but no checkpoint restored this learner's stream position: records read again would be in more "
                 f"than {self.window_steps} steps; restore the checkpoint (runtime.checkpoint_path, load_state), "
                 "or run `stream-vips reset` to start a new budget deliberately")
@@ -490,8 +502,8 @@ class PrivateLearner:
                 self.skipped_steps += 1
                 return None
             self._replay_until = None
-        last = self._last_step_position
-        if last is not None and self.reservoir.seen - last < self._window_every:
+        last, every = self._last_step_position, self._window_every  # both set under window accounting only
+        if last is not None and every is not None and self.reservoir.seen - last < every:
             if by_trigger:
                 self.trigger.reset()
                 self.skipped_steps += 1
@@ -534,10 +546,10 @@ class PrivateLearner:
         """Write the ledger's next steps in the background from now on (a service: see
         ``privacy.ledger.pay_ahead``), but none past the end of a source that delivers
         ``source_records`` more arrivals (``None``: no known end), which would leave it unused."""
-        if self.engine.non_private or not self.engine.monitor.start_paying_ahead():
+        if self.engine.non_private or not self._budget().start_paying_ahead():
             return
         if source_records is not None:
-            self.engine.monitor.last_position = self.reservoir.seen + source_records
+            self._budget().last_position = self.reservoir.seen + source_records
 
     def settle(self) -> None:
         """Wait for a ledger write paid ahead to finish (before the ledger is closed)."""
@@ -552,7 +564,33 @@ class PrivateLearner:
             self.ledger.close()
             self._owns_ledger = False
 
-    def __enter__(self) -> "PrivateLearner":
+    # -- the two modes and the two kinds of reservoir, narrowed ----------------------------------
+
+    def _budget(self) -> BudgetMonitor:
+        """The budget monitor of a private learner (a non-private one has none)."""
+        if self.monitor is None:
+            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no privacy budget")
+        return self.monitor
+
+    def _paying_ledger(self) -> Ledger:
+        """The ledger that pays for a private learner's steps (a non-private one has none)."""
+        if self.ledger is None:
+            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no ledger")
+        return self.ledger
+
+    def _records(self) -> RecordReservoir:
+        """The reservoir of records (``privacy.unit: record``; build.reservoir made it so)."""
+        if self.unit == "key":
+            raise StreamVipsError("privacy.unit: key keeps key slots, not a reservoir of records")
+        return cast(RecordReservoir, self.reservoir)
+
+    def _key_slots(self) -> KeySlotReservoir:
+        """The reservoir of key slots (``privacy.unit: key``; build.reservoir made it so)."""
+        if self.unit != "key":
+            raise StreamVipsError("privacy.unit: record keeps a reservoir of records, not key slots")
+        return cast(KeySlotReservoir, self.reservoir)
+
+    def __enter__(self) -> PrivateLearner:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -560,7 +598,7 @@ class PrivateLearner:
         self.close()
 
 
-def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
+def _notebook_config(family: str, options: Mapping[str, object]) -> dict[str, Any]:
     """Configuration data for keyword options, with notebook defaults: an in-memory ledger unless
     ``ledger_path`` is given, and no metrics. The reservoir keeps its configured capacity
     (``reservoir``, 10000 by default) whatever the data: the learner is built, and its noise
@@ -568,13 +606,13 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
     full (privacy rule 5). Data smaller than it give no model, which ``learn_many`` and
     ``posterior`` say; :func:`stream_vips.fit` uses a whole finite data set as its reservoir."""
     o = dict(options)
-    privacy = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
+    privacy: dict[str, object] = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
                                      "accountant", "accounting", "block_weights", "mode", "unit", "key_field",
                                      "max_records_per_key") if k in o}
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
-    sampling = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy",
-                                      "window_rate", "validation") if k in o}
+    sampling: dict[str, object] = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction",
+                                                         "reservoir_policy", "window_rate", "validation") if k in o}
     if "sampling" in o:
         sampling["method"] = o.pop("sampling")
     schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa", "rho_min") if k in o}
@@ -583,14 +621,14 @@ def _notebook_config(family: str, options: dict[str, Any]) -> dict[str, Any]:
             "schedule": schedule, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"}}
 
 
-def _parse(model: Model, objs: Sequence[Mapping[str, Any]]) -> DecodedBatch:
+def _parse(model: Model, objs: Sequence[object]) -> DecodedBatch:
     parsed = model.parse_batch(list(objs))
     ok = np.zeros(len(objs), dtype=bool)
     ok[np.asarray(parsed.accepted, dtype=np.intp)] = True
     return DecodedBatch(ok, parsed.rows, sorted(parsed.rejected))
 
 
-def records_of(data: Any, field: str = "x") -> Iterable[Mapping[str, Any]]:
+def records_of(data: DataSet, field: str = "x") -> Iterable[Mapping[str, Any]]:
     """Record dicts from a list/iterable of dicts, ``(X, y)``, ``X``, or a pandas DataFrame: a
     lone ``X`` fills the family's vector ``field`` (``x``; ``y`` for sbn's images).
 
@@ -599,11 +637,11 @@ def records_of(data: Any, field: str = "x") -> Iterable[Mapping[str, Any]]:
     return _as_records(data, tabular(data), field)
 
 
-def _as_records(data: Any, arrays: tuple[np.ndarray, np.ndarray | None] | None,
+def _as_records(data: DataSet, arrays: tuple[np.ndarray, np.ndarray | None] | None,
                 field: str) -> Iterable[Mapping[str, Any]]:
     """:func:`records_of` once ``arrays = tabular(data)`` is known (read once per data set)."""
-    if arrays is None:
-        return iter(data)
+    if arrays is None:  # not array data: records (dicts, or raw documents that feed decodes)
+        return iter(cast("Iterable[Mapping[str, Any]]", data))
     X, y = arrays
     if y is None:
         return ({field: xi} for xi in X.tolist())

@@ -9,26 +9,41 @@ import dataclasses
 import math
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from stream_vips import messages
 from stream_vips.errors import FitError, LedgerRefused, NoModelError, SpentError, error_text
 from stream_vips.fitting.data import check_json_objects, encode_records, resolve_dim
-from stream_vips.fitting.rules import (CALIBRATION_RTOL, PYTHON_NAMES, Settings, _rule_settings, calibration_rtol,
-                                       check_public, check_settings, overridden)
+from stream_vips.fitting.rules import (
+    CALIBRATION_RTOL,
+    PYTHON_NAMES,
+    Settings,
+    _rule_settings,
+    calibration_rtol,
+    check_public,
+    check_settings,
+    overridden,
+)
 from stream_vips.models import model_class
 from stream_vips.privacy.ledger import first_line_is_ledger
+from stream_vips.records import DataSet
+
+if TYPE_CHECKING:
+    from stream_vips.core.learner import PrivateLearner
+    from stream_vips.models.posterior import PublishedModel
+
 
 @dataclass
 class FitResult:
     """What :func:`fit` returns: the posterior (as a reader rebuilds it from the message), the
     final model message (schema model-message.v1), the report and the settings used."""
 
-    posterior: Any
+    posterior: PublishedModel
     message: dict[str, Any]
     report: dict[str, Any]
     settings: Settings
@@ -78,7 +93,7 @@ def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
                                 "line); give a new path or an existing ledger")
 
 
-def _learner(config: dict[str, Any], names: Mapping[str, str]) -> Any:
+def _learner(config: dict[str, Any], names: Mapping[str, str]) -> PrivateLearner:
     """The learner of one fit. Failures while building it (the ledger, the model's memory, a
     parameter) come before any step: they raise :class:`FitError` with nothing spent."""
     from stream_vips.config import config_from_dict
@@ -110,34 +125,39 @@ class _Run:
     first: dict[str, Any] | None = None
 
 
-def _run(learner: Any, records: list[Any], steps: int, run: _Run) -> dict[str, Any] | None:
+def _run(learner: PrivateLearner, records: list[bytes] | list[dict[str, Any]], steps: int,
+         run: _Run) -> dict[str, Any] | None:
     """Feed the whole data set (it fills the reservoir of M = N), then take the planned steps
     (fewer if the budget refuses one, which halts the learner); the final model's message."""
     batch = learner.feed(records)
     run.accepted, run.rejected = int(np.count_nonzero(batch.ok)), collections.Counter(learner.rejected)
-    if not learner.engine.non_private and not learner.halted:
-        learner.engine.monitor.check_room(learner.engine.event())  # a spent ledger halts before any step
+    if learner.monitor is not None and not learner.halted:  # private
+        learner.monitor.check_room(learner.engine.event())  # a spent ledger halts before any step
     while learner.steps_taken < steps and not learner.halted and learner.reservoir.full:
         if learner.step() is not None and run.first is None:
             run.first = learner.message(halted=False)
     return learner.message(halted=learner.halted)
 
 
-def _failure(learner: Any, run: _Run, exc: Exception, non_private: bool, paid_before: int | None) -> FitError:
+def _failure(learner: PrivateLearner, run: _Run, exc: Exception, non_private: bool,
+             paid_before: int | None) -> FitError:
     """The error for a fit whose steps raised: :class:`NoModelError` when the ledger holds no new
     step (nothing spent), else :class:`SpentError` with the newest model that is whole. That is
     the learner's model when the update of the last paid step completed (the ledger is appended
     before the update, so it is paid for); when that update itself failed, the model may mix two
     steps, so the first step's model is kept instead and the error says so. Building the message
     may fail again (it recomputes the spent epsilon): then the first step's too."""
-    engine = learner.engine
-    paid = None if non_private else engine.monitor.steps
-    spent = engine.last_step is not None if non_private else paid > paid_before
+    engine, monitor = learner.engine, learner.monitor
+    if non_private or monitor is None:
+        paid, spent = None, engine.last_step is not None
+    else:  # a private fit counted the steps paid before it (execute)
+        paid = monitor.steps
+        spent = paid_before is not None and paid > paid_before
     if not spent:  # the ledger holds no new step: nothing was spent (an ordinary failure)
         return NoModelError(f"no model: the fit failed before any step was {'made' if non_private else 'paid'} "
                             f"({error_text(exc)}); nothing was spent")
     error, message = error_text(exc), None
-    if non_private or engine.last_step == paid - 1:
+    if paid is None or engine.last_step == paid - 1:
         try:
             message = learner.message()
         except Exception:  # noqa: BLE001 - the same failure again: fall back to the first model
@@ -164,10 +184,10 @@ def _non_private_message(message: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- fit
 
 
-def fit(data: Any, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, dim: int | None = None,
+def fit(data: DataSet, family: str, epsilon: float = 1.0, delta: float = 1e-5, *, dim: int | None = None,
         non_private: bool = False, seed: int | None = None, steps: int | None = None,
         x_columns: Sequence[str] | None = None, y_column: str | None = None, ledger_path: str | None = None,
-        settings: Settings | None = None, model_id: str = "fit", **model_params: Any) -> FitResult:
+        settings: Settings | None = None, model_id: str = "fit", **model_params: object) -> FitResult:
     """Fit ``family`` to the finite data set ``data`` with (epsilon, delta)-DP, spending the budget.
 
     ``data``: a list or iterable of records (dicts as the family parses them, or JSON lines),
@@ -213,7 +233,7 @@ def _fit(data: Any, family: str, epsilon: float, delta: float, *, dim: int | Non
 class _Plan:
     """A fit that passed every check: what :func:`execute` runs (nothing spent yet)."""
 
-    encoded: list[bytes]
+    encoded: list[bytes] | list[dict[str, Any]]
     settings: Settings
     config: dict[str, Any]
     rtol: float
@@ -223,7 +243,7 @@ class _Plan:
     started: float
 
 
-def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | None, non_private: bool,
+def prepare(data: DataSet, family: str, epsilon: float, delta: float, *, dim: int | None, non_private: bool,
              seed: int | None, steps: int | None, x_columns: Sequence[str] | None, y_column: str | None,
              ledger_path: str | None, settings: Settings | None, model_id: str, model_params: dict[str, Any],
              names: Mapping[str, str]) -> _Plan:
@@ -235,8 +255,8 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     n = len(encoded)
     if n == 0:
         raise FitError("fit needs at least one record")
-    if shape_d is None:
-        check_json_objects(encoded)
+    if shape_d is None:  # records given one by one: encode_records made each a JSON line
+        check_json_objects(cast("list[bytes]", encoded))
     d = resolve_dim(family, dim, model_params, shape_d, names)
     if ledger_path is not None:
         check_ledger(ledger_path, names)
@@ -257,7 +277,12 @@ def prepare(data: Any, family: str, epsilon: float, delta: float, *, dim: int | 
     except ValueError as exc:
         raise FitError(f"{names['param']}: {exc}") from None
     params = {"dataset_size": n, **model_params, **({dim_param: d} if cls.dimension_of is None else {})}
-    rtol = CALIBRATION_RTOL if non_private else calibration_rtol(settings.epsilon, settings.delta)
+    if non_private:
+        rtol = CALIBRATION_RTOL
+    elif settings.epsilon is None:  # check_public refused this already; the check narrows the type
+        raise FitError("epsilon: a private fit needs one")
+    else:
+        rtol = calibration_rtol(settings.epsilon, settings.delta)
     config = _config(settings, params, non_private=non_private, seed=seed, ledger_path=ledger_path,
                      model_id=model_id, rtol=rtol)
     return _Plan(encoded, settings, config, rtol, non_private, ledger_path, names, started)
@@ -272,7 +297,7 @@ def execute(plan: _Plan) -> FitResult:
     learner = _learner(plan.config, plan.names)
     run = _Run()
     try:
-        paid_before = None if plan.non_private else learner.engine.monitor.steps
+        paid_before = None if plan.non_private or learner.monitor is None else learner.monitor.steps
         try:
             message = _run(learner, plan.encoded, settings.steps, run)
         except Exception as exc:
@@ -343,6 +368,7 @@ def _report(settings: Settings, message: Mapping[str, Any], stats: FitStats, n: 
             rtol: float, seconds: float) -> dict[str, Any]:
     """Privacy report of the final message plus the budget's use and the settings with reasons."""
     p = message["privacy"]
+    budget: dict[str, Any]  # a JSON object of the report
     if non_private:
         budget = {"private": False, "epsilon_budget": None, "epsilon_spent": None,
                   "note": "non-private baseline: no noise, no guarantee"}

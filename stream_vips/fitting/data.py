@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from stream_vips.errors import FitError
 from stream_vips.fitting.rules import MAX_DIM, PYTHON_NAMES
 from stream_vips.models import model_class
+from stream_vips.records import DataSet
 
 # ------------------------------------------------------------------------------------------ data
 
@@ -50,8 +52,8 @@ def _encode_record(rec: Any) -> bytes:
             return UNENCODABLE_RECORD
 
 
-def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_column: str | None = None,
-                   field: str = "x") -> tuple[list[Any], int | None]:
+def encode_records(data: DataSet, *, x_columns: Sequence[str] | None = None, y_column: str | None = None,
+                   field: str = "x") -> tuple[list[bytes] | list[dict[str, Any]], int | None]:
     """The data as the records a learner takes, one per arrival, and d when the data's shape
     fixes it: the rows of arrays and DataFrames as record dicts of plain lists and numbers
     (no JSON in between), and records given one by one (dicts, JSON lines) as JSON lines (bytes),
@@ -88,7 +90,7 @@ def encode_records(data: Any, *, x_columns: Sequence[str] | None = None, y_colum
             return [{field: xi} for xi in rows], X.shape[1]
         return [{"x": xi, "y": yi} for xi, yi in zip(rows, y.tolist())], X.shape[1]
     try:
-        records = iter(data)
+        records = iter(cast("Iterable[object]", data))  # not array data: records, or refused here
     except TypeError:
         raise FitError(f"fit reads records (a list of dicts or JSON lines), (X, y) arrays, X or a DataFrame, not "
                        f"{type(data).__name__}") from None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stream_vips.errors import FitError
 from stream_vips.models.fit_rule import RULE_VERSION as RULE_VERSION

@@ -10,8 +10,9 @@ everything after it is post-processing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -164,13 +165,13 @@ class Model(ABC):
     def hyperparameters(self) -> dict[str, Any]:
         """Public configuration that shapes the model (JSON-serializable)."""
 
-    def check_noise_multiplier(self, noise_multiplier: float) -> None:
+    def check_noise_multiplier(self, noise_multiplier: float) -> None:  # noqa: B027 (optional hook)
         """Refuse a noise multiplier that the model's own privacy analysis does not allow.
 
         The engine calls this once before any step; the default accepts every z > 0.
         """
 
-    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:  # noqa: B027 (optional hook)
         """Learn the public noise std on each entry of every released block mean.
 
         The engine calls this once, from configuration only (z, the bounds, the allocation and

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 #: Version of the settings rule (reported with every fit).
 RULE_VERSION = "fit_settings/4"

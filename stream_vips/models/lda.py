@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
-from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
 from stream_vips.models.synthetic import Demo, SyntheticData
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import EMPTY_DOCUMENT, MISSING_FIELD, NOT_OBJECT, OUT_OF_RANGE, WRONG_TYPE
@@ -83,7 +84,7 @@ class Bags:
         return len(self.indptr) - 1
 
     @classmethod
-    def from_rows(cls, rows: np.ndarray) -> "Bags":
+    def from_rows(cls, rows: np.ndarray) -> Bags:
         """Unique ids and counts of each row of an (n, N) array of word ids."""
         rows = np.sort(np.asarray(rows), axis=1)
         n, N = rows.shape

@@ -69,17 +69,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy import linalg, stats
 
-from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
 from stream_vips.models._validate import integer
-from stream_vips.models.base import (Block, Model, ParsedBatch, group_clip_factors, group_gram_norms,
-                                    group_sum)
-from stream_vips.models.synthetic import (Demo, SyntheticData, check_dimension, check_weights, malformed_vectors,
-                                          vector_lines)
+from stream_vips.models.base import Block, Model, ParsedBatch, group_clip_factors, group_gram_norms, group_sum
+from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
+from stream_vips.models.synthetic import (
+    Demo,
+    SyntheticData,
+    check_dimension,
+    check_weights,
+    malformed_vectors,
+    vector_lines,
+)
 from stream_vips.privacy.mechanisms import clip_rows, project_pd
 from stream_vips.records import FieldBatch
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,8 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
         model = cls(**kwargs)
         model.load_state(state)
     except MemoryError:  # a last resort: sizes are checked against the arrays above
-        raise messages.MessageError(f"the {msg['family']} hyperparameters ask for more memory than this reader has") from None
+        raise messages.MessageError(
+            f"the {msg['family']} hyperparameters ask for more memory than this reader has") from None
     return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from stream_vips.errors import ConfigError
 

@@ -129,14 +129,15 @@ audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import expit, kve
 
-from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models.logistic import pg_mean
 from stream_vips.models.synthetic import Demo, SyntheticData
 from stream_vips.records import OUT_OF_RANGE, FieldBatch
@@ -563,7 +564,7 @@ class SigmoidBeliefNetwork(Model):
 
     def _refresh(self) -> None:
         """Moments of the joint q(w_j, c_j) and of q(b) from the blended natural parameters."""
-        J, K, N = self.n_visible, self.n_latent, float(self.dataset_size)
+        K, N = self.n_latent, float(self.dataset_size)
         S = 0.5 * (self._w_stat + self._w_stat.transpose(0, 2, 1)) / N
         floor = self.eigen_floor
         eye = np.eye(K + 1)
@@ -656,7 +657,8 @@ class SigmoidBeliefNetwork(Model):
         return {
             "n_visible": self.n_visible, "n_latent": self.n_latent, "dataset_size": self.dataset_size,
             "inner_iterations": self.inner_iterations, "nu_b": self.nu_b, "nu_c": self.nu_c,
-            "init_scale": self.init_scale, "floor_factor": self.floor_factor, "damping": self.damping, "seed": self.seed,
+            "init_scale": self.init_scale, "floor_factor": self.floor_factor, "damping": self.damping,
+            "seed": self.seed,
             "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name, "clip_units": self.clip_units,
             "clip_omega": self.clip_omega, "clip_pixels": self.clip_pixels,
         }
@@ -774,8 +776,9 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: i
         S = max(1, n // RULE_PRIVATE_STEPS) if private else min(n, RULE_NON_PRIVATE_BATCH)
     kappa = RULE_KAPPA["private" if private else "non_private"]
     why = {
-        "batch_size": (f"private: n / {RULE_PRIVATE_STEPS}, so one pass is {RULE_PRIVATE_STEPS} releases; with the noise "
-                       "calibrated to a fixed epsilon the averaged noise barely depends on S (z grows like sqrt(S/n)), "
+        "batch_size": (f"private: n / {RULE_PRIVATE_STEPS}, so one pass is {RULE_PRIVATE_STEPS} releases; "
+                       "with the noise calibrated to a fixed epsilon the averaged noise barely depends on S "
+                       "(z grows like sqrt(S/n)), "
                        "and about 20 E-steps suffice for the posterior to settle on synthetic SBNs"
                        if private else f"non-private: {RULE_NON_PRIVATE_BATCH} records (the paper's smallest S), many "
                        "cheap steps in one pass"),

@@ -7,6 +7,31 @@ for importing dp_accounting and autodp.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from stream_vips.privacy.accountants import (
+        Accountant,
+        PldAccountant,
+        RdpAccountant,
+        UnsupportedEvent,
+        make_accountant,
+    )
+    from stream_vips.privacy.budget import BudgetMonitor
+    from stream_vips.privacy.calibration import calibrate_noise_multiplier
+    from stream_vips.privacy.events import SubsampledGaussianEvent, UnknownEvent, event_from_dict
+    from stream_vips.privacy.ledger import FileLedger, Ledger, LedgerCorrupt, LedgerLocked, MemoryLedger
+    from stream_vips.privacy.mechanisms import (
+        block_noise_stds,
+        clip_factors,
+        clip_rows,
+        effective_noise_multiplier,
+        gaussian_noise,
+        make_rng,
+        noise_std,
+        project_pd,
+        symmetric_noise,
+    )
 
 _EXPORTS = {
     "SubsampledGaussianEvent": "events", "event_from_dict": "events", "UnknownEvent": "events",
@@ -25,7 +50,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 from stream_vips.privacy.accountants import Accountant
-
+from stream_vips.privacy.event_types import Event
+from stream_vips.privacy.ledger import Ledger
 
 HEADROOM_WINDOW = 2**20
 
@@ -57,7 +59,7 @@ class BudgetMonitor:
     later): see :meth:`admit`. Call :meth:`settle` before closing the ledger.
     """
 
-    def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger,
+    def __init__(self, epsilon_budget: float, delta: float, accountant: Accountant, ledger: Ledger,
                  prepay: int = 1, stride: int | None = None, window: int | None = None,
                  unit: str = "record", pay_ahead: bool = False) -> None:
         if not epsilon_budget > 0 or not math.isfinite(epsilon_budget):
@@ -127,7 +129,7 @@ class BudgetMonitor:
             self._spent_cache = (self._steps, self.accountant.epsilon_of_counts(self._counts, self.delta))
         return self._spent_cache[1]
 
-    def would_spend(self, event) -> float:
+    def would_spend(self, event: Event) -> float:
         """epsilon if ``event`` were added next."""
         self.accountant.check(event)
         trial = OrderedDict(self._counts)
@@ -135,7 +137,7 @@ class BudgetMonitor:
         trial[unit] = trial.get(unit, 0) + event.count
         return self.accountant.epsilon_of_counts(trial, self.delta)
 
-    def prepare(self, event) -> None:
+    def prepare(self, event: Event) -> None:
         """Compute how many more copies of ``event`` fit, unless the last search still holds (the
         one accountant search ``admit`` needs for a new kind of event). A pipeline calls it
         before consuming, so that the first update does not stall the loop for the search
@@ -149,7 +151,7 @@ class BudgetMonitor:
         self._fit_window_full = self._fit_left == HEADROOM_WINDOW
         self._fit_unit = unit
 
-    def check_room(self, event) -> bool:
+    def check_room(self, event: Event) -> bool:
         """Halt now if not even one more ``event`` fits the budget (a restart on a spent ledger:
         nothing can ever be released again, so a run should end the way a halt ends instead of
         waiting for a step to be refused); whether a step still fits. Under window accounting
@@ -163,7 +165,7 @@ class BudgetMonitor:
                        "room for another)")
         return not self.halted
 
-    def admit(self, event, position: int | None = None) -> int | None:
+    def admit(self, event: Event, position: int | None = None) -> int | None:
         """Check ``event``, append it durably if it fits and return its step index; else halt.
 
         ``position`` is the stream position the step is taken at, recorded in the ledger so a
@@ -219,7 +221,7 @@ class BudgetMonitor:
         self._pay_ahead(event, position)
         return first
 
-    def _pay_ahead(self, event, position: int | None) -> None:
+    def _pay_ahead(self, event: Event, position: int | None) -> None:
         """With ``pay_ahead``, once no prepaid step is left: start the durable write of the next
         ``prepay`` steps after ``position`` (as far as the budget allows) on the writer thread.
         Their epsilon is reserved now (``_fit_left``) and counted as spent once written."""
@@ -269,12 +271,12 @@ class BudgetMonitor:
             self._writer.shutdown(wait=True)
             self._writer = None
 
-    def _keep_prepaid(self, unit, first: int, positions: list) -> None:
+    def _keep_prepaid(self, unit: Event, first: int, positions: list[int | None]) -> None:
         """Remember steps ``first + 1, ...`` as paid ahead, at the planned ``positions[1:]``."""
         self._prepaid.extend(zip(range(first + 1, first + len(positions)), positions[1:]))
         self._prepaid_unit = unit
 
-    def _take_prepaid(self, unit, position: int | None) -> int | None:
+    def _take_prepaid(self, unit: Event, position: int | None) -> int | None:
         """The next prepaid step, if it was paid for this kind of event at this ``position``
         (``None``: any position); else the prepaid steps stay charged, unused, and ``None`` (a
         fresh step is paid). Under window accounting a step taken later than planned (one held
@@ -291,7 +293,7 @@ class BudgetMonitor:
 
     # -- window (per-record) accounting ---------------------------------------------------------
 
-    def _window_epsilon(self, counts: Mapping[Any, int]) -> float:
+    def _window_epsilon(self, counts: Mapping[Event, int]) -> float:
         """epsilon of one window's composition (cached by it: identical windows cost one accountant
         evaluation, however long the ledger; composition does not depend on the order of steps)."""
         key = tuple(sorted(((repr(u), n) for u, n in counts.items() if n)))
@@ -302,7 +304,7 @@ class BudgetMonitor:
                 OrderedDict((u, n) for u, n in counts.items() if n), self.delta)
         return self._window_eps[key]
 
-    def _replay_windows(self, events: list) -> None:
+    def _replay_windows(self, events: list[Event]) -> None:
         """The largest window epsilon over the ledger, and the last L - 1 steps for the next
         check; O(1) per event (a sliding count), an accountant call only for a new composition."""
         window = _Sliding(self.window)
@@ -316,7 +318,7 @@ class BudgetMonitor:
             self._halt(f"the ledger already holds {self.window} consecutive steps with epsilon "
                        f"{self._window_max:.6g} > budget {self.epsilon_budget:g} at delta {self.delta:g}")
 
-    def _admit_windowed(self, event, position: int | None) -> int | None:
+    def _admit_windowed(self, event: Event, position: int | None) -> int | None:
         """Admit ``event`` if every record it can touch stays within budget: the last L - 1 steps
         plus this one compose to at most epsilon (prepaid steps are checked one by one)."""
         self.accountant.check(event)
@@ -352,7 +354,7 @@ class BudgetMonitor:
         self.halt_reason = reason
 
 
-def _check_key_unit(ledger, events: list) -> None:
+def _check_key_unit(ledger: Ledger, events: list[Event]) -> None:
     """Refuse to continue at key level (privacy rule 12) a ledger that holds steps paid per record.
 
     A record-unit step bounds one record's change of the released sum; a person with k records
@@ -371,7 +373,7 @@ def _check_key_unit(ledger, events: list) -> None:
             "privacy.unit: record for this ledger, or run `stream-vips reset` to start a new budget deliberately")
 
 
-def _check_windows(ledger, window: int) -> None:
+def _check_windows(ledger: Ledger, window: int) -> None:
     """Refuse to account ``ledger`` with windows of ``window`` steps when an earlier life paid a
     step under a longer window, or under stream accounting (its records could be in every step):
     fewer steps per window would lower the epsilon it reports. A longer window than before only
@@ -400,10 +402,10 @@ class _Sliding:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.units: deque = deque()
-        self.counts: dict = {}
+        self.units: deque[Event] = deque()
+        self.counts: dict[Event, int] = {}
 
-    def push(self, unit: Any) -> None:
+    def push(self, unit: Event) -> None:
         if self.size == 0:
             return
         self.units.append(unit)
@@ -412,13 +414,13 @@ class _Sliding:
             old = self.units.popleft()
             self.counts[old] -= old.count
 
-    def with_unit(self, unit: Any) -> dict:
+    def with_unit(self, unit: Event) -> dict[Event, int]:
         """The counts of these units plus one more ``unit`` (not stored)."""
         counts = dict(self.counts)
         counts[unit] = counts.get(unit, 0) + unit.count
         return counts
 
-    def copy(self) -> "_Sliding":
+    def copy(self) -> _Sliding:
         other = _Sliding(self.size)
         other.units, other.counts = deque(self.units), dict(self.counts)
         return other

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from stream_vips.errors import StreamVipsError
 
@@ -107,11 +108,11 @@ class SubsampledGaussianEvent:
         """Noise std over the L2 sensitivity (the VIPS paper's sigma): z / diameter."""
         return self.noise_multiplier / self.diameter
 
-    def unit(self) -> "SubsampledGaussianEvent":
+    def unit(self) -> SubsampledGaussianEvent:
         """The same mechanism with ``count = 1`` (the key accountants cache on)."""
         return self if self.count == 1 else dataclasses.replace(self, count=1)
 
-    def with_count(self, count: int) -> "SubsampledGaussianEvent":
+    def with_count(self, count: int) -> SubsampledGaussianEvent:
         return dataclasses.replace(self, count=count)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,10 +160,10 @@ class PureDpEvent:
             raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
         object.__setattr__(self, "epsilon", float(e))
 
-    def unit(self) -> "PureDpEvent":
+    def unit(self) -> PureDpEvent:
         return self if self.count == 1 else dataclasses.replace(self, count=1)
 
-    def with_count(self, count: int) -> "PureDpEvent":
+    def with_count(self, count: int) -> PureDpEvent:
         return dataclasses.replace(self, count=count)
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,10 +213,10 @@ class UncertifiedEvent:
             raise ValueError(f"count must be an integer >= 1, got {self.count!r}")
         object.__setattr__(self, "nominal_epsilon", float(e))
 
-    def unit(self) -> "UncertifiedEvent":
+    def unit(self) -> UncertifiedEvent:
         return self if self.count == 1 else dataclasses.replace(self, count=1)
 
-    def with_count(self, count: int) -> "UncertifiedEvent":
+    def with_count(self, count: int) -> UncertifiedEvent:
         return dataclasses.replace(self, count=count)
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,12 +225,14 @@ class UncertifiedEvent:
         return out
 
 
-EVENT_TYPES: dict[str, type] = {
+#: event classes by ``TYPE``; looked up with whatever JSON value a ledger line's ``type`` holds (an
+#: unknown one is refused), so the key type is that of a JSON value
+EVENT_TYPES: Mapping[Any, type[SubsampledGaussianEvent] | type[PureDpEvent] | type[UncertifiedEvent]] = {
     cls.TYPE: cls for cls in (SubsampledGaussianEvent, PureDpEvent, UncertifiedEvent)
 }
 
 
-def event_from_dict(data: Mapping[str, Any]):
+def event_from_dict(data: Mapping[str, Any]) -> SubsampledGaussianEvent | PureDpEvent | UncertifiedEvent:
     """Rebuild an event from ``to_dict`` output; refuses unknown types, versions and fields."""
     if not isinstance(data, Mapping):
         raise UnknownEvent(f"an event must be a JSON object, got {type(data).__name__}")

@@ -37,13 +37,15 @@ import json
 import logging
 import os
 import uuid
-
-import orjson
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
 
 from stream_vips.errors import StreamVipsError
+from stream_vips.privacy.event_types import Event
 
 from .events import event_from_dict
 
@@ -85,18 +87,18 @@ class Ledger(Protocol):
     def last_position(self) -> int | None:
         """The furthest stream position of a paid step (``None``: no step, or not recorded)."""
 
-    def append(self, event: Any, position: int | None = None) -> int:
+    def append(self, event: Event, position: int | None = None) -> int:
         """Record ``event`` (taken at stream ``position``) durably; returns its step (0, 1, ...)."""
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
+    def append_many(self, entries: Sequence[tuple[Event, int | None]], window: int | None = None) -> int:
         """Record ``(event, position)`` entries durably in one write (all or none, as far as a
         restart can tell), each under accounting ``window`` (``None``: stream accounting);
         returns the step of the first."""
 
-    def events(self) -> list:
+    def events(self) -> list[Event]:
         """All recorded events, in order."""
 
-    def windows(self) -> list:
+    def windows(self) -> list[int | None]:
         """Each recorded step's accounting window (``None``: taken under stream accounting)."""
 
     def close(self) -> None: ...
@@ -104,16 +106,17 @@ class Ledger(Protocol):
 
 def new_genesis(supersedes: Iterable[str] = ()) -> dict[str, Any]:
     """A genesis body with a fresh random id."""
-    return {"ledger_id": uuid.uuid4().hex, "created_at": datetime.now(timezone.utc).isoformat(),
+    # timezone.utc, not the UTC alias: this module is mutation-tested and its code stays as recorded
+    return {"ledger_id": uuid.uuid4().hex, "created_at": datetime.now(timezone.utc).isoformat(),  # noqa: UP017
             "supersedes": sorted(set(supersedes))}
 
 
 class LedgerSteps:
     """Events, positions and genesis: the state every ledger kind keeps in memory (a mixin)."""
 
-    _events: list
-    _positions: list
-    _windows: list
+    _events: list[Event]
+    _positions: list[int | None]
+    _windows: list[int | None]
     _genesis: dict[str, Any]
 
     @property
@@ -130,16 +133,16 @@ class LedgerSteps:
         planned positions, which can be past the step that replaced them)."""
         return max((p for p in self._positions if p is not None), default=None)
 
-    def events(self) -> list:
+    def events(self) -> list[Event]:
         return list(self._events)
 
-    def windows(self) -> list:
+    def windows(self) -> list[int | None]:
         return list(self._windows)
 
-    def append(self, event: Any, position: int | None = None) -> int:
+    def append(self: Ledger, event: Event, position: int | None = None) -> int:
         return self.append_many([(event, position)])
 
-    def _record(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
+    def _record(self, entries: Sequence[tuple[Event, int | None]], window: int | None = None) -> int:
         first = len(self._events)
         for event, position in entries:
             self._events.append(event)
@@ -151,13 +154,13 @@ class LedgerSteps:
 class MemoryLedger(LedgerSteps):
     """In-process ledger (tests, demos, notebooks); nothing survives the process."""
 
-    def __init__(self, events: list | None = None) -> None:
+    def __init__(self, events: list[Event] | None = None) -> None:
         self._events = list(events or [])
         self._positions = [None] * len(self._events)
         self._windows = [None] * len(self._events)
         self._genesis = new_genesis()
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
+    def append_many(self, entries: Sequence[tuple[Event, int | None]], window: int | None = None) -> int:
         for event, _ in entries:
             event.to_dict()  # same contract as durable ledgers: the event must serialize
         return self._record(entries, window)
@@ -174,7 +177,7 @@ def _line(body: dict) -> bytes:
     return (json.dumps({**body, "sha256": _digest(body)}, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def encode_line(step: int, event: Any, position: int | None = None, window: int | None = None) -> bytes:
+def encode_line(step: int, event: Event, position: int | None = None, window: int | None = None) -> bytes:
     """The ledger line for ``event`` at ``step`` (newline-terminated)."""
     body: dict[str, Any] = {"step": step, "event": event.to_dict()}
     if position is not None:
@@ -278,7 +281,7 @@ def decode_genesis(raw: bytes) -> dict[str, Any] | None:
     return genesis
 
 
-def decode_line(raw: bytes, expected_step: int) -> tuple[Any, int | None, int | None]:
+def decode_line(raw: bytes, expected_step: int) -> tuple[Event, int | None, int | None]:
     """``(event, position, window)`` on one event line; raises ValueError saying what is wrong."""
     body = _load(raw)
     if not {"step", "event"} <= set(body) <= {"step", "event", "at", "window"}:
@@ -296,7 +299,7 @@ def decode_line(raw: bytes, expected_step: int) -> tuple[Any, int | None, int | 
 _EVENTS: dict = {}  # one object per distinct event: a ledger of 10^6 identical steps holds one
 
 
-def _event(data: dict) -> Any:
+def _event(data: dict) -> Event:
     try:
         key = tuple(sorted(data.items()))
         hash(key)
@@ -315,13 +318,14 @@ def legacy_genesis(first_line: bytes) -> dict[str, Any]:
     return {"ledger_id": "legacy-" + hashlib.sha256(first_line).hexdigest()[:24], "supersedes": []}
 
 
-def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | None, list, list, list]:
+def replay_lines(lines: Iterable[bytes], where: str) -> tuple[dict[str, Any] | None, list[Event], list[int | None],
+                                                             list[int | None]]:
     """``(genesis, events, positions, windows)`` from complete ledger lines; :class:`LedgerCorrupt`
     names the first bad line (``where`` says which ledger)."""
     genesis = None
-    events: list = []
-    positions: list = []
-    windows: list = []
+    events: list[Event] = []
+    positions: list[int | None] = []
+    windows: list[int | None] = []
     for i, raw in enumerate(lines):
         try:
             if i == 0:
@@ -403,7 +407,7 @@ class FileLedger(LedgerSteps):
             self.close()
             raise
 
-    def _replay(self) -> tuple[dict[str, Any] | None, list, list, list]:
+    def _replay(self) -> tuple[dict[str, Any] | None, list[Event], list[int | None], list[int | None]]:
         """Replay the complete lines, streaming the file (memory holds the events, not the file);
         cut a torn last line."""
         self._size = 0
@@ -458,7 +462,7 @@ class FileLedger(LedgerSteps):
             raise
         self._size += len(line)
 
-    def append_many(self, entries: Sequence[tuple[Any, int | None]], window: int | None = None) -> int:
+    def append_many(self, entries: Sequence[tuple[Event, int | None]], window: int | None = None) -> int:
         """All entries in one write and one fsync; a crash mid-write leaves a prefix of whole
         lines plus a torn one, which only over-counts (entries are appended before release)."""
         if self._fd < 0:
@@ -475,7 +479,7 @@ class FileLedger(LedgerSteps):
             os.close(self._fd)  # also releases the lock
             self._fd = -1
 
-    def __enter__(self) -> "FileLedger":
+    def __enter__(self) -> FileLedger:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,7 @@ contribution, so the std added to a sum is ``noise_std(z, C) = z * C`` and to a 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

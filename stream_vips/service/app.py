@@ -31,23 +31,36 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from stream_vips.config import Config, ConfigError
 from stream_vips.core.data.decoding import DecodedBatch, Decoder, InlineDecoder, decode_batch, make_decoder
 from stream_vips.core.engine import StepResult
-from stream_vips.errors import StreamVipsError
-from stream_vips.io import (DeadLetter, DeadLetterSink, FiniteSource, LagReporting, PartitionedSource, RawRecord,
-                            RebalancingSource, RecordBatch, SeekableSource, Sink, Source, values_of)
 from stream_vips.core.keys import reject_keyless
 from stream_vips.core.learner import PrivateLearner
+from stream_vips.errors import StreamVipsError
+from stream_vips.io import (
+    DeadLetter,
+    DeadLetterSink,
+    FiniteSource,
+    LagReporting,
+    PartitionedSource,
+    RawRecord,
+    RebalancingSource,
+    RecordBatch,
+    SeekableSource,
+    Sink,
+    Source,
+    values_of,
+)
+from stream_vips.privacy.ledger import check_binding
 from stream_vips.service import build
 from stream_vips.service.checkpoint import CheckpointError, CheckpointHook, attach
 from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
-from stream_vips.privacy.ledger import check_binding
 
 log = logging.getLogger("stream_vips.service.app")
 
@@ -103,7 +116,7 @@ class Application:
         poll_timeout_s: float = 0.2,
         on_halt: str = "stay",
         blas_threads: int | None = 1,
-        progress: Callable[["Application"], None] | None = None,
+        progress: Callable[[Application], None] | None = None,
         publish_interval_s: float = 0.0,
         decode_workers: int = 0,
         model_params: dict[str, Any] | None = None,
@@ -138,7 +151,8 @@ class Application:
         self._checkpoint: CheckpointHook | None = None
         self._dead_letter_failure: Exception | None = None
         self._decoder: Decoder = InlineDecoder(learner.model)
-        self._inflight: collections.deque[tuple[Any, dict | None, list[bytes]]] = collections.deque()  # (raws, positions after, values)
+        # (raws, positions after, values)
+        self._inflight: collections.deque[tuple[Any, dict | None, list[bytes]]] = collections.deque()
         self._applied: dict | None = None  # source positions after the last applied batch
         self._last_publish = float("-inf")
         self._unpublished = False
@@ -164,7 +178,7 @@ class Application:
     model_id = property(lambda self: self.learner.model_id)
 
     @classmethod
-    def from_config(cls, config: Config, **parts: Any) -> "Application":
+    def from_config(cls, config: Config, **parts: Any) -> Application:
         """Build the learner and every connector from a validated :class:`~stream_vips.config.Config`.
 
         ``parts`` replace configured ones by name (``source``, ``sink``, ``dead_letter``,
@@ -244,7 +258,7 @@ class Application:
         """Ask the run loop to finish the step in flight and shut down (thread/signal safe)."""
         self._stop.set()
 
-    def run(self, on_start: Callable[["Application"], None] | None = None) -> RunStats:
+    def run(self, on_start: Callable[[Application], None] | None = None) -> RunStats:
         """Consume until the source is exhausted, a signal arrives, or (``on_halt: exit``) the
         budget is spent. Always flushes and closes the source, sinks and ledger. ``on_start`` is
         called once the metrics server is bound (its real port known), before consuming."""
@@ -414,8 +428,8 @@ class Application:
 
     def _before_revoke(self) -> dict | None:
         """The source's rebalance hook: with kafka-python it runs on the consumer's IO thread while
-        this loop waits in ``poll()``, with confluent-kafka inside ``poll()`` on this thread; apply the batch in flight and return the positions to commit (none when a
-        dead letter is unconfirmed: the loop then stops)."""
+        this loop waits in ``poll()``, with confluent-kafka inside ``poll()`` on this thread; apply the batch in
+        flight and return the positions to commit (none when a dead letter is unconfirmed: the loop then stops)."""
         try:
             self._drain()  # its batch's dead letters are confirmed as it is applied
             self._confirm_dead_letters()

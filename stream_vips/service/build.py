@@ -11,7 +11,8 @@ options against its constructor, and a Kafka ledger's options; every refusal is 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from connectors import REGISTRIES, connector_class
 from stream_vips import config as schema
@@ -35,7 +36,8 @@ def check(cfg: Config) -> Config:
         section.options = check_kwargs(cls, section.options, kind)
     led = cfg.privacy.ledger
     if led.type not in LEDGERS:
-        raise ConfigError(f"privacy.ledger.type: unknown ledger type {led.type!r} (known: {', '.join(sorted(LEDGERS))})")
+        raise ConfigError(f"privacy.ledger.type: unknown ledger type {led.type!r} "
+                          f"(known: {', '.join(sorted(LEDGERS))})")
     if led.type == "kafka":
         led.options = check_kwargs(_kafka_ledger(), led.options, "privacy.ledger.options")
     cfg.model.params = core_build.model_params(cfg)
@@ -73,7 +75,8 @@ def ledger(cfg: Config) -> Ledger:
 
 def _connector_class(kind: str, type_name: str) -> type:
     if type_name not in REGISTRIES[kind]:
-        raise ConfigError(f"{kind}.type: unknown {kind} type {type_name!r} (known: {', '.join(sorted(REGISTRIES[kind]))})")
+        raise ConfigError(f"{kind}.type: unknown {kind} type {type_name!r} "
+                          f"(known: {', '.join(sorted(REGISTRIES[kind]))})")
     try:
         return connector_class(kind, type_name)
     except ImportError as exc:

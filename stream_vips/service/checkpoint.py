@@ -24,14 +24,15 @@ import io
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from stream_vips.core.learner import StateMismatch
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import SeekableSource
-from stream_vips.core.learner import StateMismatch
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
 

@@ -33,8 +33,18 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info,
-                               PlatformCollector, ProcessCollector, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from stream_vips import __version__
 from stream_vips.errors import ConfigError
@@ -49,7 +59,8 @@ UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 class Metrics:
     """The application's metrics (names in docs/architecture.md) plus liveness/readiness state."""
 
-    def __init__(self, family: str = "", sampling: str = "", accountant: str = "", health_timeout_s: float = 30.0) -> None:
+    def __init__(self, family: str = "", sampling: str = "", accountant: str = "",
+                 health_timeout_s: float = 30.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # process_* (CPU, memory, fds, start time), python_info and python_gc_*: what dashboards
@@ -65,16 +76,19 @@ class Metrics:
             f"{PREFIX}_records_not_decoded", "Records the reservoir did not admit, so never decoded "
             "(sampling.validation: admitted); rejections cover the decoded ones only.", registry=r)
         self.records_rejected = Counter(
-            f"{PREFIX}_records_rejected", "Records rejected to the dead-letter sink, by reason code.", ["reason"], registry=r
+            f"{PREFIX}_records_rejected", "Records rejected to the dead-letter sink, by reason code.", ["reason"],
+            registry=r,
         )
-        self.reservoir_records = Gauge(f"{PREFIX}_reservoir_records", "Records currently held in the reservoir.", registry=r)
+        self.reservoir_records = Gauge(f"{PREFIX}_reservoir_records", "Records currently held in the reservoir.",
+                                       registry=r)
         self.reservoir_capacity = Gauge(f"{PREFIX}_reservoir_capacity", "Reservoir capacity M (public).", registry=r)
         self.updates = Counter(f"{PREFIX}_updates", "Private updates released.", registry=r)
         self.update_duration = Histogram(
             f"{PREFIX}_update_duration_seconds", "Wall time of one private update step. " + TIMING_CAVEAT,
             buckets=UPDATE_BUCKETS, registry=r
         )
-        self.epsilon_spent = Gauge(f"{PREFIX}_epsilon_spent", "Privacy loss epsilon spent so far (from the ledger).", registry=r)
+        self.epsilon_spent = Gauge(f"{PREFIX}_epsilon_spent", "Privacy loss epsilon spent so far (from the ledger).",
+                                   registry=r)
         self.epsilon_budget = Gauge(f"{PREFIX}_epsilon_budget", "Configured epsilon budget.", registry=r)
         self.delta = Gauge(f"{PREFIX}_delta", "Configured delta.", registry=r)
         self.halted = Gauge(f"{PREFIX}_halted", "1 when updates halted for good (why: stream_vips_halt_cause).",
@@ -89,14 +103,17 @@ class Metrics:
         self.source_topic_missing = Gauge(
             f"{PREFIX}_source_topic_missing", "1 for an input topic that does not exist (or that the source's user "
             "may not describe): nothing is consumed from it.", ["topic"], registry=r)
-        self.model_version = Gauge(f"{PREFIX}_model_version", "Version (ledger step) of the last published model.", registry=r)
+        self.model_version = Gauge(f"{PREFIX}_model_version", "Version (ledger step) of the last published model.",
+                                   registry=r)
         self.last_update_timestamp = Gauge(
             f"{PREFIX}_last_update_timestamp_seconds", "Unix time of the last released update. " + TIMING_CAVEAT,
             registry=r
         )
-        self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Model messages that failed to publish.", registry=r)
+        self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Model messages that failed to publish.",
+                                        registry=r)
         self.consumer_lag = Gauge(
-            f"{PREFIX}_consumer_lag_records", "Records behind the end of the source partition.", ["topic", "partition"], registry=r
+            f"{PREFIX}_consumer_lag_records", "Records behind the end of the source partition.", ["topic", "partition"],
+            registry=r,
         )
         self.build_info = Info(f"{PREFIX}_build", "Version and configuration of this process.", registry=r)
         self.build_info.info({"version": __version__, "family": family, "sampling": sampling, "accountant": accountant})

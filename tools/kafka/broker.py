@@ -30,8 +30,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 HERE = Path(__file__).resolve().parent
 LIB = Path(os.environ.get("STREAM_VIPS_KAFKA_LIB", HERE / "lib"))
@@ -163,7 +163,7 @@ class KafkaBroker:
                 self.cluster_id = line.split("=", 1)[1].strip()
         self._formatted = True
 
-    def start(self, timeout_s: float = 90.0) -> "KafkaBroker":
+    def start(self, timeout_s: float = 90.0) -> KafkaBroker:
         """Start the JVM (formatting first if needed) and wait until the broker serves."""
         if self.proc is not None and self.proc.poll() is None:
             return self
@@ -244,7 +244,7 @@ class KafkaBroker:
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "KafkaBroker":
+    def __enter__(self) -> KafkaBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--data-dir")
     s.add_argument("--port", type=int)
     s.add_argument("--authorizer", action="store_true", help="enforce ACLs; SCRAM-SHA-512 users on the SASL listener")
-    s.add_argument("--user", action="append", default=[], metavar="NAME=PASSWORD", help="a SCRAM user (with --authorizer)")
+    s.add_argument("--user", action="append", default=[], metavar="NAME=PASSWORD",
+                   help="a SCRAM user (with --authorizer)")
     sub.add_parser("check", help="start a broker, wait until it serves, stop it")
     args = p.parse_args(argv)
     users = dict(u.split("=", 1) for u in getattr(args, "user", []))

@@ -29,16 +29,18 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from stream_vips import records
 from stream_vips.errors import StreamVipsError
 from stream_vips.models.base import Model
+from stream_vips.records import RawRecord
 
 
 class DecoderError(StreamVipsError, RuntimeError):
@@ -61,7 +63,7 @@ class DecodedBatch:
     skipped: int = 0
 
 
-def decode_batch(model: Model, values: Sequence[bytes]) -> DecodedBatch:
+def decode_batch(model: Model, values: Sequence[RawRecord]) -> DecodedBatch:
     """Decode JSON and validate with ``model.parse_batch``; rejection positions are arrivals."""
     decoded = records.decode_json(values)
     parsed = model.parse_batch(decoded.values)
@@ -172,8 +174,9 @@ class ProcessDecoder:
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         with theirs:
-            self._proc = subprocess.Popen([sys.executable, "-m", "stream_vips.core.data.decoding", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "stream_vips.core.data.decoding", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         self._conn = Connection(ours.detach())
         self._pending = 0
         self._started = False  # the worker's start-up (imports, model) overlaps the first poll

@@ -47,7 +47,8 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ KEY_ID_SCHEME = 2
 _DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
-def key_ids(keys: Iterable[Any] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def key_ids(keys: Iterable[object] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """64-bit ids of privacy keys and a mask of arrivals that have one.
 
     One key, one id, whatever its spelling reached us in: ``bytes`` that are UTF-8 are read as

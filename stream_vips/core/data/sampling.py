@@ -106,7 +106,8 @@ def make_sampler(method: str, batch_size: int, capacity: int) -> Sampler:
         sampler.rate(capacity)  # validates S <= M at start
         return sampler
     if method == "poisson":
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 0 < batch_size <= capacity:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or not 0 < batch_size <= capacity:
             raise ValueError(
                 f"sampling batch_size must be an integer in [1, reservoir={capacity}], got {batch_size!r}"
             )

@@ -39,7 +39,8 @@ epsilon (per-person bounds are ``privacy.unit: key``'s business). The sampled wi
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

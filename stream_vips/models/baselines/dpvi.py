@@ -41,15 +41,16 @@ True
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import expit
 
-from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
-from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
+from stream_vips.models.base import Block
 from stream_vips.models.baselines import LogisticRecords
+from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
 from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows
 

@@ -61,18 +61,19 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, ClassVar, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from scipy.special import expit, log_expit
 
-from stream_vips.models.base import Block
+from stream_vips.errors import ReservoirNotFull
 from stream_vips.models._validate import integer, positive
+from stream_vips.models.base import Block
 from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.accountants import Accountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
-from stream_vips.errors import ReservoirNotFull
 
 #: Target acceptance rate of the adaptive random-walk phase.
 _TARGET_ACCEPT = 0.25

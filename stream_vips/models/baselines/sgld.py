@@ -27,7 +27,8 @@ q M = tau in expectation, the usual Poisson form of the minibatch estimate.)
 
 **The paper's own condition** (Theorem 4): T >= eps^2 N / (32 tau log(2 / delta)). The model
 refuses to be built when the configured (eps, delta, tau, T, N) violate it, and
-:meth:`DPSGLD.check_noise_multiplier` (the engine calls it) refuses an engine noise multiplier below the z above: then the
+:meth:`DPSGLD.check_noise_multiplier` (the engine calls it) refuses an engine noise multiplier below the z
+above: then the
 injected variance is below the paper's formula and its guarantee does not apply. Use
 :meth:`DPSGLD.paper_noise_multiplier` as the engine's z.
 
@@ -39,22 +40,23 @@ injected variance is below the paper's formula and its guarantee does not apply.
 Traceback (most recent call last):
 ...
 stream_vips.models.baselines.sgld.SgldConditionError: sgld privacy condition (Theorem 4): passes T = 1 < eps^2 N / (32 tau log(2/delta)) = 256
-"""
+"""  # noqa: E501 (a doctest's expected output is one line)
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import expit
 
 from stream_vips.errors import FitError, StreamVipsError
-from stream_vips.models.fit_rule import Settings, accountant_for, gaussian_mu, why_accountant
-from stream_vips.models.base import Block
 from stream_vips.models._validate import integer, positive
+from stream_vips.models.base import Block
 from stream_vips.models.baselines import LogisticRecords
+from stream_vips.models.fit_rule import Settings, accountant_for, gaussian_mu, why_accountant
 from stream_vips.models.logistic import AUDIT_RECORDS
 from stream_vips.privacy.mechanisms import clip_rows
 
@@ -247,7 +249,8 @@ class DPSGLD(LogisticRecords):
 
     def paper_noise_multiplier(self) -> float:
         """z = sqrt(v) tau / (eta N L): Algorithm 2's Langevin noise as gradient-sum noise over L."""
-        return math.sqrt(self.paper_variance()) * self.batch_size / (self.step_size * self.dataset_size * self.lipschitz)
+        scale = self.step_size * self.dataset_size * self.lipschitz
+        return math.sqrt(self.paper_variance()) * self.batch_size / scale
 
     def check_noise_multiplier(self, noise_multiplier: float) -> None:
         """Refuse an engine noise multiplier that injects less variance than Algorithm 2 needs."""

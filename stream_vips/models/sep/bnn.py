@@ -56,9 +56,9 @@ half its current value or, with ``mean_step_sds`` set, whose mean would move mor
 current posterior standard deviations (without the latter, plain SEP at about 1,000 records' worth
 per step diverged on a 48,546-row set; :func:`fit_rule` sets it, the few-step demo leaves it off).
 
-The sensitivity argument of the core module holds verbatim: neighbouring batches differ in one clipped site, so the release moves by at most
-2 N s C / Z, and the engine's event (noise multiplier z on a sum with per-record bound C,
-diameter 2) describes it.
+The sensitivity argument of the core module holds verbatim: neighbouring batches differ in one
+clipped site, so the release moves by at most 2 N s C / Z, and the engine's event (noise
+multiplier z on a sum with per-record bound C, diameter 2) describes it.
 
 Initialisation. All-zero weight means would keep every hidden unit identical forever, so the
 initial site carries weight means drawn from ``init_seed`` (public, data-independent, like PBP's
@@ -84,16 +84,25 @@ audit pair: the hooks of :class:`~stream_vips.models.base.Model`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import ndtr
 
-from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
-from stream_vips.models.sep.core import (RULE_CLIP, RULE_KAPPA, RULE_MIN_BATCH, RULE_TAU0, SITE, DampedSite,
-                                         public_vector, site_schedule)
+from stream_vips.models.fit_rule import Settings, settings_from_rule
+from stream_vips.models.sep.core import (
+    RULE_CLIP,
+    RULE_KAPPA,
+    RULE_MIN_BATCH,
+    RULE_TAU0,
+    SITE,
+    DampedSite,
+    public_vector,
+    site_schedule,
+)
 from stream_vips.models.synthetic import Demo, SyntheticData, check_dimension, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch

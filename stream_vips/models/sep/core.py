@@ -67,7 +67,8 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -15,7 +15,8 @@ machinery of :mod:`stream_vips.models.sep.core`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -34,13 +34,14 @@ Components start apart: the initial posterior means are drawn from the prior wit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import softmax
 
-from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer, positive
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models.sep.core import SEPModel, site_rule
 from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors
 
@@ -137,7 +138,8 @@ class MixtureSEP(SEPModel):
         self.noise_sd = positive("noise_sd", noise_sd)
         self.init_seed = integer("init_seed", init_seed, minimum=0)
         K, d = self.n_factors, self.dim
-        start = self.prior_mean + np.sqrt(self.prior_var) * np.random.default_rng(self.init_seed).standard_normal((K, d))
+        draws = np.random.default_rng(self.init_seed).standard_normal((K, d))
+        start = self.prior_mean + np.sqrt(self.prior_var) * draws
         self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
 
     @classmethod

@@ -30,14 +30,15 @@ True
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
-from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
+from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors, site_rule
 from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
 from stream_vips.privacy.mechanisms import clip_factors

@@ -21,12 +21,23 @@ event an accountant cannot bound raises ``UnsupportedEvent``.
 """
 
 from stream_vips.privacy.accountants.base import MIN_NOISE_MULTIPLIER, Accountant, Counts, UnsupportedEvent, check_delta
-from stream_vips.privacy.accountants.pld import (BLOCKS, GRID_EXACT_COUNTS, GRID_RATIO, TAIL_MASS, PldAccountant,
-                                                 grid_count, pmf_epsilon, rebin)
+from stream_vips.privacy.accountants.pld import (
+    BLOCKS,
+    GRID_EXACT_COUNTS,
+    GRID_RATIO,
+    TAIL_MASS,
+    PldAccountant,
+    grid_count,
+    pmf_epsilon,
+    rebin,
+)
 from stream_vips.privacy.accountants.rdp import RDP_ORDERS, RdpAccountant, analytic_gaussian_epsilon, rdp_to_epsilon
 from stream_vips.privacy.accountants.registry import make_accountant
-from stream_vips.privacy.accountants.strong import (StrongCompositionAccountant, heterogeneous_strong_epsilon,
-                                                    strong_composition_epsilon)
+from stream_vips.privacy.accountants.strong import (
+    StrongCompositionAccountant,
+    heterogeneous_strong_epsilon,
+    strong_composition_epsilon,
+)
 
 __all__ = [
     "BLOCKS", "GRID_EXACT_COUNTS", "GRID_RATIO", "MIN_NOISE_MULTIPLIER", "RDP_ORDERS", "TAIL_MASS", "Accountant",

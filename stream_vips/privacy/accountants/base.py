@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from stream_vips.errors import StreamVipsError
+from stream_vips.privacy.event_types import Event
 from stream_vips.privacy.events import SubsampledGaussianEvent
 
 Counts = Mapping[SubsampledGaussianEvent, int]
@@ -44,7 +45,7 @@ class Accountant(ABC):
         if why is not None:
             raise UnsupportedEvent(f"the {self.name} accountant cannot account {event!r}: {why}")
 
-    def group(self, events: Iterable[object]) -> "OrderedDict[SubsampledGaussianEvent, int]":
+    def group(self, events: Iterable[Event]) -> OrderedDict[SubsampledGaussianEvent, int]:
         """Distinct unit events -> total count, in order of first appearance (checked)."""
         counts: OrderedDict[SubsampledGaussianEvent, int] = OrderedDict()
         for event in events:
@@ -56,7 +57,7 @@ class Accountant(ABC):
             counts[unit] = n + event.count
         return counts
 
-    def epsilon(self, events: Iterable[object], delta: float) -> float:
+    def epsilon(self, events: Iterable[Event], delta: float) -> float:
         """epsilon at ``delta`` of the adaptive composition of ``events``."""
         return self.epsilon_of_counts(self.group(events), delta)
 
@@ -64,7 +65,7 @@ class Accountant(ABC):
     def epsilon_of_counts(self, counts: Counts, delta: float) -> float:
         """epsilon at ``delta`` of ``count`` compositions of each distinct unit event."""
 
-    def headroom(self, counts: Counts, event: SubsampledGaussianEvent, delta: float, budget: float,
+    def headroom(self, counts: Counts, event: Event, delta: float, budget: float,
                  limit: int = 2**40) -> int:
         """Largest n <= ``limit`` with epsilon(counts + n copies of ``event``) <= ``budget``.
 

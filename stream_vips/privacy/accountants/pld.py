@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-
 import numpy as np
 from scipy import fft as sp_fft
 from scipy import signal
 
 from stream_vips.privacy.accountants.base import Accountant, Counts, check_delta
+from stream_vips.privacy.accountants.pld_types import PrivacyLossDistribution
+from stream_vips.privacy.event_types import Event
 from stream_vips.privacy.events import PureDpEvent, SubsampledGaussianEvent
 
 #: Counts up to this many compositions of one event are accounted exactly (every count is a grid point).
@@ -254,7 +255,7 @@ class PldAccountant(Accountant):
         """The grid count that ``n`` compositions are accounted at (>= n)."""
         return grid_count(n, self.exact_counts, self.grid_ratio)
 
-    def pld(self, event, interval: float | None = None):
+    def pld(self, event: Event, interval: float | None = None) -> PrivacyLossDistribution:
         """dp_accounting's PLD of one release of ``event`` on grid ``interval`` (default the finest)."""
         unit = event.unit()
         self.check(unit)
@@ -278,7 +279,7 @@ class PldAccountant(Accountant):
             value_discretization_interval=h,
         )
 
-    def _sides(self, unit, h: float) -> tuple[_Pmf, _Pmf]:
+    def _sides(self, unit: Event, h: float) -> tuple[_Pmf, _Pmf]:
         """(remove, add) sides of one release's PLD on grid ``h`` (the same object twice when
         the pair is symmetric, as replace-one is); a few kept."""
         key = (unit, h)
@@ -300,7 +301,7 @@ class PldAccountant(Accountant):
             self._units.popitem(last=False)
         return cached
 
-    def _width_model(self, unit) -> tuple[float, tuple[_Pmf, _Pmf]]:
+    def _width_model(self, unit: Event) -> tuple[float, tuple[_Pmf, _Pmf]]:
         """One release's PLD on a coarse reference grid (~2^14 points): enough to bound the
         support of any n-fold composition in O(1) (cached per unit)."""
         model = self._widths.get(unit)
@@ -336,7 +337,8 @@ class PldAccountant(Accountant):
                 math.ceil(math.log2(unit_width / h0 / self.max_points)))
         return h0 * 2**k
 
-    def _compose_side(self, unit, sides: tuple[_Pmf, _Pmf], side: int, n: int, h: float) -> tuple[int, np.ndarray, float]:
+    def _compose_side(self, unit: Event, sides: tuple[_Pmf, _Pmf], side: int, n: int,
+                      h: float) -> tuple[int, np.ndarray, float]:
         """n-fold composition of one side of ``unit``'s PLD, on grid ``h``.
 
         Beyond ``2 * BLOCKS`` compositions it is built in two levels: a block of m = n // BLOCKS

@@ -8,6 +8,7 @@ from stream_vips.privacy.accountants.pld import PldAccountant
 from stream_vips.privacy.accountants.rdp import RdpAccountant
 from stream_vips.privacy.accountants.strong import StrongCompositionAccountant
 
+
 def make_accountant(name: str, sampling: str) -> Accountant:
     """``"auto"`` (pld for Poisson, autodp for fixed-size), ``"pld"``, ``"autodp"``, or
     ``"strong"`` (Dwork & Roth Theorem 3.20 over per-step bounds from the auto accountant; a

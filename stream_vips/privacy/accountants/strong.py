@@ -33,9 +33,10 @@ relies on).
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from stream_vips.privacy.accountants.base import Accountant, Counts
+from stream_vips.privacy.event_types import Event
 from stream_vips.privacy.events import PureDpEvent
 
 #: Fractions of the total delta tried as the slack delta' of Theorem 3.20.
@@ -83,7 +84,7 @@ class StrongCompositionAccountant(Accountant):
             return None
         return self.per_step.why_unsupported(event)
 
-    def step_epsilon(self, unit, delta0: float) -> float:
+    def step_epsilon(self, unit: Event, delta0: float) -> float:
         """(eps0 at ``delta0``) of one release of ``unit``; pure events return their epsilon."""
         if isinstance(unit, PureDpEvent):
             return unit.epsilon
