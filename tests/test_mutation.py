@@ -73,3 +73,15 @@ def test_survivors_are_keyed_by_function_and_mutated_text_and_lists_are_checked_
     assert mutation.problems(record, {}, pending) == [f"listed as pending but recorded: {mutation.PENDING}{path}"]
     del record["modules"][path]
     assert mutation.problems(record, {}, pending) == []
+
+
+def test_writing_drops_the_stale_record_of_a_pending_module_and_keeps_a_current_one(tmp_path):
+    stale, current = "stream_vips/privacy/budget.py", "stream_vips/core/data/window.py"
+    empty = {"survivors": [], "mutants": 1, "killed": 1}
+    results = {"modules": {stale: {**empty, "source_hash": "0" * 64},
+                           current: {**empty, "source_hash": mutation.module_hash(current)}}}
+    pending = {mutation.PENDING + stale, mutation.PENDING + current}
+    mutation.write(results, {}, pending, tmp_path / "mutation.json")
+    written = json.loads((tmp_path / "mutation.json").read_text(encoding="utf-8"))
+    assert list(written["modules"]) == [current]  # a fresh pass is kept: the check asks to drop its pending line
+    assert f"listed as pending but recorded: {mutation.PENDING}{current}" in mutation.problems(written, {}, pending)

@@ -261,6 +261,25 @@ def test_headroom_counts_a_composition_exactly_at_the_budget_as_fitting(n):
     assert RDP.headroom(counts, event, DELTA, math.nextafter(at, 0.0)) == n - 1
 
 
+@pytest.mark.parametrize("event", [E(6.0, 0.1, "fixed"), E(4.0, 0.01, "fixed"), E(2.0, 0.001, "fixed"),
+                                   E(30.0, 1.0, "fixed")])
+@pytest.mark.parametrize("budget", [0.3, 1.0, 3.0, 10.0])
+@pytest.mark.parametrize("prior", [[], [E(3.0, 0.2, "fixed", count=5)]])
+def test_headroom_is_the_last_count_within_the_budget(event, budget, prior):
+    """The defining property of headroom n, at counts from 0 to about 10^7 where a linear scan is
+    out of reach: epsilon(prior + n copies) <= budget < epsilon(prior + n + 1 copies), whatever
+    path the search takes; and a limit below n caps it exactly."""
+    counts = RDP.group(prior)
+
+    def eps(n):
+        return RDP.epsilon(prior + [event.with_count(n)], DELTA)
+
+    n = RDP.headroom(counts, event, DELTA, budget)
+    assert (n == 0 or eps(n) <= budget) and budget < eps(n + 1)
+    for limit in (1, max(n - 1, 1), n, n + 1):
+        assert RDP.headroom(counts, event, DELTA, budget, limit=limit) == min(n, limit)
+
+
 def test_headroom_window_is_refilled_not_mistaken_for_the_budget(monkeypatch):
     """A budget that fits more copies than one headroom window keeps admitting past the window."""
     from stream_vips.privacy import budget as budget_module
