@@ -400,7 +400,7 @@ class LDA(Model):
     dim_param: ClassVar[str] = "vocabulary"
     dimension_of: ClassVar[Callable[[Any], int]] = staticmethod(lambda vocabulary: len(load_vocabulary(vocabulary)))
     synthetic: ClassVar[type[SyntheticData]] = DocumentData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[LDA, DocumentData]] = Demo(
         about="LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40 words): held-out "
               "perplexity bound and topic recovery (mean Hellinger distance)",
         records=70_000, reservoir=20_000, batch_size=4_000, every_records=2_000, kappa=0.55,

@@ -198,7 +198,7 @@ class LinearRegression(Model):
     record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
     synthetic: ClassVar[type[SyntheticData]] = RegressionData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[LinearRegression, RegressionData]] = Demo(
         about="linear regression (d = 5): |E[w] - w_true| against the true weights",
         source={"dimension": 5, "noise_std": 0.2, "x_scale": 0.8},
         params=lambda data, seed: {"dim": data.dimension, "noise_precision": 1.0 / data.noise_std**2,

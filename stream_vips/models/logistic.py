@@ -273,7 +273,7 @@ class BayesianLogisticRegression(Model):
     family: ClassVar[str] = "logistic"
     record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
     synthetic: ClassVar[type[SyntheticData]] = LogisticData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[BayesianLogisticRegression, LogisticData]] = Demo(
         about="Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC, next to the "
               "AUC of the true weights",
         source={"dimension": 5},

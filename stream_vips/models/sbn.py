@@ -258,7 +258,7 @@ class SigmoidBeliefNetwork(Model):
     record_field: ClassVar[str] = "y"
     dim_param: ClassVar[str] = "n_visible"
     synthetic: ClassVar[type[SyntheticData]] = ImageData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[SigmoidBeliefNetwork, ImageData]] = Demo(
         about="sigmoid belief network (K = 3 known latent units over 24 pixels): pixel accuracy of "
               "reconstructed held-out images, next to the true network's",
         source={},

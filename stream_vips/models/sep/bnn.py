@@ -304,7 +304,7 @@ class BNNSEP(DampedSite, Model):
     family: ClassVar[str] = "sep_bnn"
     record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     synthetic: ClassVar[type[SyntheticData]] = NonlinearData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[BNNSEP, NonlinearData]] = Demo(
         about="DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2 plus noise): "
               "held-out RMSE and log-likelihood, next to the noise std",
         source={"dimension": 2, "noise_std": 0.2},
