@@ -332,7 +332,7 @@ class LinearRegression(Model):
 
     def blocks(self) -> tuple[Block, ...]:
         d, R, B = self.dim, self.x_bound, self.y_bound
-        out = (Block("xx", (d, d), R * R, symmetric=True), Block("xy", (d,), R * B))
+        out: tuple[Block, ...] = (Block("xx", (d, d), R * R, symmetric=True), Block("xy", (d,), R * B))
         if self.gamma:
             out += (Block("yy", (), B * B),)
         return out
