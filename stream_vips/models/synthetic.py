@@ -48,7 +48,7 @@ def malformed_vectors(dimension: int) -> tuple[bytes, ...]:
     return tuple(fill(t, dimension).encode() for t in MALFORMED_KINDS.values())
 
 
-def vector_lines(x: np.ndarray, y: Sequence[Any]) -> list[bytes]:
+def vector_lines(x: np.ndarray, y: Sequence[float]) -> list[bytes]:
     """``{"x": [...], "y": ...}`` lines of the rows of ``x`` and the values ``y`` (Python reprs)."""
     return [b'{"x": [%s], "y": %r}' % (", ".join(map(repr, row)).encode(), yi) for row, yi in zip(x.tolist(), y)]
 
