@@ -73,18 +73,19 @@ def fit_settings(family: str, n: int, d: int, epsilon: float | None, delta: floa
     (1, 1.0, 1.0, 1.0, 'autodp')
     """
     check_public(family, epsilon, delta, non_private)
-    return _rule_settings(family, n, d, epsilon, delta, non_private)
+    return _rule_settings(family, n, d, None if non_private else epsilon, delta, non_private)
 
 
 def _rule_settings(family: str, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
-    """:func:`fit_settings` once :func:`check_public` has passed."""
+    """:func:`fit_settings` once :func:`check_public` has passed (``epsilon`` is ``None`` exactly when
+    ``non_private``)."""
     from stream_vips.models.registry import model_class
 
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise FitError(f"n must be a positive integer, got {n!r}")
     if isinstance(d, bool) or int(d) != d or d < 1:
         raise FitError(f"d must be a positive integer, got {d!r}")
-    return model_class(family).fit_rule(int(n), int(d), None if non_private else float(epsilon), float(delta),
+    return model_class(family).fit_rule(int(n), int(d), None if epsilon is None else float(epsilon), float(delta),
                                         non_private)
 
 
@@ -153,7 +154,7 @@ def check_public(family: str, epsilon: float | None, delta: float, non_private: 
         raise FitError(f"epsilon must be finite and > 0, got {epsilon!r}")
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise FitError(f"delta must be in (0, 1), got {delta!r}")
-    if not non_private:
+    if not non_private and epsilon is not None:  # a number here: refused above otherwise
         from stream_vips.privacy.calibration import MIN_CALIBRATION_RTOL
 
         rtol = calibration_rtol(epsilon, delta)
@@ -181,7 +182,7 @@ def check_settings(settings: Settings, family: str, n: int, d: int, epsilon: flo
     if (settings.epsilon is None) != non_private:
         raise FitError(f"settings= are for a {'non-' if settings.epsilon is None else ''}private fit, but the call "
                        f"asks for a {'non-' if non_private else ''}private one; pass settings made for this call")
-    call = {"family": family, "n": n, "d": d, "epsilon": None if non_private else float(epsilon),
+    call = {"family": family, "n": n, "d": d, "epsilon": None if non_private or epsilon is None else float(epsilon),
             "delta": float(delta)}
     for key, value in call.items():
         if getattr(settings, key) != value:

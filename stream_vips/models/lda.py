@@ -400,7 +400,7 @@ class LDA(Model):
     dim_param: ClassVar[str] = "vocabulary"
     dimension_of: ClassVar[Callable[[Any], int]] = staticmethod(lambda vocabulary: len(load_vocabulary(vocabulary)))
     synthetic: ClassVar[type[SyntheticData]] = DocumentData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[LDA, DocumentData]] = Demo(
         about="LDA (K = 4 known topics over a 60-word vocabulary, documents resampled to 40 words): held-out "
               "perplexity bound and topic recovery (mean Hellinger distance)",
         records=70_000, reservoir=20_000, batch_size=4_000, every_records=2_000, kappa=0.55,
@@ -438,9 +438,9 @@ class LDA(Model):
         self.max_iter, self.block_size = int(max_iter), int(block_size)
         self.alpha = 1.0 / self.n_topics if alpha is None else float(alpha)
         self.eta, self.clip_fraction, self.tol = float(eta), float(clip_fraction), float(tol)
-        for key, value in (("alpha", self.alpha), ("eta", self.eta), ("tol", self.tol)):
-            if not (np.isfinite(value) and value > 0):
-                raise ValueError(f"{key}: must be a finite number > 0, got {value!r}")
+        for key, number in (("alpha", self.alpha), ("eta", self.eta), ("tol", self.tol)):
+            if not (np.isfinite(number) and number > 0):
+                raise ValueError(f"{key}: must be a finite number > 0, got {number!r}")
         if not 0 < self.clip_fraction <= 1:
             raise ValueError(f"clip_fraction: must be in (0, 1], got {clip_fraction!r}")
         self._rng = np.random.default_rng(seed)
@@ -597,14 +597,22 @@ class LDA(Model):
             return EMPTY_DOCUMENT, "no token of the document is in the vocabulary"
         return ids, cts
 
-    def _bags(self, objs: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, list]:
-        ids, cts, accepted, rejected = [], [], [], []
+    def _bags(self, objs: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray,
+                                                 list[tuple[int, str, str]]]:
+        ids: list[np.ndarray] = []
+        cts: list[np.ndarray] = []
+        accepted: list[int] = []
+        rejected: list[tuple[int, str, str]] = []
         for i, obj in enumerate(objs):
-            a, b = self._bag(obj)
-            if isinstance(a, str):
-                rejected.append((i, a, b))
+            bag = self._bag(obj)
+            if isinstance(bag[0], str):
+                reason, detail = bag
+                rejected.append((i, reason, detail))
             else:
-                ids.append(a), cts.append(b), accepted.append(i)
+                word_ids, counts = bag
+                ids.append(word_ids)
+                cts.append(counts)
+                accepted.append(i)
         return ids, cts, np.asarray(accepted, dtype=np.int64), rejected
 
     def parse_batch(self, objs: Sequence[Any]) -> ParsedBatch:

@@ -198,7 +198,7 @@ class LinearRegression(Model):
     record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     default_params: ClassVar[Mapping[str, Any]] = {"dim": 5}
     synthetic: ClassVar[type[SyntheticData]] = RegressionData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[LinearRegression, RegressionData]] = Demo(
         about="linear regression (d = 5): |E[w] - w_true| against the true weights",
         source={"dimension": 5, "noise_std": 0.2, "x_scale": 0.8},
         params=lambda data, seed: {"dim": data.dimension, "noise_precision": 1.0 / data.noise_std**2,
@@ -332,7 +332,7 @@ class LinearRegression(Model):
 
     def blocks(self) -> tuple[Block, ...]:
         d, R, B = self.dim, self.x_bound, self.y_bound
-        out = (Block("xx", (d, d), R * R, symmetric=True), Block("xy", (d,), R * B))
+        out: tuple[Block, ...] = (Block("xx", (d, d), R * R, symmetric=True), Block("xy", (d,), R * B))
         if self.gamma:
             out += (Block("yy", (), B * B),)
         return out

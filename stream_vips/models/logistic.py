@@ -115,7 +115,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import numpy as np
 from scipy.linalg import blas, solve_triangular
@@ -273,7 +273,7 @@ class BayesianLogisticRegression(Model):
     family: ClassVar[str] = "logistic"
     record_format: ClassVar[str] = '{"x": [d numbers], "y": 0 | 1}'
     synthetic: ClassVar[type[SyntheticData]] = LogisticData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[BayesianLogisticRegression, LogisticData]] = Demo(
         about="Pólya-Gamma logistic regression (d = 5 with a bias feature): held-out ROC AUC, next to the "
               "AUC of the true weights",
         source={"dimension": 5},
@@ -755,10 +755,21 @@ LOGISTIC_WEIGHTS = {"s1": 1.0, "s2": 1.5}
 #: Eigenvalue floor of the averaged noisy s2, in units of sqrt(d) * its diagonal noise std: 1, a
 #: little below the spectral edge sqrt(2) of the symmetric noise (module docstring).
 LOGISTIC_FLOOR_FACTOR = 1.0
+class CentredDefaults(TypedDict):
+    """The centred release's defaults: its steps, noise allocation, residual clip, step size and the
+    share of the last iterates the mean averages."""
+
+    steps: int
+    weights: dict[str, float]
+    residual_clip: float
+    step_size: float
+    averaged_share: float
+
+
 #: The centred release (module docstring), with the settings of its best candidate in stage D of
 #: benchmarks/fit_rule_evidence.py.
-CENTRED_LOGISTIC = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5, "step_size": 0.5,
-                    "averaged_share": 0.75}
+CENTRED_LOGISTIC: CentredDefaults = {"steps": 32, "weights": {"g": 1.0, "s2": 1.0}, "residual_clip": 0.5,
+                                     "step_size": 0.5, "averaged_share": 0.75}
 #: The rule takes the centred release when N >= this and d >= CENTRED_MIN_D: chosen on the tuning
 #: sets and validated on 90 other public sets (benchmarks/fit_release_validation.py).
 CENTRED_MIN_N = 1000
@@ -817,7 +828,7 @@ def centred_logistic(settings: Settings, steps: int | None = None,
     ``average_from`` in ``params`` replace the defaults, and the reasons say what was used."""
     c = CENTRED_LOGISTIC
     T = c["steps"] if steps is None else int(steps)
-    chosen = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
+    chosen: dict[str, Any] = {"residual_clip": c["residual_clip"], "step_size": c["step_size"],
               "average_from": int(T * (1.0 - c["averaged_share"]))}
     chosen.update({k: v for k, v in (params or {}).items() if k in chosen})
     shown = {k: json.dumps(v, default=repr) for k, v in chosen.items()}  # the model checks the values

@@ -80,7 +80,7 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
     return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
 
 
-def _check_sizes(cls: type, hyperparameters: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
+def _check_sizes(cls: type[Model], hyperparameters: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:
     """Refuse hyperparameters that ask for more than the message's arrays hold, before the model
     is built: a message is bounded by the topic's size limit, while ``n_latent: 40000`` in a small
     sbn message made its constructor allocate 14 GB. Every array the message carries must have

@@ -20,11 +20,14 @@ import importlib
 import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from stream_vips.errors import ConfigError
 
 if TYPE_CHECKING:
+    import inspect
+    from types import ModuleType
+
     from stream_vips.models.base import Model
 
 #: Model families: name -> module defining exactly one Model subclass with that ``family``.
@@ -64,15 +67,22 @@ def dimension(family: str) -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------ docs/families.md
 
+class _Example(TypedDict):
+    n: int
+    d: int
+    epsilon: float
+    delta: float
+
+
 #: The public quantities docs/families.md shows each fit rule at.
-DOCS_EXAMPLE = {"n": 10_000, "d": 20, "epsilon": 1.0, "delta": 1e-5}
+DOCS_EXAMPLE: _Example = {"n": 10_000, "d": 20, "epsilon": 1.0, "delta": 1e-5}
 
 
-def _markdown(text: str, module: Any = None) -> str:
+def _markdown(text: str, module: ModuleType | None = None) -> str:
     """RST roles and literals as Markdown code (``~a.b`` shows as ``b``); a ``:data:`` constant of
     ``module`` shows its value."""
 
-    def role(m: re.Match) -> str:
+    def role(m: re.Match[str]) -> str:
         kind, target = m.group(1), m.group(2)
         name = target.lstrip("~").split(".")[-1] if target.startswith("~") else target
         value = getattr(module, target, None) if kind == "data" and module is not None else None
@@ -81,10 +91,15 @@ def _markdown(text: str, module: Any = None) -> str:
     return re.sub(r":([a-z]+):`([^`]+)`", role, text).replace("``", "`")
 
 
-def _paragraphs(doc: str) -> list[str]:
-    """The paragraphs of a docstring, each joined into one line."""
+def _first_paragraph(obj: object) -> str:
+    """The first paragraph of ``obj``'s docstring, joined into one line."""
+    import inspect
+
+    doc = inspect.getdoc(obj)
+    if doc is None:
+        raise ValueError(f"{obj!r} has no docstring for docs/families.md")
     blocks = doc.strip().split("\n\n")
-    return [" ".join(line.strip() for line in block.splitlines()) for block in blocks if block.strip()]
+    return [" ".join(line.strip() for line in block.splitlines()) for block in blocks if block.strip()][0]
 
 
 def parameter_docs(cls: type) -> dict[str, str]:
@@ -109,7 +124,7 @@ def parameter_docs(cls: type) -> dict[str, str]:
     return out
 
 
-def _default(parameter: Any) -> str:
+def _default(parameter: inspect.Parameter) -> str:
     import inspect
     import json
 
@@ -144,8 +159,6 @@ def _support(cls: type[Model]) -> list[str]:
 
 
 def _fit_rule(cls: type[Model]) -> list[str]:
-    import inspect
-
     if cls.engine_refusal is not None:
         return []
     ex = DOCS_EXAMPLE
@@ -159,7 +172,7 @@ def _fit_rule(cls: type[Model]) -> list[str]:
                f"noise allocation {weights}, the {s.accountant} accountant"
                + (f"; model parameters {params}" if params else "") + ".")
     module = sys.modules[cls.__module__]
-    return ["", "### Fit rule", "", _markdown(_paragraphs(inspect.getdoc(cls.fit_rule))[0], module), "", example]
+    return ["", "### Fit rule", "", _markdown(_first_paragraph(cls.fit_rule), module), "", example]
 
 
 def family_section(family: str) -> str:
@@ -176,7 +189,7 @@ def family_section(family: str) -> str:
         if name not in meanings:
             raise ValueError(f"{cls.__name__}'s docstring does not document its parameter {name!r}")
         rows.append(f"| `{name}` | {_default(parameter)} | {_markdown(meanings[name]).replace('|', chr(92) + '|')} |")
-    lines = [f"## {family}", "", _markdown(_paragraphs(inspect.getdoc(cls))[0]), "",
+    lines = [f"## {family}", "", _markdown(_first_paragraph(cls)), "",
              f"- **Model**: `{cls.__module__}.{cls.__name__}`",
              f"- **Records**: `{cls.record_format}`; {_dimension(cls)}",
              *_support(cls), "", "### Parameters", "", "| parameter | default | meaning |", "|---|---|---|", *rows,

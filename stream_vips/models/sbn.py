@@ -258,7 +258,11 @@ class SigmoidBeliefNetwork(Model):
     record_field: ClassVar[str] = "y"
     dim_param: ClassVar[str] = "n_visible"
     synthetic: ClassVar[type[SyntheticData]] = ImageData
-    demo: ClassVar[Demo] = Demo(
+    #: The public clipping fractions (module docstring), set by the constructor (the rule's when not given).
+    clip_units: float
+    clip_omega: float
+    clip_pixels: float
+    demo: ClassVar[Demo[SigmoidBeliefNetwork, ImageData]] = Demo(
         about="sigmoid belief network (K = 3 known latent units over 24 pixels): pixel accuracy of "
               "reconstructed held-out images, next to the true network's",
         source={},
@@ -765,7 +769,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float, *, n_latent: i
     """
     n, d = integer("n", n), integer("d", d)
     private = epsilon is not None
-    if private and not (math.isfinite(epsilon) and epsilon > 0):
+    if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0 (or None for non-private), got {epsilon!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")

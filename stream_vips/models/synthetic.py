@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def malformed_vectors(dimension: int) -> tuple[bytes, ...]:
     return tuple(fill(t, dimension).encode() for t in MALFORMED_KINDS.values())
 
 
-def vector_lines(x: np.ndarray, y: Sequence[Any]) -> list[bytes]:
+def vector_lines(x: np.ndarray, y: Sequence[float]) -> list[bytes]:
     """``{"x": [...], "y": ...}`` lines of the rows of ``x`` and the values ``y`` (Python reprs)."""
     return [b'{"x": [%s], "y": %r}' % (", ".join(map(repr, row)).encode(), yi) for row, yi in zip(x.tolist(), y)]
 
@@ -96,8 +96,13 @@ def _nothing_held_out(data: SyntheticData) -> None:
     return None
 
 
+#: The family's model and synthetic data that a :class:`Demo` scores (``Demo[LinearRegression, RegressionData]``).
+ModelT = TypeVar("ModelT", bound="Model")
+DataT = TypeVar("DataT", bound=SyntheticData)
+
+
 @dataclass(frozen=True)
-class Demo:
+class Demo(Generic[ModelT, DataT]):
     """What ``stream-vips demo`` streams for a family and how it scores the result.
 
     The demo streams ``records`` records of the family's synthetic data (generator options
@@ -112,11 +117,11 @@ class Demo:
 
     about: str
     source: Mapping[str, Any]
-    params: Callable[[Any, int], dict[str, Any]]
-    score: Callable[[Model, Any, Any], dict[str, float]]
-    reference: Callable[[Any, Any], dict[str, Any]]
+    params: Callable[[DataT, int], dict[str, Any]]
+    score: Callable[[ModelT, DataT, Any], dict[str, float]]
+    reference: Callable[[DataT, Any], dict[str, Any]]
     lines: Callable[[Mapping[str, Any]], list[str]]
-    held_out: Callable[[Any], Any] = _nothing_held_out
+    held_out: Callable[[DataT], Any] = _nothing_held_out
     records: int = 40_000
     reservoir: int = 10_000
     batch_size: int = 2_000

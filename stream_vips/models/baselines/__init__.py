@@ -13,7 +13,8 @@ exactly the record handling of :class:`~stream_vips.models.logistic.BayesianLogi
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
@@ -37,12 +38,12 @@ class LogisticRecords(Model):
     parse_batch = BayesianLogisticRegression.parse_batch
     synthetic: ClassVar[type[SyntheticData]] = LogisticData
 
-    def _init_records(self, dim: Any, dataset_size: Any) -> None:
+    def _init_records(self, dim: int, dataset_size: int) -> None:
         self.dim = integer("dim", dim)
         self.dataset_size = integer("dataset_size", dataset_size)
         self.dtype = np.dtype(np.float64)  # stored input precision, read by the shared record handling
 
-    def _batch_xy(self, batch) -> tuple[np.ndarray, np.ndarray]:
+    def _batch_xy(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Rows re-clipped to norm 1 (idempotent for parsed rows) and labels as +-1 floats."""
         from stream_vips.privacy.mechanisms import clip_rows
 

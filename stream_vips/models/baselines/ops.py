@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 from scipy.special import expit, log_expit
@@ -74,6 +74,9 @@ from stream_vips.models.baselines import LogisticRecords
 from stream_vips.privacy.accountants import Accountant
 from stream_vips.privacy.events import PureDpEvent, UncertifiedEvent
 from stream_vips.privacy.mechanisms import clip_rows
+
+if TYPE_CHECKING:
+    from stream_vips.privacy.event_types import Event
 
 #: Target acceptance rate of the adaptive random-walk phase.
 _TARGET_ACCEPT = 0.25
@@ -104,7 +107,7 @@ class HeldRecords(Protocol):
 class Admits(Protocol):
     """The budget monitor's admission (check, then a durable ledger entry) of OPS's event."""
 
-    def admit(self, event: Any, position: int | None = None) -> int | None: ...
+    def admit(self, event: Event, position: int | None = None) -> int | None: ...
 
 
 class OPS(LogisticRecords):
@@ -276,7 +279,7 @@ class AssumeExactSampling(Accountant):
         self.name = f"{inner.name}+assume_exact_sampling"
 
     @staticmethod
-    def as_if_exact(event: Any) -> Any:
+    def as_if_exact(event: object) -> object:
         """The pure-DP event OPS's release would be with an exact sampler; other events unchanged."""
         if isinstance(event, UncertifiedEvent) and event.mechanism == "ops":
             return PureDpEvent(event.nominal_epsilon, event.adjacency, event.count)
@@ -286,6 +289,8 @@ class AssumeExactSampling(Accountant):
         return self.inner.why_unsupported(self.as_if_exact(event))
 
     def epsilon_of_counts(self, counts: Mapping[Any, int], delta: float) -> float:
+        """``inner``'s epsilon of ``counts``, OPS's events taken as exact (the keys are events of every
+        kind, wider than the accountants' ``Counts`` alias states)."""
         merged: OrderedDict = OrderedDict()
         for unit, n in counts.items():
             key = self.as_if_exact(unit)

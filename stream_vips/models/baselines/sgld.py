@@ -156,6 +156,8 @@ class DPSGLD(LogisticRecords):
             steps = RULE_MIN_STEPS
             why = {"steps": f"{steps} steps without noise at the stable step eta = 1/(N/4 + alpha): gradient descent",
                    "epsilon": "1: the paper's target is unused without noise (Theorem 4's condition holds)"}
+        elif epsilon is None:
+            raise FitError("sgld: a private fit needs epsilon (None only with non_private)")
         else:
             mu = _gaussian_mu(epsilon, delta)
             gap = RULE_MARGIN**2 * 4.0 / mu**2  # z^2 / T

@@ -304,7 +304,7 @@ class BNNSEP(DampedSite, Model):
     family: ClassVar[str] = "sep_bnn"
     record_format: ClassVar[str] = '{"x": [d numbers], "y": number}'
     synthetic: ClassVar[type[SyntheticData]] = NonlinearData
-    demo: ClassVar[Demo] = Demo(
+    demo: ClassVar[Demo[BNNSEP, NonlinearData]] = Demo(
         about="DP-SEP Bayesian neural network (50 ReLU units; y = sin(2 x1) + x2^2 / 2 - 1/2 plus noise): "
               "held-out RMSE and log-likelihood, next to the noise std",
         source={"dimension": 2, "noise_std": 0.2},
@@ -511,7 +511,7 @@ class BNNSEP(DampedSite, Model):
     def _clip_site(self, site: np.ndarray) -> np.ndarray:
         if self.clip is None:
             return site
-        return site * clip_factors(np.linalg.norm(site)[None], self.clip)[0]
+        return site * clip_factors(np.atleast_1d(np.linalg.norm(site)), self.clip)[0]
 
     def _set_posterior(self, packed: np.ndarray) -> None:
         """Floor precisions and the Gamma, then theta_f = (theta - theta_0) / N clipped to C.
@@ -628,7 +628,7 @@ def fit_rule(n: int, d: int, epsilon: float | None, delta: float) -> dict[str, A
     n = integer("n", n)
     d = integer("d", d)
     private = epsilon is not None
-    if private and not (math.isfinite(epsilon) and epsilon > 0):
+    if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0 (or None for non-private), got {epsilon!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")

@@ -288,7 +288,7 @@ class SEPModel(DampedSite, Model):
         """
         site = (pack(eta, prec) - self._prior) / self.dataset_size
         if self.clip is not None:
-            site = site * clip_factors(np.linalg.norm(site)[None], self.clip)[0]
+            site = site * clip_factors(np.atleast_1d(np.linalg.norm(site)), self.clip)[0]
         self._site = site
 
     @property
