@@ -227,8 +227,9 @@ def test_privacy_bounds_are_where_the_accountant_arithmetic_stays_finite():
     import math
 
     from stream_vips.config import MAX_EPSILON, MIN_NOISE_MULTIPLIER
-    from stream_vips.privacy.accountants import SubsampledGaussianEvent, make_accountant
+    from stream_vips.privacy.accountants import make_accountant
     from stream_vips.privacy.calibration import calibrate_noise_multiplier
+    from stream_vips.privacy.events import SubsampledGaussianEvent
 
     cfg = config_from_dict({"privacy": {"epsilon": MAX_EPSILON, "seed": 0}}, env={})
     assert cfg.privacy.epsilon == MAX_EPSILON
