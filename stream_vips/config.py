@@ -14,6 +14,11 @@ checks the connector options (:func:`stream_vips.service.build.check`) and the c
 the M-step, defaults to the reservoir capacity), both at start, each naming the key it refuses;
 :func:`stream_vips.load_config` and :func:`stream_vips.config_from_dict` do all of it at once.
 
+Length: a little over 600 lines, one module: the sections' dataclasses are the schema,
+and reading values into them (types, environment overrides) and the checks across sections all
+name the same dotted keys and defaults; it is the one place an operator's key is defined,
+read and refused. Split apart, a key's type, default and checks would sit in different files.
+
 >>> cfg = config_from_dict({"privacy": {"epsilon": 2.0}}, env={"STREAM_VIPS__SAMPLING__RESERVOIR": "500",
 ...                                                             "STREAM_VIPS__SAMPLING__BATCH_SIZE": "50"})
 >>> cfg.privacy.epsilon, cfg.sampling.reservoir, cfg.sampling.q

@@ -151,8 +151,8 @@ def test_a_batch_with_one_percent_bad_records_gives_what_each_record_gives_alone
     """Whole-batch decoding and validation (orjson in one pass, per-document json only for the bad
     ones) gives the rows and the (arrival, reason, detail) rejections of the per-record reference:
     every record decoded by json and validated on its own."""
-    from stream_vips import records
     from stream_vips.core.data.decoding import decode_batch
+    from stream_vips.records import decoding as records_decoding  # the decoder's internals
 
     rng = np.random.default_rng(seed)
     values = SyntheticRegressionSource(dimension=3, seed=seed, malformed_fraction=0.01).generate(5000)
@@ -164,7 +164,7 @@ def test_a_batch_with_one_percent_bad_records_gives_what_each_record_gives_alone
     model = model_class(family)(**params)
     got = decode_batch(model, values)
     with monkeypatch.context() as m:
-        m.setattr(records, "_fast_loads", json.loads)
+        m.setattr(records_decoding, "_fast_loads", json.loads)
         alone = [decode_batch(model, [v]) for v in values]
     np.testing.assert_array_equal(got.ok, [a.ok[0] for a in alone])
     assert got.rejected == [(i, reason, detail) for i, a in enumerate(alone) for _, reason, detail in a.rejected]

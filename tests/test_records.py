@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from stream_vips import records
 from stream_vips.records import FieldBatch, RecordRejected, decode_json, decode_one
+from stream_vips.records import decoding as records_decoding  # the decoder's internals
 
 
 def test_decode_json_reasons_and_positions():
@@ -221,7 +222,7 @@ def _same(a, b) -> bool:
 
 def _json_only(raws, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(records, "_fast_loads", json.loads)
+        m.setattr(records_decoding, "_fast_loads", json.loads)
         return decode_json(raws)
 
 
@@ -235,7 +236,7 @@ def _assert_same_decoding(raws, monkeypatch):
 
 def test_orjson_is_the_fast_decoder():
     orjson = pytest.importorskip("orjson")
-    assert records._fast_loads is orjson.loads
+    assert records_decoding._fast_loads is orjson.loads
 
 
 def test_fast_decoding_matches_json_on_tricky_documents(monkeypatch):
@@ -385,7 +386,7 @@ def _reference_fields(obj, dim: int = 2, max_abs: float = 1e6):
 def _reference_record(raw, monkeypatch):
     """One record alone through the per-record reference: json's decode_one, then the spec."""
     with monkeypatch.context() as m:
-        m.setattr(records, "_fast_loads", json.loads)
+        m.setattr(records_decoding, "_fast_loads", json.loads)
         try:
             obj = decode_one(raw)
         except RecordRejected as exc:
@@ -424,16 +425,16 @@ def test_only_the_bad_documents_take_the_per_document_path(monkeypatch):
     bad documents, exactly those reach the per-document json path (the rest stays one C pass)."""
     pytest.importorskip("orjson")
     seen = []
-    reference = records._decode_reference
+    reference = records_decoding._decode_reference
 
     def spy(raws, positions, max_bytes):
         seen.append(list(positions))
         return reference(raws, positions, max_bytes)
 
-    monkeypatch.setattr(records, "_decode_reference", spy)
+    monkeypatch.setattr(records_decoding, "_decode_reference", spy)
     rng = np.random.default_rng(7)
     clean = [_clean_line(rng) for _ in range(3000)]
-    assert sum(b"0" * 19 in raw.translate(records._DIGITS_AS_ZERO) for raw in clean) > 100  # long fractions
+    assert sum(b"0" * 19 in raw.translate(records_decoding._DIGITS_AS_ZERO) for raw in clean) > 100  # long fractions
     decode_json(clean)
     assert seen == []
     batch = list(clean)
@@ -458,8 +459,8 @@ def test_which_documents_orjson_may_read(doc, orjson_reads_it):
     """orjson reads integers beyond 64 bits as floats: a 19+ digit run that is not a fraction (or a
     fraction of 38+ digits, conservatively) goes to json, in a batch as alone."""
     batch = [b'{"x": [0.5]}', doc, b'{"x": [0.25]}']
-    assert records._orjson_candidates(batch, None).tolist() == [True, orjson_reads_it, True]
-    assert records._orjson_candidates([doc], None).tolist() == [orjson_reads_it]
+    assert records_decoding._orjson_candidates(batch, None).tolist() == [True, orjson_reads_it, True]
+    assert records_decoding._orjson_candidates([doc], None).tolist() == [orjson_reads_it]
 
 
 long_fraction = st.builds(

@@ -6,6 +6,12 @@ handles signals (the runtime, :class:`stream_vips.service.app.Application`, does
 checkpoint must persist is :meth:`PrivateLearner.state`, including the binding to the ledger
 that paid for it (privacy rule 11 in docs/privacy.md).
 
+Length: over 600 lines, one module: it is the one class :class:`PrivateLearner`, whose
+methods all act on the same reservoir, trigger, engine and ledger binding (what is fed decides
+when a step is paid, and the state saved is what the ledger paid for), and a runnable example in
+this docstring; its wiring from a configuration is already :mod:`stream_vips.core.build`. Moving
+some of its methods elsewhere would split one object's invariants across files.
+
 Notebook use needs one import: the defaults keep the ledger in memory (``ledger_path=`` makes it
 durable), serve no metrics and stop when the budget is spent or the data ends. No step is taken
 before the reservoir (``reservoir=``, 10000 by default) is full, so data smaller than it give no

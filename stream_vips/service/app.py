@@ -21,12 +21,19 @@ Budget exhaustion halts updates for good: the last model is re-published with
 ``privacy.halted: true``, the source is paused, and (``on_halt: stay``) metrics and health keep
 being served until a signal arrives, or (``on_halt: exit``) ``run()`` returns. SIGTERM/SIGINT
 finish the step in flight, flush the sinks and close everything.
+
+Length: over 600 lines, one module: it is one loop over one set of state (the batches in
+flight, the positions applied, a dead letter unconfirmed, a model owed), and its guarantees are the
+order of its steps: dead letters confirmed and each paid step's model published before the source is
+committed past them, the batch in flight applied before a rebalance or a shutdown. Dead letters,
+commits, publishing and halting in separate modules would each hold part of that state and spread
+one ordering over several files. The process settings a run holds (garbage collection, BLAS
+threads) are :mod:`stream_vips.service.tuning`.
 """
 
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import signal
 import threading
@@ -61,6 +68,7 @@ from stream_vips.privacy.ledger import check_binding
 from stream_vips.service import build
 from stream_vips.service.checkpoint import CheckpointError, CheckpointHook, attach
 from stream_vips.service.metrics import Metrics, MetricsServer, bind_error, port_free
+from stream_vips.service.tuning import blas_limit, gc_tuned
 
 log = logging.getLogger("stream_vips.service.app")
 
@@ -280,7 +288,7 @@ class Application:
                                          self.learner.validation)
             if isinstance(self.source, RebalancingSource):
                 self.source.before_revoke = self._before_revoke
-            with _blas_limit(self.blas_threads), _gc_tuned(self.poll_max_records):
+            with blas_limit(self.blas_threads), gc_tuned(self.poll_max_records):
                 self.metrics.set_ready(True)
                 self._loop()
         finally:
@@ -666,49 +674,3 @@ class Application:
             self._server = None
         if errors:
             log.error("errors during shutdown: %s", "; ".join(errors))
-
-
-class _gc_tuned:
-    """Keep Python's cyclic GC from rescanning the whole heap while records stream through.
-
-    A polled batch keeps thousands of container objects (the client's records, decoded dicts
-    and lists) alive until it is applied, so with the default thresholds they are promoted to
-    the oldest generation and trigger full collections, each a walk over every object of the
-    process (numpy, scipy and the accountant's modules included): about 2.5 s per million
-    records, a fifth of the run. For the run, the objects that exist after start-up are frozen
-    out of collection (``gc.freeze``) and the youngest generation's threshold is raised above
-    what a batch keeps alive, so batches die young; reference cycles are still collected. The
-    previous thresholds are restored and the frozen objects released afterwards.
-    """
-
-    def __init__(self, poll_max_records: int) -> None:
-        self.threshold0 = max(gc.get_threshold()[0], 20 * poll_max_records)
-        self._old: tuple[int, ...] = ()
-
-    def __enter__(self) -> None:
-        self._old = gc.get_threshold()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(self.threshold0, *self._old[1:])
-
-    def __exit__(self, *exc: object) -> None:
-        gc.set_threshold(*self._old)
-        gc.unfreeze()
-
-
-class _blas_limit:
-    """Pin BLAS threads (threadpoolctl) for the duration of the run; ``None`` leaves them."""
-
-    def __init__(self, threads: int | None) -> None:
-        self.threads = threads
-        self._ctx: Any = None
-
-    def __enter__(self) -> None:
-        if self.threads is not None:
-            from threadpoolctl import threadpool_limits
-
-            self._ctx = threadpool_limits(limits=self.threads, user_api="blas")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._ctx is not None:
-            self._ctx.restore_original_limits()
