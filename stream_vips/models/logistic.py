@@ -128,10 +128,10 @@ from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_acc
 from stream_vips.models.synthetic import (
     Demo,
     SyntheticData,
+    VectorData,
     check_dimension,
     check_weights,
     malformed_vectors,
-    vector_lines,
 )
 from stream_vips.privacy.mechanisms import clip_factors, clip_rows, project_pd
 from stream_vips.records import FieldBatch
@@ -185,7 +185,7 @@ def joint_diameter(a1: float, a2: float) -> float:
     return float(min(2.0, math.sqrt(d2)))
 
 
-class LogisticData(SyntheticData):
+class LogisticData(VectorData):
     """Logistic-regression records ``{"x": [...], "y": 0 | 1}`` from fixed weights.
 
     ``x = [f, bias]``: the last of the ``dimension`` features is the constant ``bias``, and the
@@ -222,14 +222,6 @@ class LogisticData(SyntheticData):
         X = np.hstack([f, np.full((n, 1), self.bias)])
         y = (self._rng.random(n) < expit(X @ self.weights)).astype(np.int64)
         return X, y
-
-    def records(self, n: int) -> list[bytes]:
-        X, y = self.sample(n)
-        return vector_lines(X, y.tolist())
-
-    @property
-    def model_params(self) -> dict[str, Any]:
-        return {"dim": self.dimension}
 
 
 def _demo_lines(s: Mapping[str, Any]) -> list[str]:

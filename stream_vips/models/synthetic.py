@@ -92,6 +92,25 @@ class SyntheticData(ABC):
         parameter, or the vocabulary)."""
 
 
+class VectorData(SyntheticData):
+    """Synthetic ``{"x": [...], "y": ...}`` records of a vector family whose dimension parameter is
+    ``dim``: a subclass draws ``(X, y)`` in :meth:`sample`."""
+
+    dimension: int
+
+    @abstractmethod
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh rows ``X`` (n x dimension) and their targets ``y`` (advances the generator)."""
+
+    def records(self, n: int) -> list[bytes]:
+        X, y = self.sample(n)
+        return vector_lines(X, y.tolist())
+
+    @property
+    def model_params(self) -> dict[str, Any]:
+        return {"dim": self.dimension}
+
+
 def _nothing_held_out(data: SyntheticData) -> None:
     return None
 

@@ -103,7 +103,13 @@ from stream_vips.models.sep.core import (
     public_vector,
     site_schedule,
 )
-from stream_vips.models.synthetic import Demo, SyntheticData, check_dimension, malformed_vectors, vector_lines
+from stream_vips.models.synthetic import (
+    Demo,
+    SyntheticData,
+    VectorData,
+    check_dimension,
+    malformed_vectors,
+)
 from stream_vips.privacy.mechanisms import clip_factors
 from stream_vips.records import FieldBatch
 
@@ -227,7 +233,7 @@ def gamma_site(mf: np.ndarray, vf: np.ndarray, y: np.ndarray, alpha: float, beta
     return np.where(ok, a_new - alpha, 0.0), np.where(ok, beta - b_new, 0.0), ok
 
 
-class NonlinearData(SyntheticData):
+class NonlinearData(VectorData):
     """Regression records ``{"x": [...], "y": y}`` from a fixed smooth function.
 
     ``x ~ N(0, I)`` in ``dimension`` features and ``y = sin(2 x_1) + 0.5 x_2^2 - 0.5 + N(0,
@@ -253,14 +259,6 @@ class NonlinearData(SyntheticData):
         """``n`` fresh well-formed draws as arrays ``(X, y)`` (advances the generator)."""
         X = self._rng.standard_normal((n, self.dimension))
         return X, self.function(X) + self.noise_std * self._rng.standard_normal(n)
-
-    def records(self, n: int) -> list[bytes]:
-        X, y = self.sample(n)
-        return vector_lines(X, y.tolist())
-
-    @property
-    def model_params(self) -> dict[str, Any]:
-        return {"dim": self.dimension}
 
 
 def _demo_lines(s: Mapping[str, Any]) -> list[str]:

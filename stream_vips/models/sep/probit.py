@@ -40,7 +40,13 @@ from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models.sep.core import SITE, SEPModel, pack, parse_vectors, site_rule
-from stream_vips.models.synthetic import SyntheticData, check_dimension, check_weights, malformed_vectors, vector_lines
+from stream_vips.models.synthetic import (
+    SyntheticData,
+    VectorData,
+    check_dimension,
+    check_weights,
+    malformed_vectors,
+)
 from stream_vips.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
@@ -74,7 +80,7 @@ def site_coefficients(mu: np.ndarray, s2: np.ndarray, t: np.ndarray) -> tuple[np
     return (t * r / root + mu * beta) / denom, beta / denom
 
 
-class ProbitData(SyntheticData):
+class ProbitData(VectorData):
     """Probit records ``{"x": [d numbers], "y": 0 | 1}``: ``x ~ N(0, I)`` in ``dimension`` features
     and ``y ~ Bernoulli(Phi(w . x + bias))``; ``weights`` default to ``N(0, I)`` draws. None of the
     malformed records is a valid probit record (y = 0.5 is not a label)."""
@@ -95,14 +101,6 @@ class ProbitData(SyntheticData):
         X = self._rng.standard_normal((n, self.dimension))
         y = (self._rng.random(n) < ndtr(X @ self.weights + self.bias)).astype(np.int64)
         return X, y
-
-    def records(self, n: int) -> list[bytes]:
-        X, y = self.sample(n)
-        return vector_lines(X, y.tolist())
-
-    @property
-    def model_params(self) -> dict[str, Any]:
-        return {"dim": self.dimension}
 
 
 class ProbitSEP(SEPModel):
