@@ -26,13 +26,17 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stream_vips.core.learner import StateMismatch
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import SeekableSource
+
+if TYPE_CHECKING:
+    from stream_vips.core.learner import PrivateLearner
+    from stream_vips.service.app import Application
 
 FORMAT_VERSION = 2  # 2: bound to the ledger (ledger_id, ledger_steps)
 
@@ -102,7 +106,7 @@ class Checkpoint:
         self.path = Path(path)
         self.writes = 0
 
-    def save(self, learner: Any, offsets: Mapping[tuple[str, int], int]) -> None:
+    def save(self, learner: PrivateLearner, offsets: Mapping[tuple[str, int], int]) -> None:
         """Write ``learner``'s state (:meth:`PrivateLearner.state`) and ``offsets`` atomically."""
         data = _pack({**learner.state(), "offsets": dict(offsets)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +141,7 @@ class Checkpoint:
         except (ValueError, KeyError, OSError) as exc:
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc}") from exc
 
-    def restore(self, learner: Any) -> dict[tuple[str, int], int] | None:
+    def restore(self, learner: PrivateLearner) -> dict[tuple[str, int], int] | None:
         """Load the checkpoint into ``learner``; returns its offsets (``None``: no checkpoint).
         State of another family or layout raises :class:`CheckpointError`; state the ledger did
         not pay for raises ``LedgerMismatch``."""
@@ -165,12 +169,12 @@ class CheckpointHook:
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.interval_s
 
-    def save(self, learner: Any, positions: Mapping[tuple[str, int], int]) -> None:
+    def save(self, learner: PrivateLearner, positions: Mapping[tuple[str, int], int]) -> None:
         self.checkpoint.save(learner, positions)
         self._last = time.monotonic()
 
 
-def attach(app: Any, path: str | os.PathLike, interval_s: float = 0.0) -> Checkpoint:
+def attach(app: Application, path: str | os.PathLike[str], interval_s: float = 0.0) -> Checkpoint:
     """Restore ``app``'s learner from the checkpoint at ``path`` (if any), seek the source to its
     offsets and make the run loop checkpoint before every commit (:meth:`Application.checkpoint_with`).
 
