@@ -71,7 +71,8 @@ class PublicSlices:
 
     @property
     def valid_fraction(self) -> float:
-        return sum(s.valid for s in self.statuses if s is not None) / self.capacity
+        rows = sum(s.rows for s in self.statuses if s is not None)
+        return sum(s.valid for s in self.statuses if s is not None) / rows if rows else 0.0
 
 
 def window_length(cfg: Config, shards: int) -> tuple[int | None, list[int] | None]:

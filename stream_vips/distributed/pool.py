@@ -48,9 +48,9 @@ class LocalPool:
     """The shards as objects in this process, called one after the other (the reference run)."""
 
     def __init__(self, cfg: Config, shards: int, sources: SourceFactory = _no_source,
-                 dead_letters: DeadLetterFactory = _no_source) -> None:
+                 dead_letters: DeadLetterFactory = _no_source, shard_class: type[Shard] = Shard) -> None:
         self.shards = shards
-        self.members = [Shard(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
+        self.members = [shard_class(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each shard's ``method(*args[i])``; a shard's exception as :class:`ShardFailure`."""
@@ -74,12 +74,12 @@ class RayPool:
     restarted shard starts empty, so no step is taken until its slice is full again)."""
 
     def __init__(self, cfg: Config, shards: int, sources: SourceFactory = _no_source,
-                 dead_letters: DeadLetterFactory = _no_source, max_restarts: int = 3,
-                 actor_options: dict[str, Any] | None = None) -> None:
+                 dead_letters: DeadLetterFactory = _no_source, shard_class: type[Shard] = Shard,
+                 max_restarts: int = 3, actor_options: dict[str, Any] | None = None) -> None:
         import ray
 
         self.shards = shards
-        actor: Any = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=0,
+        actor: Any = ray.remote(shard_class).options(max_restarts=max_restarts, max_task_retries=0,
                                           **(actor_options or {"num_cpus": 0}))
         self.actors: list[Any] = [actor.remote(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
 

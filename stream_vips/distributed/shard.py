@@ -81,7 +81,8 @@ class ShardStatus:
     size: int
     capacity: int
     full: bool
-    valid: int
+    valid: int  # slots (record sub-slots under privacy.unit: key) holding a valid record
+    rows: int  # slots (record sub-slots) in all
     rejected: Mapping[str, int]
     exhausted: bool = False
 
@@ -190,9 +191,10 @@ class Shard:
     def status(self) -> ShardStatus:
         """Public counts: positions, fill, validity, rejection reasons (privacy rule 1)."""
         res = self.learner.reservoir
+        valid = np.asarray(res.valid)
         return ShardStatus(self.index, int(res.seen), int(res.size), int(res.capacity), bool(res.full),
-                           int(np.count_nonzero(res.valid)), dict(collections.Counter(self.learner.rejected)),
-                           self._exhausted)
+                           int(np.count_nonzero(valid)), int(valid.size),
+                           dict(collections.Counter(self.learner.rejected)), self._exhausted)
 
     # -- one step's part (the only thing computed from records that leaves) ---------------------
 
