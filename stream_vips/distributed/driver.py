@@ -208,12 +208,29 @@ class ShardedLearner:
         self.observe(self.pool.call("poll", [args] * self.pool.shards, self.timeout_s + args[1]))
         return self.maybe_step()
 
+    def refresh(self, wait_s: float = 60.0) -> None:
+        """Ask every shard for its status, waiting up to ``wait_s`` for shards being restarted
+        (a restarted shard comes back empty: no step until its slice is full again)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.observe(self.pool.call("status", [()] * self.pool.shards, self.timeout_s))
+                return
+            except ShardFailure as exc:
+                if exc.cause != "lost" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def run(self, max_rounds: int | None = None) -> int:
         """Poll rounds until every shard's source is exhausted, updates halt or ``max_rounds``;
-        returns the steps taken."""
+        a lost shard is waited for (Ray restarts it). Returns the steps taken."""
         rounds = 0
         while not self.halted and not self._exhausted and (max_rounds is None or rounds < max_rounds):
-            self.poll()
+            try:
+                self.poll()
+            except ShardFailure as exc:
+                log.warning("a poll round failed (%s); waiting for the shards", exc)
+                self.refresh()
             rounds += 1
         return self.steps_taken
 
@@ -225,8 +242,9 @@ class ShardedLearner:
             return None
         try:
             return self.step()
-        except ShardFailure as exc:
+        except (ShardFailure, ReservoirNotFull) as exc:  # a shard lost, late, or restarted empty
             log.warning("step abandoned before anything was spent: %s", exc)
+            self.abandoned_steps += 1
             return None
 
     # -- the step: the privacy wall ------------------------------------------------------------

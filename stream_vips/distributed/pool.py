@@ -75,13 +75,16 @@ class RayPool:
 
     def __init__(self, cfg: Config, shards: int, sources: SourceFactory = _no_source,
                  dead_letters: DeadLetterFactory = _no_source, shard_class: type[Shard] = Shard,
-                 max_restarts: int = 3, actor_options: dict[str, Any] | None = None) -> None:
+                 max_restarts: int = 3, actor_options: dict[str, Any] | None = None,
+                 start_timeout_s: float = 300.0) -> None:
         import ray
 
         self.shards = shards
         actor: Any = ray.remote(shard_class).options(max_restarts=max_restarts, max_task_retries=0,
                                           **(actor_options or {"num_cpus": 0}))
         self.actors: list[Any] = [actor.remote(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
+        # started (a worker process, the imports, the shard's connectors) before any timed call
+        self.call("status", [()] * shards, start_timeout_s)
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each actor's ``method(*args[i])`` in parallel, all within ``timeout_s``."""
