@@ -97,3 +97,39 @@ def test_shards_need_a_partitioned_source() -> None:
                             "privacy": {"ledger": {"type": "memory"}}}, env={})
     with pytest.raises(ConfigError, match="^source.type: runtime.shards: 2 needs a partitioned source"):
         shard_connectors(cfg)
+
+
+def test_stream_vips_run_with_shards_publishes_and_pays_one_ledger(kafka_bootstrap: str, tmp_path: Any) -> None:
+    """``stream-vips run`` with runtime.shards: 2 (in this process): the shards read the topic,
+    the driver writes one ledger and publishes models whose version is the ledger step; a
+    restarted driver on the same ledger goes on counting from it (rule 7), never from zero."""
+    import yaml
+
+    from stream_vips.cli import main
+    from stream_vips.privacy.ledger import FileLedger
+
+    topic = create_topic(kafka_bootstrap, unique_topic("run"), partitions=2)
+    produce(kafka_bootstrap, topic, [json.dumps(r).encode() for r in records(200)], partitions=2)
+    settings = kafka_settings(kafka_bootstrap, topic, unique_topic("g"), 2, "kafka-python")
+    settings["sink"] = {"type": "jsonl", "path": str(tmp_path / "models.jsonl")}
+    settings["dead_letter"] = {"type": "jsonl", "path": str(tmp_path / "dead.jsonl")}
+    settings["privacy"]["ledger"] = {"type": "file", "path": str(tmp_path / "ledger.jsonl")}
+    settings["runtime"]["publish_interval_s"] = 0
+    settings["metrics"] = {"enabled": False}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    assert main(["run", "--config", str(path), "--no-progress"]) == 0
+    models = [json.loads(line) for line in (tmp_path / "models.jsonl").read_text().splitlines()]
+    ledger = FileLedger(str(tmp_path / "ledger.jsonl"))
+    try:
+        steps = len(ledger.events())
+    finally:
+        ledger.close()
+    assert steps >= 3 and [m["version"] for m in models] == list(range(steps))
+    assert models[-1]["privacy"]["steps"] == steps
+    # the driver killed and started again: the committed offsets leave nothing to read, the ledger keeps its steps
+    produce(kafka_bootstrap, topic, [json.dumps(r).encode() for r in records(100, seed=2)], partitions=2)
+    assert main(["run", "--config", str(path), "--no-progress"]) == 0
+    models = [json.loads(line) for line in (tmp_path / "models.jsonl").read_text().splitlines()]
+    assert models[-1]["version"] >= steps and models[-1]["privacy"]["epsilon_spent"] > models[steps - 1]["privacy"][
+        "epsilon_spent"]

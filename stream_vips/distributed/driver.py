@@ -36,6 +36,7 @@ from stream_vips.core.engine import Contribution, PrivateEngine, StepResult
 from stream_vips.distributed.pool import ShardFailure, ShardPool
 from stream_vips.distributed.shard import Plan, ShardContribution, ShardStatus, capacities
 from stream_vips.errors import ConfigError, ReservoirNotFull, StepRefused, StreamVipsError
+from stream_vips.io import Sink
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger
 from stream_vips.privacy.mechanisms import make_rng
@@ -232,6 +233,27 @@ class ShardedLearner:
                 log.warning("a poll round failed (%s); waiting for the shards", exc)
                 self.refresh()
             rounds += 1
+        return self.steps_taken
+
+    def serve(self, sink: Sink, max_rounds: int | None = None) -> int:
+        """:meth:`run` publishing to ``sink``: the newest model at most every
+        ``runtime.publish_interval_s`` and once more at the end (marked halted when updates
+        halted). Returns the steps taken."""
+        interval = self.config.runtime.publish_interval_s
+        last_publish, published = float("-inf"), None
+        rounds = 0
+        while not self.halted and not self._exhausted and (max_rounds is None or rounds < max_rounds):
+            self.run(max_rounds=1)
+            rounds += 1
+            if self.last_step != published and time.monotonic() - last_publish >= interval:
+                message = self.message()
+                if message is not None:
+                    sink.publish(self.model_id, message)
+                    published, last_publish = self.last_step, time.monotonic()
+        message = self.message(halted=self.halted)
+        if message is not None and (self.last_step != published or self.halted):
+            sink.publish(self.model_id, message)
+        sink.flush()
         return self.steps_taken
 
     def maybe_step(self) -> StepResult | None:
