@@ -133,3 +133,15 @@ def test_stream_vips_run_with_shards_publishes_and_pays_one_ledger(kafka_bootstr
     models = [json.loads(line) for line in (tmp_path / "models.jsonl").read_text().splitlines()]
     assert models[-1]["version"] >= steps and models[-1]["privacy"]["epsilon_spent"] > models[steps - 1]["privacy"][
         "epsilon_spent"]
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"runtime": {"shards": 2, "checkpoint_path": "/nonexistent/ckpt"}}, "runtime.checkpoint_path"),
+    ({"privacy": {"accounting": "window", "ledger": {"type": "memory"}}, "runtime": {"shards": 2},
+      "sampling": {"reservoir_policy": "window"}}, "privacy.accounting"),
+])
+def test_what_the_sharded_service_cannot_do_yet_is_refused(over: dict[str, Any], key: str) -> None:
+    cfg = config_from_dict({"source": {"type": "kafka", "bootstrap_servers": "localhost:1", "topics": "t"},
+                            "privacy": {"ledger": {"type": "memory"}}, **over}, env={})
+    with pytest.raises(ConfigError, match=f"^{key}:"):
+        shard_connectors(cfg)
