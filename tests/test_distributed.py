@@ -376,3 +376,14 @@ def test_rejected_slots_halt_before_spending_over_all_shards() -> None:
         assert many.ledger is not None and many.ledger.events() == []
         status = many.slices.statuses[0]
         assert isinstance(status, ShardStatus) and status.valid == 0 and status.rows == M // 2
+
+
+def test_shard_actors_ask_for_the_shard_resource_only_where_a_node_declares_it() -> None:
+    """On a cluster whose workers declare the shard resource (k8s/overlays/ray) every shard actor
+    asks for one unit of it, so none runs on the head beside the driver; a local cluster without
+    it places them anywhere (asking would leave them pending forever)."""
+    from stream_vips.distributed.pool import SHARD_RESOURCE, shard_actor_options
+
+    assert shard_actor_options({"CPU": 2.0, SHARD_RESOURCE: 2.0}) == {"num_cpus": 0, "resources": {SHARD_RESOURCE: 1}}
+    assert shard_actor_options({"CPU": 2.0}) == {"num_cpus": 0}
+    assert shard_actor_options({"CPU": 2.0, SHARD_RESOURCE: 0.0}) == {"num_cpus": 0}

@@ -8,7 +8,7 @@ everything below it) runs without it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from stream_vips.config import Config
@@ -19,6 +19,18 @@ from stream_vips.io import DeadLetterSink, Source
 #: shard index -> a factory of that shard's source (or dead-letter sink), called on the shard
 SourceFactory = Callable[[int], Callable[[], Source] | None]
 DeadLetterFactory = Callable[[int], Callable[[], DeadLetterSink] | None]
+#: the custom Ray resource a node declares to host shards (k8s/overlays/ray: one per worker pod)
+SHARD_RESOURCE = "stream_vips_shard"
+
+
+def shard_actor_options(cluster_resources: Mapping[str, float]) -> dict[str, Any]:
+    """A shard actor's Ray options on a cluster with ``cluster_resources``: no CPU of its own, and
+    one unit of :data:`SHARD_RESOURCE` when some node declares it, so shards run only on the
+    nodes meant for them (the workers) and never beside the driver on the head. A cluster
+    without it (a local ``ray.init()``) places them anywhere."""
+    if cluster_resources.get(SHARD_RESOURCE, 0) >= 1:
+        return {"num_cpus": 0, "resources": {SHARD_RESOURCE: 1}}
+    return {"num_cpus": 0}
 
 
 class ShardFailure(StreamVipsError, RuntimeError):
@@ -71,7 +83,8 @@ class LocalPool:
 
 class RayPool:
     """The shards as Ray actors (one per shard, restarted by Ray up to ``max_restarts`` times: a
-    restarted shard starts empty, so no step is taken until its slice is full again)."""
+    restarted shard starts empty, so no step is taken until its slice is full again), placed by
+    :func:`shard_actor_options` unless ``actor_options`` says otherwise."""
 
     def __init__(self, cfg: Config, shards: int, sources: SourceFactory = _no_source,
                  dead_letters: DeadLetterFactory = _no_source, shard_class: type[Shard] = Shard,
@@ -80,8 +93,8 @@ class RayPool:
         import ray
 
         self.shards = shards
-        actor: Any = ray.remote(shard_class).options(max_restarts=max_restarts, max_task_retries=0,
-                                          **(actor_options or {"num_cpus": 0}))
+        options = actor_options or shard_actor_options(ray.cluster_resources())
+        actor: Any = ray.remote(shard_class).options(max_restarts=max_restarts, max_task_retries=0, **options)
         self.actors: list[Any] = [actor.remote(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
         # started (a worker process, the imports, the shard's connectors) before any timed call
         self.call("status", [()] * shards, start_timeout_s)
