@@ -7,9 +7,11 @@ the same shards as Ray actors and checks they equal this.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import zlib
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,9 @@ from stream_vips.distributed import (
     owned_partitions,
     window_length,
 )
+from stream_vips.distributed.checkpoint import ShardCheckpointError
 from stream_vips.errors import ReservoirNotFull
+from stream_vips.io import RawRecord
 from stream_vips.service.build import config_from_dict
 
 M = 60
@@ -387,3 +391,127 @@ def test_shard_actors_ask_for_the_shard_resource_only_where_a_node_declares_it()
     assert shard_actor_options({"CPU": 2.0, SHARD_RESOURCE: 2.0}) == {"num_cpus": 0, "resources": {SHARD_RESOURCE: 1}}
     assert shard_actor_options({"CPU": 2.0}) == {"num_cpus": 0}
     assert shard_actor_options({"CPU": 2.0, SHARD_RESOURCE: 0.0}) == {"num_cpus": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# shard checkpoints (runtime.checkpoint_path)
+
+
+class OffsetSource:
+    """A seekable source of one partition: ``values`` at offsets 0, 1, ... (Kafka's positions)."""
+
+    def __init__(self, values: list[bytes], partition: int) -> None:
+        self.values, self.partition, self.next, self.commits = values, partition, 0, 0
+
+    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        start, self.next = self.next, min(len(self.values), self.next + max_records)
+        return [RawRecord(self.values[o], {"topic": "t", "partition": self.partition, "offset": o})
+                for o in range(start, self.next)]
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        return {("t", self.partition): self.next}
+
+    def seek(self, offsets: Any) -> None:
+        self.next = offsets[("t", self.partition)]
+
+    def commit(self, positions: Any = None) -> None:
+        self.commits += 1
+
+    commit_now = commit
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    @property
+    def exhausted(self) -> bool:
+        return self.next >= len(self.values)
+
+    def close(self) -> None: ...
+
+
+def checkpointed(tmp_path: Path, **over: Any) -> Any:
+    runtime = {"shards": 2, "checkpoint_path": str(tmp_path / "slices.npz"), "checkpoint_interval_s": 0.0}
+    ledger = {"type": "file", "path": str(tmp_path / "ledger.jsonl")}
+    return config_from_dict(settings(runtime=runtime, privacy={"ledger": ledger}, **over), env={})
+
+
+def slots(shard: Shard) -> tuple[int, list[tuple[float, ...]]]:
+    """A shard's position and the records in its slots, in slot order (the records' values)."""
+    res = shard.learner.reservoir
+    columns = res.get_state()["columns"]
+    rows = [tuple(np.concatenate([np.ravel(columns[k][i]) for k in sorted(columns)])) for i in range(res.size)]
+    return int(res.seen), rows
+
+
+def test_a_shard_restarted_from_its_checkpoint_holds_the_same_records(tmp_path: Path) -> None:
+    cfg = checkpointed(tmp_path)
+    pool = LocalPool(cfg, 2)
+    learner = ShardedLearner(cfg, pool)
+    run_sharded(learner, records(150))
+    before = [slots(s) for s in pool.members]
+    assert all(seen == 75 and len(rows) == M // 2 for seen, rows in before)
+    files = sorted(p.name for p in tmp_path.iterdir() if "shard" in p.name)
+    assert files == ["slices.shard0.npz", "slices.shard1.npz"]
+    assert all((tmp_path / f).stat().st_mode & 0o777 == 0o600 for f in files)  # raw records: owner only
+    learner.close()
+    for i in range(2):  # what a restarted actor does: the same constructor, the same arguments
+        restarted = Shard(cfg, i, 2)
+        assert restarted.restored and restarted.status().full
+        assert slots(restarted) == before[i]
+    # an empty shard (no checkpoint yet) is not "restored"
+    assert not Shard(checkpointed(tmp_path / "other"), 0, 2).restored
+
+
+def test_a_checkpoint_of_another_shard_is_refused(tmp_path: Path) -> None:
+    cfg = checkpointed(tmp_path)
+    learner = ShardedLearner(cfg, LocalPool(cfg, 2))
+    run_sharded(learner, records(80))
+    learner.close()
+    (tmp_path / "slices.shard1.npz").replace(tmp_path / "slices.shard0.npz")
+    with pytest.raises(ShardCheckpointError, match="shard 1 of 2 given to shard 0 of 2"):
+        Shard(cfg, 0, 2)
+
+
+def test_a_restart_reads_each_record_after_the_checkpoint_once(tmp_path: Path) -> None:
+    """A shard that crashed after taking a batch it had not checkpointed comes back from its last
+    checkpoint, seeks its source there and ends with the slots of a run without the crash: no
+    record lost, none in two slots, the positions those of the stream."""
+    data = [json.dumps(r).encode() for r in records(70, seed=3)]
+    cfg = checkpointed(tmp_path)
+    clean = Shard(config_from_dict(settings(runtime={"shards": 2}), env={}), 0, 2,
+                  source=lambda: OffsetSource(data, 0))
+    shard = Shard(cfg, 0, 2, source=lambda: OffsetSource(data, 0))
+    for _ in range(3):
+        shard.poll(10, 0.0)
+    saved = (tmp_path / "slices.shard0.npz").read_bytes()
+    shard.poll(10, 0.0)  # taken, checkpointed, committed ... and the process dies after it:
+    (tmp_path / "slices.shard0.npz").write_bytes(saved)  # as if it died before that checkpoint
+    restarted = Shard(cfg, 0, 2, source=lambda: OffsetSource(data, 0))  # the committed offset is not used
+    assert restarted.restored and restarted.status().seen == 30
+    while not restarted.status().exhausted:
+        restarted.poll(10, 0.0)
+    while not clean.status().exhausted:
+        clean.poll(10, 0.0)
+    seen, rows = slots(restarted)
+    assert seen == len(data)
+    assert len(rows) == M // 2 and len(set(rows)) == len(rows), "a record in two slots"
+    # same seed, same positions, the admission generator restored: the slots of the clean run
+    assert slots(restarted) == slots(clean)
+    assert set(rows) <= {tuple(r["x"]) + (r["y"],) for r in records(70, seed=3)}
+
+
+def test_epsilon_never_decreases_across_a_driver_restart_on_the_same_ledger(tmp_path: Path) -> None:
+    cfg = checkpointed(tmp_path)
+    with ShardedLearner(cfg, LocalPool(cfg, 2)) as first:
+        run_sharded(first, records(150))
+        spent, steps = first.epsilon_spent, first.steps_taken
+    assert steps >= 2 and spent > 0
+    pool = LocalPool(cfg, 2)
+    assert all(s.restored for s in pool.members)
+    with ShardedLearner(cfg, pool) as second:
+        second.refresh()
+        assert second.epsilon_spent >= spent and second.slices.full
+        run_sharded(second, records(30, seed=9))  # one trigger's worth: the slices came back full
+        assert second.steps_taken >= 1 and second.epsilon_spent > spent
+        assert second.last_step is not None and second.last_step >= steps

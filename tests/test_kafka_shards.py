@@ -136,7 +136,6 @@ def test_stream_vips_run_with_shards_publishes_and_pays_one_ledger(kafka_bootstr
 
 
 @pytest.mark.parametrize("over, key", [
-    ({"runtime": {"shards": 2, "checkpoint_path": "/nonexistent/ckpt"}}, "runtime.checkpoint_path"),
     ({"privacy": {"accounting": "window", "ledger": {"type": "memory"}}, "runtime": {"shards": 2},
       "sampling": {"reservoir_policy": "window"}}, "privacy.accounting"),
 ])

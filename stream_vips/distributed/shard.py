@@ -31,7 +31,8 @@ from stream_vips.core.data.protocols import KeySlotReservoir, RecordReservoir
 from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.keys import reject_keyless
 from stream_vips.core.learner import PrivateLearner
-from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, Source, values_of
+from stream_vips.distributed.checkpoint import ShardCheckpoint, ShardCheckpointError, shard_path
+from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, SeekableSource, Source, values_of
 
 #: the spawn key of a shard's sampling generator (apart from its reservoir's, privacy rule 1)
 _SAMPLING_STREAM = 14
@@ -136,6 +137,28 @@ class Shard:
         self._dead = dead_letters() if dead_letters is not None else None
         self._exhausted = False
         self.max_dead_letter_bytes = cfg.runtime.dead_letter_max_bytes
+        path = cfg.runtime.checkpoint_path
+        self.checkpoint = (ShardCheckpoint(shard_path(path, index, shards), cfg.runtime.checkpoint_interval_s)
+                           if path is not None else None)
+        self.restored = False
+        if self.checkpoint is not None:
+            self._restore(self.checkpoint)
+
+    def _restore(self, checkpoint: ShardCheckpoint) -> None:
+        """Load this shard's checkpoint, if any, and seek the source to the positions it reflects."""
+        state = checkpoint.load()
+        if state is None:
+            return
+        try:
+            self.load_state(state)
+        except ValueError as exc:
+            raise ShardCheckpointError(f"{checkpoint.path}: {exc}") from exc
+        if state["offsets"]:
+            if not isinstance(self._source, SeekableSource):
+                raise ShardCheckpointError(f"{checkpoint.path} holds source positions, but shard {self.index}'s "
+                                           "source cannot seek")
+            self._source.seek(state["offsets"])
+        self.restored = True
 
     # -- records in (behind the wall) ----------------------------------------------------------
 
@@ -145,6 +168,8 @@ class Shard:
         one-process learner does (``keys``: the message keys under ``privacy.unit: key``).
         Returns the shard's public status."""
         self.learner.feed(values, keys=keys)
+        if self.checkpoint is not None and self.checkpoint.due():
+            self.checkpoint.save(self.state())
         return self.status()
 
     def ingest(self, raws: Sequence[RawRecord]) -> ShardStatus:
@@ -185,7 +210,13 @@ class Shard:
             self._exhausted = bool(getattr(self._source, "exhausted", False))
             return self.status()
         self.ingest(batch)
-        self._source.commit()
+        # the slice first, for exactly these positions, then the commit; a checkpoint that is not
+        # due skips its commit too (after a crash more records are read again, none is lost)
+        if self.checkpoint is None:
+            self._source.commit()
+        elif self.checkpoint.due():
+            self.checkpoint.save(self.state())
+            self._source.commit()
         return self.status()
 
     def status(self) -> ShardStatus:
@@ -224,20 +255,33 @@ class Shard:
     # -- checkpoint -----------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        """The shard's checkpoint: its reservoir (rows, positions, generator) and sampling generator."""
+        """The shard's checkpoint: its reservoir (rows, positions, admission generator) and the
+        source positions it reflects. The sampling generator is recorded but never restored
+        (:meth:`load_state`)."""
+        positions = self._source.positions() if isinstance(self._source, SeekableSource) else {}
         return {"index": self.index, "shards": self.shards, "reservoir": self.learner.reservoir.get_state(),
-                "rng": self._rng.bit_generator.state}
+                "rng": self._rng.bit_generator.state, "offsets": dict(positions)}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`; refuses a checkpoint of another shard or shard count."""
+        """Restore :meth:`state`; refuses a checkpoint of another shard or shard count.
+
+        The reservoir comes back with its admission generator, so the records read again after
+        the checkpoint's positions are admitted as they would have been without the restart. The
+        sampling generator does not: steps taken after the checkpoint was written used its
+        draws, and a later step that drew the same subsample would not be an independent
+        subsample, which the accountant's amplification assumes. It is reseeded from the OS."""
         if (state["index"], state["shards"]) != (self.index, self.shards):
             raise ValueError(f"checkpoint of shard {state['index']} of {state['shards']} "
                              f"given to shard {self.index} of {self.shards}")
         self.learner.reservoir.set_state(state["reservoir"])
-        self._rng.bit_generator.state = state["rng"]
+        self._rng = np.random.default_rng()
 
     def close(self) -> None:
-        """Close this shard's source and dead-letter sink."""
+        """Write a last checkpoint (when one is configured), close the source and dead-letter sink."""
+        if self.checkpoint is not None:
+            self.checkpoint.save(self.state())
+            if isinstance(self._source, SeekableSource):
+                self._source.commit_now()
         for part in (self._source, self._dead):
             close = getattr(part, "close", None)
             if close is not None:

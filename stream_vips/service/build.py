@@ -104,9 +104,6 @@ def shard_connectors(cfg: Config) -> tuple[ShardConnector, ShardConnector]:
     if cfg.source.type != "kafka":
         raise ConfigError(f"source.type: runtime.shards: {n} needs a partitioned source (kafka), "
                           f"not {cfg.source.type!r}")
-    if cfg.runtime.checkpoint_path is not None:
-        raise ConfigError("runtime.checkpoint_path: the sharded service does not write shard checkpoints yet; "
-                          "a restarted shard refills its slice from the stream (set it to null)")
     if cfg.privacy.accounting == "window":
         raise ConfigError("privacy.accounting: window accounting needs every record at one stream position across "
                           "restarts (a checkpoint per shard, one partition per shard), which the sharded service "
