@@ -17,6 +17,9 @@ FROM ${BASE_IMAGE} AS build
 # (with the CA bundle mounted there: podman build -v /etc/ssl/certs/ca-certificates.crt:/path/in/build:ro).
 ARG PIP_INDEX_URL
 ARG PIP_CERT
+# Optional extras of the package: --build-arg EXTRAS=ray for the sharded runtime on a RayCluster
+# (k8s/overlays/ray: the same image runs the head's driver and the workers' shards).
+ARG EXTRAS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -28,7 +31,7 @@ COPY stream_vips ./stream_vips
 COPY connectors ./connectors
 # Non-editable install into the venv (compiled to .pyc here: nothing is written at run time);
 # the build tools are removed afterwards, they are not needed to run.
-RUN /opt/stream-vips/bin/pip install . \
+RUN /opt/stream-vips/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \
  && /opt/stream-vips/bin/pip uninstall --yes pip setuptools wheel \
  && for d in /opt/stream-vips/lib/python3*/site-packages/numpy /opt/stream-vips/lib/python3*/site-packages/scipy; do \
       find "$d" -type d -name tests -prune -exec rm -rf {} + ; \

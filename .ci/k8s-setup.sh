@@ -9,20 +9,26 @@ export DEBIAN_FRONTEND=noninteractive
 # Versions pinned here are the ones tests/test_k8s.py validates against.
 KUBERNETES_VALIDATE_VERSION=1.37.0
 KUSTOMIZE_VERSION=v5.5.0
-# The CRDs whose schemas KafkaTopic, KafkaUser, ServiceMonitor and PrometheusRule are checked against:
+# The CRDs whose schemas KafkaTopic, KafkaUser, ServiceMonitor, PrometheusRule and RayCluster are
+# checked against:
 #  - Strimzi: the v1 CRDs that Strimzi's build generates from its API classes, shipped in the test jar
 #    of io.strimzi:api on Maven Central (crds/v1/*.yaml); the main jar has only the classes.
 #  - Prometheus Operator: example/prometheus-operator-crd/ of its Go module, from the Go module proxy
 #    (v0.85.0 is the newest version of github.com/prometheus-operator/prometheus-operator the proxy
 #    serves here; later tags are refused).
+#  - KubeRay: config/crd/bases/ray.io_rayclusters.yaml of its Go module
+#    github.com/ray-project/kuberay/ray-operator, from the Go module proxy (v1.6.2 is the newest
+#    version the proxy serves here; v1.6.3 and v1.7.0 are refused).
 # The sha256 of each file pins the content as well as the version.
 STRIMZI_VERSION=0.49.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
+KUBERAY_VERSION=v1.6.2
 CRD_SHA256="
 36390f0731c699448076d4ee739e8b7f331d083e91a7fb71500aaa830ab1127e  kafkatopics.kafka.strimzi.io.yaml
 c1c74853d7143264da8d13239fe95dc2d82f374fb1dd2a44040266b882007de7  kafkausers.kafka.strimzi.io.yaml
 1dae27b7189b5ce7b9ab764656c18b4c75a45cde1e6f3af6a5e84c4317628919  servicemonitors.monitoring.coreos.com.yaml
 98fd16c9ab79fba8dcd6ef62c957c98cd6546ab74ce0a4ecf09ddf2fda03020e  prometheusrules.monitoring.coreos.com.yaml
+1d51d8c4ce065b22c2069af0ebd72ae25f4a6968e5c5f93a3106ba6fc35bcc1d  rayclusters.ray.io.yaml
 "
 
 apt_install() {
@@ -86,6 +92,12 @@ EOF
     cp "$moddir/example/prometheus-operator-crd/monitoring.coreos.com_${kind}.yaml" "$CRDS/${kind}.monitoring.coreos.com.yaml"
     chmod 0644 "$CRDS/${kind}.monitoring.coreos.com.yaml"
   done
+  echo "[k8s-setup] KubeRay ${KUBERAY_VERSION} RayCluster CRD: its Go module from the Go module proxy"
+  moddir=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json \
+    "github.com/ray-project/kuberay/ray-operator@${KUBERAY_VERSION}" \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error")))')
+  cp "$moddir/config/crd/bases/ray.io_rayclusters.yaml" "$CRDS/rayclusters.ray.io.yaml"
+  chmod 0644 "$CRDS/rayclusters.ray.io.yaml"
   if ! crds_ok; then
     echo "[k8s-setup] the fetched CRDs do not match the pinned sha256:" >&2
     (cd "$CRDS" && echo "$CRD_SHA256" | sed '/^$/d' | sha256sum -c - >&2) || true

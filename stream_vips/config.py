@@ -273,7 +273,13 @@ class RuntimeConfig:
     below the dead-letter topic's ``max.message.bytes``.
     ``source_check_s``: how often a partitioned source (Kafka) is asked which partitions it
     holds and which of its topics are missing (a metadata request); a problem is logged as a
-    WARNING at each check while it lasts and exported as metrics."""
+    WARNING at each check while it lasts and exported as metrics.
+    ``engine``: ``local`` runs in one process; ``ray`` runs ``shards`` shard actors on a Ray
+    cluster, each owning the input partitions p with p mod shards = its index, and a driver that
+    alone draws the noise, writes the ledger and publishes (:mod:`stream_vips.distributed`,
+    privacy rule 14). ``shards`` > 1 with ``engine: local`` runs the same shards in this process
+    (the reference the Ray run must equal). ``shard_timeout_s``: a step whose shards have not all
+    answered by then is abandoned before anything is spent."""
 
     blas_threads: int | None = 1
     poll_max_records: int = 5_000
@@ -286,6 +292,9 @@ class RuntimeConfig:
     decode_workers: int = 0
     dead_letter_max_bytes: int = 65_536
     source_check_s: float = 30.0
+    engine: Literal["local", "ray"] = "local"
+    shards: int = 1
+    shard_timeout_s: float = 60.0
 
 
 def _default_source() -> ConnectorConfig:
@@ -542,6 +551,13 @@ def _validate(cfg: Config) -> None:
         ("runtime.decode_workers", s.validation == "all" or rt.decode_workers == 0,
          "must be 0 with sampling.validation: admitted (admitted records are decoded when the reservoir "
          "admits them, in the pipeline's process, not ahead in a worker)"),
+        ("runtime.shards", rt.shards >= 1, "must be >= 1"),
+        ("runtime.shards", rt.shards <= s.reservoir, "must be at most sampling.reservoir (every shard holds a slot)"),
+        ("runtime.shard_timeout_s", rt.shard_timeout_s > 0, "must be > 0"),
+        ("privacy.key_field", rt.shards == 1 or p.unit == "record" or p.key_field is None,
+         "must be null with runtime.shards > 1: a person's records are in one shard only when the privacy key is "
+         "the Kafka message key (the producer's partitioner puts one key in one partition); a field inside the "
+         "record may put one person in two shards, which would count them twice in a step"),
         ("runtime.dead_letter_max_bytes", 0 < rt.dead_letter_max_bytes <= 900_000,
          "must be in [1, 900000] (below Kafka's default 1 MiB request limit)"),
     ]

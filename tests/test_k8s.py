@@ -3,12 +3,13 @@
 Every overlay is rendered with kustomize; core resources are validated strictly against the
 Kubernetes schemas that kubernetes-validate ships (pinned version below); custom resources against
 the operators' own CustomResourceDefinitions (Strimzi's KafkaTopic and KafkaUser, the Prometheus
-Operator's ServiceMonitor and PrometheusRule, pinned and fetched by .ci/k8s-setup.sh into
+Operator's ServiceMonitor and PrometheusRule, KubeRay's RayCluster, pinned and fetched by .ci/k8s-setup.sh into
 tools/k8s/crds), strictly: an unknown field fails as it does under the API server's strict field
 validation, except where the CRD preserves unknown fields; their metadata with the core ObjectMeta
 schema. Alert rules with ``promtool check rules`` and the unit
 tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
-also held to the code they deploy: the mounted config loads with :func:`stream_vips.service.build.load_config`,
+also held to the code they deploy (overlays/ray, the sharded runtime on a RayCluster, in its own
+section below): the mounted config loads with :func:`stream_vips.service.build.load_config`,
 metric names exist in :class:`stream_vips.service.metrics.Metrics`, ports, paths and topics agree.
 
 Tools come from .ci/k8s-setup.sh. Outside CI a missing tool skips the tests that need it; in CI
@@ -49,6 +50,12 @@ CUSTOM_KINDS = {
     ("kafka.strimzi.io/v1", "KafkaUser"): "kafkausers.kafka.strimzi.io.yaml",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors.monitoring.coreos.com.yaml",  # v0.85.0
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules.monitoring.coreos.com.yaml",
+    ("ray.io/v1", "RayCluster"): "rayclusters.ray.io.yaml",  # KubeRay v1.6.2
+}
+# The only CEL rules in a pinned CRD (a JSON Schema validator skips them): KubeRay's on
+# spec.managedBy, which the RayCluster leaves unset (checked below), so they never apply.
+KNOWN_CEL_RULES = {
+    "rayclusters.ray.io.yaml": ["self == oldSelf", "self in ['ray.io/kuberay-operator', 'kueue.x-k8s.io/multikueue']"],
 }
 # DNS-1123 subdomain: what the API server requires of every object's name (ObjectMeta validation)
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -73,8 +80,10 @@ GRAFANA_VARIABLES = {
     "$pod": ".*",
 }
 
+RAY_OVERLAY = "overlays/ray"  # the sharded runtime: a RayCluster instead of the StatefulSet
 OVERLAYS = ["base"] + sorted(
     str(p.parent.relative_to(K8S)) for p in K8S.glob("overlays/*/kustomization.yaml")
+    if str(p.parent.relative_to(K8S)) != RAY_OVERLAY
 )
 
 
@@ -340,19 +349,34 @@ def test_pinned_crds_are_the_operators_own() -> None:
     pinned = {name: digest for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", setup, flags=re.M)}
     assert set(pinned) == set(CUSTOM_KINDS.values())
     for (_api_version, kind), filename in CUSTOM_KINDS.items():
-        text = (CRDS / filename).read_text() if (CRDS / filename).is_file() else ""
         definition = crd(filename)
         assert definition["kind"] == "CustomResourceDefinition"
         assert definition["spec"]["names"]["kind"] == kind
-        assert "x-kubernetes-validations" not in text, f"{filename}: CEL rules are not checked here"
+        cel = [v["rule"] for v in _walk_cel(definition)]
+        assert cel == KNOWN_CEL_RULES.get(filename, []), f"{filename}: CEL rules are not checked here"
         assert hashlib.sha256((CRDS / filename).read_bytes()).hexdigest() == pinned[filename], \
             f"{filename} differs from the file pinned in .ci/k8s-setup.sh"
     topic_spec = _cr_schema("kafka.strimzi.io/v1", "KafkaTopic")["properties"]["spec"]["properties"]
     assert {"topicName", "partitions", "replicas", "config"} <= set(topic_spec)
+    ray_spec = _cr_schema("ray.io/v1", "RayCluster")["properties"]["spec"]["properties"]
+    assert {"headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling"} <= set(ray_spec)
+    ray_pod = ray_spec["headGroupSpec"]["properties"]["template"]["properties"]["spec"]
+    assert {"containers", "volumes", "securityContext"} <= set(ray_pod["properties"])
     sm_spec = _cr_schema("monitoring.coreos.com/v1", "ServiceMonitor")["properties"]["spec"]
     sm_endpoint = sm_spec["properties"]["endpoints"]
     assert {"port", "path", "interval", "scrapeTimeout", "tlsConfig", "relabelings"} \
         <= set(sm_endpoint["items"]["properties"])
+
+
+def _walk_cel(node: Any) -> Iterator[dict[str, Any]]:
+    """Every CEL rule (``x-kubernetes-validations`` entry) in a CRD."""
+    if isinstance(node, dict):
+        yield from node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            yield from _walk_cel(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk_cel(value)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -922,6 +946,267 @@ def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
     rules["groups"][0]["rules"][0]["expr"] = "sum by (reason (rate(stream_vips_updates_total[1m]))"
     path.write_text(yaml.safe_dump(rules))
     assert run([promtool, "check", "rules", str(path)]).returncode != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# overlays/ray: the sharded runtime on a KubeRay RayCluster (privacy rule 14)
+
+
+def raycluster(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "RayCluster")
+
+
+def ray_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod templates of the RayCluster: ``head`` and each worker group by name."""
+    spec = raycluster(docs)["spec"]
+    return {"head": spec["headGroupSpec"]["template"],
+            **{g["groupName"]: g["template"] for g in spec["workerGroupSpecs"]}}
+
+
+def ray_start_flags(command: str) -> dict[str, str]:
+    """The ``--key=value`` flags of the ``ray start`` in a shell command (``--flag``: "true")."""
+    words = shlex.split(command)
+    start = next(i for i in range(len(words) - 1) if words[i:i + 2] == ["ray", "start"])
+    flags = {}
+    for word in words[start + 2:]:
+        if word in ("&&", ";") or not word.startswith("--"):
+            break
+        key, _, value = word[2:].partition("=")
+        flags[key] = value or "true"
+    return flags
+
+
+def head_command(docs: list[dict[str, Any]]) -> str:
+    (c,) = ray_templates(docs)["head"]["spec"]["containers"]
+    assert c["command"] == ["/bin/bash", "-c"] and len(c["args"]) == 1
+    return str(c["args"][0])
+
+
+def ray_config(docs: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """(mount path, parsed YAML) of the config file the head's driver reads."""
+    tpl = ray_templates(docs)["head"]["spec"]
+    (c,) = tpl["containers"]
+    volumes = {v["name"]: v for v in tpl["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if m.get("subPath") == "config.yaml"]
+    data = one(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])["data"]["config.yaml"]
+    return mount["mountPath"], yaml.safe_load(data)
+
+
+def test_ray_overlay_renders_a_raycluster_in_place_of_the_statefulset() -> None:
+    docs = render(RAY_OVERLAY)
+    kinds = sorted(d["kind"] for d in docs)
+    for kind, count in {
+        "Namespace": 1, "ServiceAccount": 1, "RayCluster": 1, "PersistentVolumeClaim": 1, "Service": 1,
+        "NetworkPolicy": 2, "ConfigMap": 1, "ServiceMonitor": 1, "KafkaTopic": 4, "KafkaUser": 2,
+        "StatefulSet": 0, "Deployment": 0, "PodDisruptionBudget": 0, "PrometheusRule": 0,
+    }.items():
+        assert kinds.count(kind) == count, f"{kinds.count(kind)} {kind}, expected {count}"
+    app_ns = one(docs, "Namespace")["metadata"]["name"]
+    for d in docs:
+        if d["kind"] != "Namespace":
+            expected = "kafka" if d["apiVersion"].startswith("kafka.strimzi.io") else app_ns
+            assert d["metadata"]["namespace"] == expected, (d["kind"], d["metadata"]["name"])
+    # the generated (hash-suffixed) ConfigMap's name reaches every pod template
+    (cm,) = of_kind(docs, "ConfigMap")
+    for name, tpl in ray_templates(docs).items():
+        names = [v["configMap"]["name"] for v in tpl["spec"]["volumes"] if "configMap" in v]
+        assert names == [cm["metadata"]["name"]], name
+
+
+def test_ray_overlay_core_resources_and_pod_templates_pass_strict_schema_validation(tmp_path: Path) -> None:
+    """Core resources strictly; each pod template of the RayCluster as a Pod, strictly, with the
+    core schema (stricter than the copy of it in KubeRay's CRD)."""
+    docs = render(RAY_OVERLAY)
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"probe-{name}", **tpl["metadata"]},
+             "spec": tpl["spec"]} for name, tpl in ray_templates(docs).items()]
+    assert len(pods) == 2
+    proc = _validate_core(core_resources(docs) + pods, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pods[1]["spec"]["containers"][0]["securityContext"]["readOnlyRootFileSystem"] = True  # wrong case
+    proc = _validate_core(pods[1:], tmp_path)
+    assert proc.returncode != 0 and "readOnlyRootFileSystem" in proc.stdout + proc.stderr
+
+
+def test_raycluster_passes_kuberays_crd_schema_and_leaves_managed_by_unset(tmp_path: Path) -> None:
+    docs = render(RAY_OVERLAY)
+    rc = raycluster(docs)
+    assert cr_errors(rc) == []
+    assert "managedBy" not in rc["spec"]  # KubeRay's only CEL rules are on it (KNOWN_CEL_RULES)
+    probe = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": rc["metadata"]}]
+    proc = _validate_core(probe, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for d in docs:  # and the rest of the overlay's custom resources
+        if (d["apiVersion"], d["kind"]) in CUSTOM_KINDS:
+            assert cr_errors(d) == [], (d["kind"], d["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["spec"].update(headGroupSpecs=d["spec"]["headGroupSpec"]),  # unknown field
+        lambda d: d["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),  # strings only
+        lambda d: d["spec"]["workerGroupSpecs"][0].pop("groupName"),
+        lambda d: d["spec"]["workerGroupSpecs"][0].update(replicas="2"),
+        lambda d: d["spec"]["headGroupSpec"]["template"]["spec"].pop("containers"),
+        lambda d: d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].update(imagePullPolicy=1),
+        lambda d: d.update(apiVersion="ray.io/v1beta1"),
+    ],
+)
+def test_kuberays_crd_schema_rejects_a_broken_raycluster(mutate: Any) -> None:
+    doc = raycluster(render(RAY_OVERLAY))
+    assert cr_errors(doc) == []
+    mutate(doc)
+    assert cr_errors(doc) != []
+
+
+def test_ray_head_runs_the_driver_on_the_mounted_config() -> None:
+    """The head starts Ray, then execs ``stream-vips run --config`` on the mounted file, which loads
+    with the real loader as a sharded Ray run; the workers run KubeRay's generated ``ray start``."""
+    from stream_vips.service.build import config_from_dict
+
+    docs = render(RAY_OVERLAY)
+    command = head_command(docs)
+    mount_path, raw = ray_config(docs)
+    entrypoint = json.loads(dockerfile_instruction("ENTRYPOINT"))
+    # KubeRay keeps a command containing `ray start` as written; --block would never return
+    assert "ray start --head" in " ".join(shlex.split(command)) and "block" not in ray_start_flags(command)
+    assert command.rstrip().endswith("exec " + shlex.join(entrypoint))
+    assert entrypoint == ["stream-vips", "run", "--config", mount_path]
+    assert "RAY_ADDRESS=auto" in command  # the driver joins the head's cluster, not a new local one
+    cfg = config_from_dict(raw)
+    assert cfg.runtime.engine == "ray" and cfg.runtime.shards > 1
+    (group,) = raycluster(docs)["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == cfg.runtime.shards
+    for c in group["template"]["spec"]["containers"]:
+        assert "command" not in c and "args" not in c, "KubeRay builds the workers' `ray start`"
+    # every shard gets input partitions (build.shard_connectors refuses fewer partitions than shards)
+    assert _topics(docs)[raw["source"]["topics"]]["spec"]["partitions"] >= cfg.runtime.shards
+    # the ledger (the spent budget) is on the head's PersistentVolumeClaim, the one writer
+    head = ray_templates(docs)["head"]["spec"]
+    volumes = {v["name"]: v for v in head["volumes"]}
+    pvc = one(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    (data,) = [m for m in head["containers"][0]["volumeMounts"]
+               if raw["privacy"]["ledger"]["path"].startswith(m["mountPath"].rstrip("/") + "/")]
+    assert volumes[data["name"]]["persistentVolumeClaim"]["claimName"] == pvc
+    assert raycluster(docs)["spec"]["headGroupSpec"].get("replicas", 1) == 1
+
+
+def test_ray_pods_meet_the_restricted_pod_security_standard() -> None:
+    docs = render(RAY_OVERLAY)
+    for name, tpl in ray_templates(docs).items():
+        pod = tpl["spec"]
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True and str(psc["runAsUser"]) == dockerfile_instruction("USER").split(":")[0]
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+        assert pod["automountServiceAccountToken"] is False, name
+        assert "hostPath" not in json.dumps(pod["volumes"]) and not pod.get("hostNetwork")
+        for c in pod["containers"]:
+            csc = c["securityContext"]
+            assert csc["allowPrivilegeEscalation"] is False and csc["readOnlyRootFilesystem"] is True
+            assert csc["capabilities"]["drop"] == ["ALL"] and not csc["capabilities"].get("add")
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][kind]), (name, kind)
+            # Ray writes its session under /tmp and its object store in /dev/shm: both writable
+            mounted = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+            assert {"/tmp", "/dev/shm"} <= mounted, name
+
+
+def _ray_ports(docs: list[dict[str, Any]]) -> tuple[set[int], tuple[int, int]]:
+    """The pinned single ports and the worker-process port range, as the head's command has them."""
+    flags = ray_start_flags(head_command(docs))
+    single = {int(flags[k]) for k in flags if k.endswith("port") and k != "metrics-export-port"}
+    single.add(8265)  # the dashboard's default port
+    return single, (int(flags["min-worker-port"]), int(flags["max-worker-port"]))
+
+
+def test_ray_ports_are_pinned_alike_on_head_and_workers() -> None:
+    docs = render(RAY_OVERLAY)
+    rc = raycluster(docs)["spec"]
+    flags = ray_start_flags(head_command(docs))
+    head_params = rc["headGroupSpec"]["rayStartParams"]
+    # the head's command and its rayStartParams (which KubeRay's Services and probes read) agree
+    assert {k: v for k, v in flags.items() if k not in ("head", "disable-usage-stats")} == head_params
+    for group in rc["workerGroupSpecs"]:
+        params = group["rayStartParams"]
+        for key in [k for k in head_params if k.endswith("port") and k != "port"]:
+            assert params[key] == head_params[key], (group["groupName"], key)
+        assert "port" not in params  # workers join the head's GCS port (KubeRay sets --address)
+
+
+def test_network_policy_keeps_ray_traffic_inside_the_cluster() -> None:
+    """Ray's ports are open only between pods of the RayCluster; from outside, only Prometheus
+    reaches the metrics port; out of it, only DNS and the Kafka brokers."""
+    docs = render(RAY_OVERLAY)
+    policies = of_kind(docs, "NetworkPolicy")
+    (deny,) = [p for p in policies if p["spec"]["podSelector"] == {}]
+    assert sorted(deny["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert not deny["spec"].get("ingress") and not deny["spec"].get("egress")
+    (ray,) = [p for p in policies if p["spec"]["podSelector"] != {}]
+    selector = ray["spec"]["podSelector"]["matchLabels"]
+    for name, tpl in ray_templates(docs).items():
+        assert selector.items() <= tpl["metadata"]["labels"].items(), name
+    cluster_peer = [{"podSelector": {"matchLabels": selector}}]
+    single, (low, high) = _ray_ports(docs)
+
+    def covered(rules: list[dict[str, Any]]) -> set[int]:
+        out: set[int] = set()
+        for p in rules:
+            assert p["protocol"] == "TCP"
+            out |= set(range(p["port"], p.get("endPort", p["port"]) + 1))
+        return out
+
+    inside = [r for r in ray["spec"]["ingress"] if r["from"] == cluster_peer]
+    outside = [r for r in ray["spec"]["ingress"] if r["from"] != cluster_peer]
+    assert len(inside) == 1 and covered(inside[0]["ports"]) == single | set(range(low, high + 1))
+    assert outside == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                        "ports": [{"port": "ray-metrics", "protocol": "TCP"}]}]
+    egress = {json.dumps(r["to"], sort_keys=True): r["ports"] for r in ray["spec"]["egress"]}
+    assert len(egress) == 3
+    assert covered(egress[json.dumps(cluster_peer, sort_keys=True)]) == single | set(range(low, high + 1))
+    dns = [p for to, p in egress.items() if "kube-dns" in to]
+    kafka = [p for to, p in egress.items() if "strimzi.io/cluster" in to]
+    assert dns and {p["port"] for p in dns[0]} == {53}
+    _, cfg = ray_config(docs)
+    ports = {int(s.rsplit(":", 1)[1]) for sec in ("source", "sink", "dead_letter")
+             for s in str(cfg[sec]["bootstrap_servers"]).split(",")}
+    assert kafka and ports == {p["port"] for p in kafka[0]}
+    # nothing else in the namespace is selected by a policy that opens Ray's ports
+    assert not of_kind(docs, "StatefulSet") and not of_kind(docs, "Deployment")
+
+
+def test_shards_run_on_the_workers_and_never_beside_the_driver() -> None:
+    """Each worker declares the shard resource a shard actor asks for; the head declares none and
+    no CPU, so the scheduler can only place shards on the workers, one per worker pod."""
+    from stream_vips.distributed.pool import SHARD_RESOURCE, shard_actor_options
+
+    docs = render(RAY_OVERLAY)
+    rc = raycluster(docs)["spec"]
+    _, raw = ray_config(docs)
+    head = rc["headGroupSpec"]["rayStartParams"]
+    assert head["num-cpus"] == "0" and "resources" not in head
+    assert SHARD_RESOURCE not in head_command(docs)
+    offered = 0
+    for group in rc["workerGroupSpecs"]:
+        declared = json.loads(yaml.safe_load(group["rayStartParams"]["resources"]))  # KubeRay's quoted JSON
+        assert declared == {SHARD_RESOURCE: 1}
+        offered += declared[SHARD_RESOURCE] * group["replicas"]
+    assert offered == raw["runtime"]["shards"]
+    assert shard_actor_options({SHARD_RESOURCE: offered, "CPU": 2.0})["resources"] == {SHARD_RESOURCE: 1}
+
+
+def test_service_monitor_scrapes_ray_metrics_on_every_ray_pod() -> None:
+    docs = render(RAY_OVERLAY)
+    svc = one(docs, "Service")
+    sm = one(docs, "ServiceMonitor")
+    flags = ray_start_flags(head_command(docs))
+    for name, tpl in ray_templates(docs).items():
+        assert svc["spec"]["selector"].items() <= tpl["metadata"]["labels"].items(), name
+        (port,) = [p for c in tpl["spec"]["containers"] for p in c["ports"] if p["name"] == "ray-metrics"]
+        assert port["containerPort"] == int(flags["metrics-export-port"]), name
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (port,) = svc["spec"]["ports"]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [port["name"]] and port["targetPort"] == "ray-metrics"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
 if __name__ == "__main__":

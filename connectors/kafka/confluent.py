@@ -134,6 +134,13 @@ class ConfluentConsumer:
         self._topic = topics[0] if len(topics) == 1 else None
         self.raw.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
+    def assign(self, tps: list[tuple[str, int]], hooks: Rebalance) -> None:
+        self.hooks = hooks
+        topics = {t for t, _ in tps}
+        self._topic = next(iter(topics)) if len(topics) == 1 else None
+        self._assigned = {(t, p) for t, p in tps}
+        self.raw.assign([_tp((t, p)) for t, p in tps])  # no offset: the group's committed one
+
     # -- rebalance callbacks: inside consume()/close() on the calling thread ------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -32,6 +32,9 @@ class KafkaPythonConsumer:
     def subscribe(self, topics: list[str], hooks: Rebalance) -> None:
         self.raw.subscribe(topics, listener=SeekListener(hooks, self))
 
+    def assign(self, tps: list[TP], hooks: Rebalance) -> None:
+        self.raw.assign([_tp(tp) for tp in tps])
+
     def fetch(self, max_records: int, timeout_s: float) -> list[tuple[TP, list]]:
         return list(self.raw.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records).items())
 

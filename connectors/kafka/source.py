@@ -21,7 +21,7 @@ from connectors.kafka.access import Grant, check_access
 from connectors.kafka.clients import consumer_client
 from connectors.kafka.connection import KafkaConnection, log, takes_connection
 from connectors.kafka.errors import CommitRefused, KafkaConnectorError, retriable
-from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec
+from connectors.kafka.topics import BROKER_DEFAULT, TopicSpec, connection_of
 from stream_vips.io import Coverage, RawRecord, RecordBatch
 
 
@@ -71,10 +71,16 @@ class KafkaSource:
         commit_timeout_s: float = 120.0,
         commit_interval_s: float = 1.0,
         client_id: str | None = None,
+        partitions: list[int] | None = None,
+        expected_partitions: int | None = None,
         *,
         connection: KafkaConnection,
     ) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if partitions is not None and (not partitions or min(partitions) < 0):
+            raise KafkaConnectorError(f"partitions must be a non-empty list of partition numbers, got {partitions!r}")
+        self.partitions = None if partitions is None else sorted(set(partitions))
+        self.expected_partitions = expected_partitions
         if not self.topics:
             raise KafkaConnectorError("topics is empty")
         if auto_offset_reset not in ("earliest", "latest"):
@@ -114,7 +120,11 @@ class KafkaSource:
         self._closed = threading.Event()
         self.before_revoke: Callable[[], Mapping[tuple[str, int], int] | None] | None = None
         self._polling_thread: int | None = None  # set while poll() (not the keep-alive) is in the consumer's poll
-        self._client.subscribe(self.topics, self)
+        if self.partitions is None:
+            self._client.subscribe(self.topics, self)
+        else:
+            self._check_partition_count()
+            self._client.assign([(t, p) for t in self.topics for p in self.partitions], self)
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-source-keepalive", daemon=True)
         self._keepalive.start()
 
@@ -128,6 +138,19 @@ class KafkaSource:
                 for t in ([topics] if isinstance(topics, str) else topics)]
 
     @staticmethod
+    def partition_counts(topics: str | list[str], **options: Any) -> dict[str, int]:
+        """The partition count of each input topic (one metadata request), for a source
+        configured with ``options``: the sharded runtime lays the partitions out over its shards."""
+        names = [topics] if isinstance(topics, str) else list(topics)
+        connection = connection_of(options)
+        client = consumer_client(connection, connection.client_id("source-metadata"),
+                                 {"group_id": options.get("group_id", "stream-vips"), "enable_auto_commit": False})
+        try:
+            return client.partition_counts(names)
+        finally:
+            client.close()
+
+    @staticmethod
     def grants(topics: str | list[str], group_id: str = "stream-vips") -> list[Grant]:
         """The ACLs the source needs (checked at start; :mod:`connectors.kafka.access`)."""
         names = [topics] if isinstance(topics, str) else list(topics)
@@ -136,6 +159,20 @@ class KafkaSource:
                   for t in names),
                 Grant("group", group_id, "Read", "the source joins its consumer group and commits offsets",
                       "connectors.kafka.source.KafkaSource.poll and .commit")]
+
+    def _check_partition_count(self) -> None:
+        """With assigned partitions, refuse topics whose partition count is not the one the
+        partitions were laid out for (``expected_partitions``; by default, the count must cover
+        them): a changed count moves keys between partitions, so a shard's records would change."""
+        counts = self._client.partition_counts(self.topics)
+        for topic, count in counts.items():
+            expected = self.expected_partitions
+            if (expected is not None and count != expected) or (self.partitions and count <= max(self.partitions)):
+                self._client.close()
+                raise KafkaConnectorError(
+                    f"topic {topic!r} has {count} partitions, but this source was laid out for "
+                    f"{expected if expected is not None else 'at least ' + str(max(self.partitions or [0]) + 1)}: "
+                    "a changed partition count moves keys between partitions and shards; refused")
 
     # -- the Source protocol -------------------------------------------------------------------
 

@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=args.log_level or config.runtime.log_level, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         guard_client_logging()  # the Kafka client logs raw record bytes at DEBUG otherwise
+        if config.runtime.shards > 1 or config.runtime.engine == "ray":
+            return run_sharded(config, say)
         app = Application.from_config(config)
     except ConfigError as exc:
         say(f"configuration error: {exc}")
@@ -129,6 +131,40 @@ def run(args: argparse.Namespace) -> int:
     if stats.halt_cause == "rejected_data":
         say(f"halted on rejected data: {stats.halt_reason}")
         return 8
+    return 0
+
+
+def run_sharded(config: Any, say: Any) -> int:
+    """``runtime.shards`` > 1 or ``runtime.engine: ray``: the shards read their partitions, the
+    driver releases and publishes (privacy rule 14); the exit codes of :func:`run` where they apply."""
+    import os
+
+    from stream_vips.distributed import ShardedLearner, ShardFailure, make_pool
+    from stream_vips.service import build
+
+    sources, dead_letters = build.shard_connectors(config)
+    if config.runtime.engine == "ray":
+        import ray
+
+        # RAY_ADDRESS (a KubeRay cluster) or a local one; the shards ask for no CPU of their own
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, configure_logging=False)
+    pool = make_pool(config, sources=sources, dead_letters=dead_letters)
+    sink = build.connector("sink", config)
+    ledger = build.ledger(config)
+    try:
+        with ShardedLearner(config, pool, ledger=ledger) as learner:
+            say(f"sharded run: {pool.shards} shards ({config.runtime.engine}), reservoir slices "
+                f"{learner.slices.capacities}, z = {learner.engine.noise_multiplier:.4g}")
+            steps = learner.serve(sink)
+            say(f"stopped after {steps} steps; epsilon spent {learner.epsilon_spent:.4g}"
+                + (" (halted)" if learner.halted else ""))
+    except ShardFailure as exc:
+        say(f"stopped: {exc} (nothing was spent on the abandoned step)")
+        return 5
+    finally:
+        pool.close()
+        sink.close()
+        ledger.close()
     return 0
 
 

@@ -10,6 +10,7 @@ options against its constructor, and a Kafka ledger's options; every refusal is 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -71,6 +72,54 @@ def ledger(cfg: Config) -> Ledger:
     if led.type == "kafka":
         return _kafka_ledger()(**{"ledger_id": cfg.model.id, **led.options})
     raise ConfigError(f"privacy.ledger.type: unknown ledger type {led.type!r} (known: {', '.join(sorted(LEDGERS))})")
+
+
+class ShardConnector:
+    """Shard i's connector of one kind (picklable, so a Ray actor builds its own): a Kafka source
+    assigned the partitions p with p mod N = i, laid out for ``partitions`` in all; another
+    connector with its configured options (a file path gets the shard's suffix)."""
+
+    def __init__(self, kind: str, cfg: Config, partitions: int | None = None) -> None:
+        self.kind, self.type, self.options = kind, getattr(cfg, kind).type, dict(getattr(cfg, kind).options)
+        self.shards, self.partitions = cfg.runtime.shards, partitions
+
+    def __call__(self, index: int) -> Any:
+        options = dict(self.options)
+        if self.kind == "source" and self.partitions is not None:
+            owned = [p for p in range(self.partitions) if p % self.shards == index]
+            options.update(partitions=owned, expected_partitions=self.partitions)
+        elif "path" in options and self.shards > 1:
+            stem, dot, ext = str(options["path"]).rpartition(".")
+            options["path"] = f"{stem}.shard{index}.{ext}" if dot else f"{options['path']}.shard{index}"
+        return functools.partial(_connector_class(self.kind, self.type), **options)
+
+
+def shard_connectors(cfg: Config) -> tuple[ShardConnector, ShardConnector]:
+    """The shards' sources and dead-letter sinks (``runtime.shards``; privacy rule 14). More than
+    one shard needs a Kafka source with at least as many partitions as shards, every input topic
+    with the same count (refused at start naming the key)."""
+    n = cfg.runtime.shards
+    if n == 1:
+        return ShardConnector("source", cfg), ShardConnector("dead_letter", cfg)
+    if cfg.source.type != "kafka":
+        raise ConfigError(f"source.type: runtime.shards: {n} needs a partitioned source (kafka), "
+                          f"not {cfg.source.type!r}")
+    if cfg.privacy.accounting == "window":
+        raise ConfigError("privacy.accounting: window accounting needs every record at one stream position across "
+                          "restarts (a checkpoint per shard, one partition per shard), which the sharded service "
+                          "does not provide yet; use stream accounting")
+    cls = _connector_class("source", "kafka")
+    options = dict(cfg.source.options)
+    try:
+        counts = cls.partition_counts(options.pop("topics"), **options)
+    except Exception as exc:  # noqa: BLE001 - a refused start names the key and the cause
+        raise ConfigError(f"source: cannot read the input topics' partition counts: {exc}") from exc
+    if len(set(counts.values())) != 1:
+        raise ConfigError(f"source.options.topics: sharded input topics need one partition count, got {counts}")
+    partitions = next(iter(counts.values()))
+    if partitions < n:
+        raise ConfigError(f"runtime.shards: {n} shards need at least {n} input partitions; {counts} has {partitions}")
+    return ShardConnector("source", cfg, partitions), ShardConnector("dead_letter", cfg)
 
 
 def _connector_class(kind: str, type_name: str) -> type:
