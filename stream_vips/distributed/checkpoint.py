@@ -12,13 +12,11 @@ the file has mode 0600: it holds raw records, so it stays behind the privacy wal
 Spending is never in a shard's checkpoint: the driver's ledger counts steps and epsilon, so a
 restart on the same ledger never spends less. The format is this module's own (the one-process
 checkpoint of :mod:`stream_vips.service.checkpoint` also binds the model and the ledger, which a
-shard does not hold); the service and the distributed runtime are sibling layers and share no code.
+shard does not hold); both write through :mod:`stream_vips.snapshot`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -28,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from stream_vips.errors import StreamVipsError
+from stream_vips.snapshot import from_npz, join_arrays, split_arrays, to_npz, write_private
 
 FORMAT = "stream_vips.shard-checkpoint.v1"
 
@@ -45,47 +44,22 @@ def shard_path(path: str | os.PathLike[str], index: int, shards: int) -> Path:
     return p.with_name(f"{p.stem}.shard{index}{p.suffix}") if p.suffix else p.with_name(f"{p.name}.shard{index}")
 
 
-def _split(state: Mapping[str, Any], prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    rest: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            arrays[f"{prefix}{key}"] = value
-        elif isinstance(value, Mapping):
-            rest[key] = _split(value, f"{prefix}{key}/", arrays)
-        else:
-            rest[key] = value
-    return rest
-
-
-def _join(meta: Any, prefix: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    out = {k: (_join(v, f"{prefix}{k}/", arrays) if isinstance(v, dict) else v) for k, v in meta.items()}
-    for name, arr in arrays.items():
-        if name.startswith(prefix) and "/" not in name[len(prefix):]:
-            out[name[len(prefix):]] = arr
-    return out
-
-
 def pack(state: Mapping[str, Any]) -> bytes:
     """``{"index", "shards", "reservoir", "rng", "offsets"}`` as one .npz (no pickles)."""
     arrays: dict[str, np.ndarray] = {}
     meta = {"format": FORMAT, "index": state["index"], "shards": state["shards"], "rng": state["rng"],
             "offsets": [[t, p, o] for (t, p), o in sorted(state["offsets"].items())],
-            "reservoir": _split(state["reservoir"], "reservoir/", arrays)}
-    buf = io.BytesIO()
-    payload: dict[str, Any] = {"__meta__": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays}
-    np.savez(buf, **payload)
-    return buf.getvalue()
+            "reservoir": split_arrays(state["reservoir"], "reservoir/", arrays)}
+    return to_npz(meta, arrays)
 
 
 def unpack(data: bytes) -> dict[str, Any]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        meta = json.loads(z["__meta__"].tobytes().decode())
-        if meta.get("format") != FORMAT:
-            raise ShardCheckpointError(f"format {meta.get('format')!r} is not {FORMAT}")
-        arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    meta, arrays = from_npz(data)
+    if meta.get("format") != FORMAT:
+        raise ShardCheckpointError(f"format {meta.get('format')!r} is not {FORMAT}")
     return {"index": int(meta["index"]), "shards": int(meta["shards"]), "rng": meta["rng"],
             "offsets": {(t, int(p)): int(o) for t, p, o in meta["offsets"]},
-            "reservoir": _join(meta["reservoir"], "reservoir/", arrays)}
+            "reservoir": join_arrays(meta["reservoir"], "reservoir/", arrays)}
 
 
 class ShardCheckpoint:
@@ -102,24 +76,7 @@ class ShardCheckpoint:
 
     def save(self, state: Mapping[str, Any]) -> None:
         """Write ``state`` atomically, mode 0600."""
-        data = pack(state)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_private(self.path, pack(state))
         self.writes += 1
         self._last = time.monotonic()
 

@@ -20,8 +20,6 @@ deliberately not checkpointed).
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -33,6 +31,7 @@ import numpy as np
 from stream_vips.core.learner import StateMismatch
 from stream_vips.errors import StreamVipsError
 from stream_vips.io import SeekableSource
+from stream_vips.snapshot import from_npz, join_arrays, split_arrays, to_npz, write_private
 
 if TYPE_CHECKING:
     from stream_vips.core.learner import PrivateLearner
@@ -45,54 +44,28 @@ class CheckpointError(StreamVipsError, RuntimeError):
     """A checkpoint that does not belong to this pipeline or cannot be read."""
 
 
-def _split(state: Mapping[str, Any], prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Move the numpy arrays of a (nested) state dict into ``arrays``; return the JSON rest."""
-    rest: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            arrays[f"{prefix}{key}"] = value
-        elif isinstance(value, Mapping):
-            rest[key] = _split(value, f"{prefix}{key}/", arrays)
-        else:
-            rest[key] = value
-    return rest
-
-
-def _join(meta: Any, prefix: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    """Inverse of :func:`_split`."""
-    out = {k: (_join(v, f"{prefix}{k}/", arrays) if isinstance(v, dict) else v) for k, v in meta.items()}
-    for name, arr in arrays.items():
-        if name.startswith(prefix) and "/" not in name[len(prefix):]:
-            out[name[len(prefix):]] = arr
-    return out
-
-
 def _pack(state: Mapping[str, Any]) -> bytes:
     arrays: dict[str, np.ndarray] = {}
     meta = {"format": FORMAT_VERSION, "model_family": state["model_family"],
             "offsets": [[t, p, o] for (t, p), o in sorted(state["offsets"].items())],
             "trigger_pending": state["trigger_pending"],
             "ledger_id": state["ledger_id"], "ledger_steps": state["ledger_steps"],
-            "reservoir": _split(state["reservoir"], "reservoir/", arrays),
-            "model": _split({k: np.asarray(v) for k, v in state["model"].items()}, "model/", arrays)}
-    buf = io.BytesIO()
-    np.savez(buf, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-    return buf.getvalue()
+            "reservoir": split_arrays(state["reservoir"], "reservoir/", arrays),
+            "model": split_arrays({k: np.asarray(v) for k, v in state["model"].items()}, "model/", arrays)}
+    return to_npz(meta, arrays)
 
 
 def _unpack(data: bytes) -> dict[str, Any]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        meta = json.loads(z["__meta__"].tobytes().decode())
-        if meta.get("format") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"checkpoint format {meta.get('format')!r} is not {FORMAT_VERSION} (format 1 names no ledger, so "
-                "it cannot be bound to the budget that paid for it; move it away to start from the committed offsets)")
-        arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    meta, arrays = from_npz(data)
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint format {meta.get('format')!r} is not {FORMAT_VERSION} (format 1 names no ledger, so "
+            "it cannot be bound to the budget that paid for it; move it away to start from the committed offsets)")
     return {
         "model_family": meta["model_family"],
         "offsets": {(t, int(p)): int(o) for t, p, o in meta["offsets"]},
-        "reservoir": _join(meta["reservoir"], "reservoir/", arrays),
-        "model": _join(meta["model"], "model/", arrays),
+        "reservoir": join_arrays(meta["reservoir"], "reservoir/", arrays),
+        "model": join_arrays(meta["model"], "model/", arrays),
         "trigger_pending": int(meta["trigger_pending"]),
         "ledger_id": meta["ledger_id"],
         "ledger_steps": meta["ledger_steps"],
@@ -108,24 +81,7 @@ class Checkpoint:
 
     def save(self, learner: PrivateLearner, offsets: Mapping[tuple[str, int], int]) -> None:
         """Write ``learner``'s state (:meth:`PrivateLearner.state`) and ``offsets`` atomically."""
-        data = _pack({**learner.state(), "offsets": dict(offsets)})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # also when a stale temporary file had other bits
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_private(self.path, _pack({**learner.state(), "offsets": dict(offsets)}))
         self.writes += 1
 
     def load(self) -> dict[str, Any] | None:
