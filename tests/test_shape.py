@@ -64,15 +64,15 @@ def test_ruff_is_clean():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-def test_mypy_is_clean_on_the_checked_packages():
+def test_mypy_is_clean_on_the_checked_packages(tmp_path):
     """mypy over pyproject's ``files``; the core, models, privacy and fit are among them."""
     import tomllib
 
     files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
     for package in ("stream_vips/core", "stream_vips/privacy"):
         assert package in files
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
