@@ -13,10 +13,18 @@ from dp_accounting.rdp import RdpAccountant as DpaRdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
-from scipy.stats import norm
+from scipy.stats import binom, norm
 
-from stream_vips.privacy.accountants import Accountant, PldAccountant, RdpAccountant, UnsupportedEvent, make_accountant
+from stream_vips.privacy.accountants import (
+    Accountant,
+    PldAccountant,
+    RdpAccountant,
+    StrongCompositionAccountant,
+    UnsupportedEvent,
+    make_accountant,
+)
 from stream_vips.privacy.calibration import calibrate_noise_multiplier
+from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
 
 NR = dpa.NeighboringRelation
@@ -204,6 +212,90 @@ def test_unsupported_combinations_say_why():
         RDP.epsilon([E(1.0, 1.0, "fixed")], 0.0)
 
 
+def test_autodp_refusals_name_the_rule_and_the_accountant_to_use_instead():
+    """The reason is what a user reads when a configuration is refused: it names the accountant
+    whose amplification does not apply and, for Poisson replace-one, the one that does."""
+    poisson = ("autodp's Poisson amplification holds for add/remove adjacency only; "
+               "account Poisson replace-one steps with the pld accountant")
+    fixed = "autodp's amplification without replacement holds for replace-one adjacency only"
+    for event, reason in [(E(1.0, 0.1, "poisson"), poisson), (E(1.0, 0.1, "fixed", "add_remove", 1.0), fixed)]:
+        assert RDP.why_unsupported(event) == reason
+        with pytest.raises(UnsupportedEvent) as refused:
+            RDP.epsilon([event], DELTA)
+        assert str(refused.value) == f"the autodp accountant cannot account {event!r}: {reason}"
+
+    class LaplaceRelease:
+        pass
+
+    assert RDP.why_unsupported(LaplaceRelease()) == "unknown event type LaplaceRelease"
+
+
+@pytest.mark.parametrize("z, steps", [(0.8, 1), (3.0, 50)])
+def test_fixed_size_add_remove_at_q1_is_the_gaussian_with_sensitivity_C(z, steps):
+    """Without subsampling there is no amplification to restrict: a full batch under add/remove is
+    the Gaussian mechanism with sigma = z (diameter 1), composed: sigma z / sqrt(steps)."""
+    event = E(z, 1.0, "fixed", "add_remove", 1.0, count=steps)
+    assert RDP.supports(event)
+    assert RDP.epsilon([event], DELTA) == pytest.approx(gaussian_epsilon(z / math.sqrt(steps), DELTA), rel=1e-6)
+
+
+@pytest.mark.parametrize("z", [0.7, 2.0, 6.0, 40.0])
+def test_rdp_curve_at_q1_is_the_gaussian_closed_form(z):
+    """q = 1 is the plain Gaussian: RDP(alpha) = alpha / (2 sigma^2) (Mironov 2017, Prop. 7),
+    computed as such, not through autodp's amplification at probability 1."""
+    for event in (E(z, 1.0, "fixed"), E(z, 1.0, "poisson", "add_remove", 1.0)):
+        sigma = z / event.diameter
+        assert np.array_equal(RdpAccountant().curve(event), RdpAccountant().orders / (2 * sigma**2))
+
+
+def test_rdp_orders_given_as_integers_are_the_same_accountant():
+    """The orders are read as floats: integer orders give the same curves and the same cache key,
+    so a calibration memoized under one is found under the other."""
+    ints, floats = RdpAccountant(np.arange(2, 40)), RdpAccountant(np.arange(2.0, 40.0))
+    assert ints.orders.dtype == np.float64
+    assert ints.cache_key() == floats.cache_key()
+    event = E(1.5, 0.1, "fixed", count=30)
+    assert ints.epsilon([event], DELTA) == floats.epsilon([event], DELTA)
+
+
+@pytest.mark.parametrize("event", [E(2.0, 0.1, "fixed"), E(2.0, 1.0, "fixed"), PureDpEvent(0.3)],
+                         ids=["subsampled", "q1", "pure"])
+def test_rdp_curves_are_computed_once_per_unit_and_cannot_be_written(event):
+    """A restart replays every step, so a curve is computed once per distinct unit event and the
+    same array is returned after (for any count of the unit); it is read-only, so a caller cannot
+    change what every later epsilon of that event is computed from."""
+    acct = RdpAccountant()
+    curve = acct.curve(event)
+    assert acct.curve(event) is curve and acct.curve(event.with_count(7)) is curve
+    assert not curve.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        curve[0] = 0.0
+
+
+def randomized_response_epsilon(eps0: float, k: int, delta: float) -> float:
+    """Exact epsilon(delta) of k compositions of eps0-randomized response, the worst eps0-DP
+    mechanism (Kairouz, Oh & Viswanath 2015): the privacy loss is (k - 2 l) eps0 with l ~
+    Binomial(k, 1 / (1 + e^eps0)), and delta(eps) = E[(1 - e^(eps - loss))_+]."""
+    flips = np.arange(k + 1)
+    loss = (k - 2 * flips) * eps0
+    weight = binom.pmf(flips, k, 1 / (1 + math.exp(eps0)))
+    return brentq(lambda e: float(np.sum(weight * np.clip(1 - np.exp(e - loss), 0, None))) - delta,
+                  0.0, k * eps0, xtol=1e-12)
+
+
+@pytest.mark.parametrize("eps0, k", [(0.01, 1000), (0.1, 100), (2.0, 3)])
+def test_rdp_of_pure_dp_steps_is_sound_and_beats_basic_composition(eps0, k):
+    """k pure eps0-DP steps: no accountant may report less than the exact epsilon of k-fold
+    randomized response (every bound must hold for it). With RDP(alpha) <= min(eps0, alpha eps0^2 / 2)
+    the report is at most the zCDP bound rho + 2 sqrt(rho ln(1/delta)), rho = k eps0^2 / 2 (Bun &
+    Steinke 2016, Prop. 1.3), far below basic composition k eps0 for small eps0."""
+    got = RdpAccountant().epsilon([PureDpEvent(eps0, count=k)], DELTA)
+    assert got >= randomized_response_epsilon(eps0, k, DELTA)
+    rho = k * eps0**2 / 2
+    if eps0 < 1:
+        assert got <= rho + 2 * math.sqrt(rho * math.log(1 / DELTA)) < k * eps0
+
+
 def test_make_accountant_defaults():
     assert make_accountant("auto", "poisson").name == "pld"
     assert make_accountant("auto", "fixed").name == "autodp"
@@ -212,6 +304,18 @@ def test_make_accountant_defaults():
         make_accountant("moments", "poisson")
     with pytest.raises(ValueError, match="sampling"):
         make_accountant("auto", "shuffle")
+
+
+@pytest.mark.parametrize("sampling, per_step", [("poisson", PldAccountant), ("fixed", RdpAccountant)])
+def test_make_accountant_strong_composes_per_step_bounds_of_the_auto_accountant(sampling, per_step):
+    """'strong' is Dwork & Roth's theorem over per-step bounds, and those come from the accountant
+    'auto' picks for the sampling: pld for Poisson, autodp for fixed-size (the only one of the two
+    that can bound a fixed-size step)."""
+    acct = make_accountant("strong", sampling)
+    assert isinstance(acct, StrongCompositionAccountant) and acct.name == "strong"
+    assert type(acct.per_step) is per_step
+    event = E(2.0, 0.05, sampling, count=20)
+    assert acct.epsilon([event], DELTA) == StrongCompositionAccountant(per_step()).epsilon([event], DELTA)
 
 
 # --- monotonicity and calibration ---------------------------------------------------------
@@ -447,6 +551,93 @@ def test_calibration_stops_at_a_bracket_exactly_one_plus_rtol_wide():
     z = calibrate_noise_multiplier(1.0, DELTA, 1.0, 1, "fixed", accountant=Shaped(lambda z: 1e6 if z < 7.5 else 0.999),
                                    rtol=rtol)
     assert z == g
+
+
+class Recording(Shaped):
+    """A Shaped accountant that also records every z the search evaluates, in order."""
+
+    def __init__(self, shape, scale=1.0):
+        super().__init__(shape, scale)
+        self.probes = []
+
+    def epsilon_of_counts(self, counts, delta):
+        (event, _), = counts.items()
+        self.probes.append(event.noise_multiplier)
+        return super().epsilon_of_counts(counts, delta)
+
+
+def _power_search_probes():
+    """The z the search evaluates on the power curve (root 7): START, then 2 START (doubling), then
+    the two probes g / step and g * step around the interpolated root g."""
+    acct = Recording(SHAPES["power"])
+    calibrate_noise_multiplier(1.0, DELTA, 1.0, 1, "fixed", accountant=acct)
+    assert acct.probes[:2] == [START, 2 * START] and len(acct.probes) == 4
+    return acct.probes[2:]
+
+
+def _flat_from(a, outside=None):
+    """epsilon = 1e6 below ``a``, exactly the target 1 from ``a`` on; with ``outside``, that curve
+    is followed at and outside [START, 2 START] and 2 stands in for 1e6, so the search sees the
+    same bracket ends (and so the same probes) as on ``outside``."""
+    if outside is None:
+        return lambda z: 1e6 if z < a else 1.0
+    return lambda z: outside(z) if not START < z < 2 * START else 2.0 if z < a else 1.0
+
+
+@pytest.mark.parametrize("where", ["start", "doubling", "halving", "bisection", "lower probe", "upper probe"])
+def test_calibration_returns_the_noise_that_spends_exactly_the_target(where):
+    """epsilon(z) <= target admits equality: a z whose epsilon is exactly the target is within it.
+    On a curve that is above the target below some a and exactly at it from a on, the smallest
+    admissible z is a itself, and whichever step of the search first evaluates a (the start, the
+    doubling or halving that finds the bracket, a bisection, either probe around the interpolated
+    root) must keep it as the upper end, so that a is what comes back, exactly."""
+    lower, upper = _power_search_probes()
+    a, shape = {
+        "start": (START, None),
+        "doubling": (2 * START, None),
+        "halving": (START / 2, None),
+        "bisection": (math.sqrt(START * (2 * START)), None),  # the step curve's first narrowing is one
+        "lower probe": (lower, SHAPES["power"]),
+        "upper probe": (upper, SHAPES["power"]),
+    }[where]
+    acct = Recording(_flat_from(a, shape))
+    z = calibrate_noise_multiplier(1.0, DELTA, 1.0, 1, "fixed", accountant=acct)
+    assert acct.shape(a) == 1.0 < acct.shape(a / (1 + 1e-12))  # a is the smallest admissible z
+    assert a in acct.probes and z == a
+
+
+def _probe_on_a_bracket_end(end):
+    """(e_lo, e_hi) on the bracket [START, 2 START] (hi / lo = 2) that put one probe around the
+    interpolated root g = lo 2^t, t = ln(e_lo / target) / ln(e_lo / e_hi), target 1, exactly on a
+    bracket end: g / step == lo ('lower', t = log2(step)) or g * step == hi ('upper',
+    t = 1 - log2(step)), step = 1 + rtol / 3. With one of the two fixed, t gives the other in closed
+    form; the search's own arithmetic then lands exactly on the end at it or at a neighbouring double."""
+    lo, hi, step = START, 2 * START, 1 + 1e-3 / 3
+    s = math.log2(step)
+    if end == "lower":  # e_hi = 1/2: t = ln e_lo / (ln e_lo + ln 2) = s
+        fixed, solved = 0.5, math.exp(s * math.log(2) / (1 - s))
+    else:  # e_lo = 4: t = ln 4 / (ln 4 - ln e_hi) = 1 - s
+        fixed, solved = 4.0, math.exp(-math.log(4) * s / (1 - s))
+    for k in range(64):
+        for candidate in (solved + k * np.spacing(solved), solved - k * np.spacing(solved)):
+            e_lo, e_hi = (candidate, fixed) if end == "lower" else (fixed, candidate)
+            g = lo * (hi / lo) ** (math.log(e_lo) / math.log(e_lo / e_hi))
+            if (g / step == lo) if end == "lower" else (g * step == hi):
+                return e_lo, e_hi
+    pytest.skip("no double near the closed form lands a probe exactly on the bracket end here")
+
+
+@pytest.mark.parametrize("end", ["lower", "upper"])
+def test_calibration_never_evaluates_a_noise_multiplier_twice(end):
+    """Each evaluation is an accounting (the expensive part at small z), and the ends of the bracket
+    are already known to be above / within the target: a probe that would land on one of them is
+    replaced by a bisection, so every z the search evaluates is new. The curve is chosen so that
+    the interpolation puts a probe exactly on the lower (upper) end of the first bracket."""
+    e_lo, e_hi = _probe_on_a_bracket_end(end)
+    acct = Recording(lambda z: e_lo if z <= START else 2.0 if z < 2 * START else e_hi)  # root: 2 START
+    z = calibrate_noise_multiplier(1.0, DELTA, 1.0, 1, "fixed", accountant=acct)
+    assert acct.probes[:2] == [START, 2 * START] and len(set(acct.probes)) == len(acct.probes)
+    assert z == 2 * START
 
 
 @pytest.mark.parametrize("shape", ["step", "steep-flat", "flat-steep", "exp"])
