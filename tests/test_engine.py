@@ -426,3 +426,52 @@ def test_a_non_private_engine_counts_its_own_steps_and_draws_no_noise():
     assert [b["v"].tolist() for b in model.batches] == expected
     rep = eng.privacy_report(steps=3, halted=False)
     assert rep["delta"] == 1e-5 and rep["accountant"] == "none"  # the default delta, echoed
+
+
+@pytest.mark.parametrize("weights, why", [({"a": 1.0}, "mismatch"), ({"a": 1.0, "b": 1.0, "c": 1.0}, "mismatch"),
+                                          ({"a": -1.0, "b": 1.0}, "> 0"), ({"a": 0.0, "b": 1.0}, "> 0"),
+                                          ({"a": float("nan"), "b": 1.0}, "> 0")])
+def test_allocation_weights_refuse_weights_that_name_other_blocks_or_are_not_positive(weights, why):
+    """An allocation must name exactly the released blocks with weights > 0: a missing block would
+    get no noise share, an extra name would be silently ignored, and a zero or negative weight
+    would not give the block the noise the diameter assumes (privacy rule 6)."""
+    with pytest.raises(ValueError, match=why):
+        allocation_weights(TWO, weights)
+
+
+def test_contributions_of_one_step_add_blockwise_and_others_are_refused():
+    """Contribution.plus is the sum over disjoint parts of the reservoir (what a sharded driver
+    adds up): blockwise sums at the same position; a contribution of another step or with other
+    blocks is refused rather than added."""
+    from stream_vips.core.engine import Contribution
+
+    a = Contribution({"a": np.array([1.0, 2.0]), "b": np.array([[1.0]])}, position=7)
+    b = Contribution({"a": np.array([0.5, -1.0]), "b": np.array([[3.0]])}, position=7)
+    both = a.plus(b)
+    assert both.position == 7 and set(both.sums) == {"a", "b"}
+    np.testing.assert_array_equal(both.sums["a"], [1.5, 1.0])
+    np.testing.assert_array_equal(both.sums["b"], [[4.0]])
+    with pytest.raises(ValueError, match="different steps or blocks"):
+        a.plus(Contribution(b.sums, position=8))
+    with pytest.raises(ValueError, match="different steps or blocks"):
+        a.plus(Contribution({"a": b.sums["a"]}, position=7))
+
+
+def test_a_steps_duration_covers_its_contribution_and_its_release(monkeypatch):
+    """StepResult.duration_s (the step latency operators see) runs from before the sampling to
+    after the update, also when the contribution and the release are called separately."""
+    clock = [100.0]
+    monkeypatch.setattr(engine_mod.time, "perf_counter", lambda: clock[0])
+    eng = make_engine(FakeModel(BLOCKS), full_reservoir(10), FixedSizeSampler(5), AdmitAll(), z=1.0)
+    contribution = eng.contribution
+
+    def slow_contribution():
+        clock[0] += 5.0  # the E-step behind the wall takes 5 s
+        return contribution()
+
+    monkeypatch.setattr(eng, "contribution", slow_contribution)
+    assert eng.step().duration_s == 5.0
+    part = slow_contribution()
+    clock[0] += 2.0
+    assert eng.release(part).duration_s == 0.0  # timed from the call when no start is given
+    assert eng.release(slow_contribution(), started=clock[0] - 5.0).duration_s == 5.0
