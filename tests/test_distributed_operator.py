@@ -296,7 +296,8 @@ def test_a_model_that_cannot_be_published_pauses_the_shards_and_exits_1(
 
 def test_sigterm_finishes_the_round_publishes_and_exits_0(tmp_path: Path) -> None:
     write_shards(tmp_path, [200, 200])
-    data = settings(tmp_path, source={"follow": True})  # never exhausted: only a signal ends the run
+    # never exhausted, and a budget the records cannot spend: only a signal ends the run
+    data = settings(tmp_path, source={"follow": True}, privacy={"planned_steps": 100})
     summary_path = tmp_path / "summary.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "stream_vips.cli", "run", "--config",

@@ -84,6 +84,8 @@ def start(config: Any, sink: Any = None) -> ShardedService:
         if ledger is not None:
             opened.append(ledger)
         learner = ShardedLearner(config, pool, ledger=ledger)
+        opened.append(learner)
+        learner.resume(sink)  # a restarted driver goes on from the model it published
     except BaseException:
         for part in reversed(opened):
             try:

@@ -39,7 +39,7 @@ from stream_vips.distributed.shard import Plan, ShardContribution, ShardStatus, 
 from stream_vips.errors import ConfigError, ReservoirNotFull, StepRefused, StreamVipsError
 from stream_vips.io import Sink
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.ledger import Ledger
+from stream_vips.privacy.ledger import Ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.records import top_reasons
 from stream_vips.schedule import Trigger
@@ -165,6 +165,12 @@ class ShardedLearner:
         self._refused: str | None = None
         self._last_seen: list[int] | None = None  # per shard, at the last step (window accounting)
         self._exhausted = False
+        # the stream position (arrivals over all shards) of the last step an earlier life paid for:
+        # with shards restored from their checkpoints (their positions those of the stream), the
+        # trigger counts arrivals past it only, so a restart takes no step an uninterrupted run
+        # would not have taken (as one process restored from its checkpoint, rule 7)
+        paid = self.ledger is not None and self.monitor is not None and self.monitor.steps > 0
+        self._replay_until = self.ledger.last_position if paid and self.ledger is not None else None
         self._stop = threading.Event()
         #: the wall time of each phase of the last released step (public timing, privacy rule 1)
         self.last_phases: dict[str, float] = {}
@@ -228,6 +234,25 @@ class ShardedLearner:
         return messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(), last,
                                       self.model.state(), self.privacy_report(halted))
 
+    def resume(self, sink: Sink) -> int | None:
+        """Take up the newest model ``sink`` holds for this model id, so a restarted driver goes on
+        from what it published (public: post-processing of released steps) rather than from the
+        prior. Refuses (``LedgerMismatch``) a model this ledger did not pay for, as the one-process
+        service does. Returns the version taken up (``None``: nothing published yet).
+
+        A step paid in the ledger but killed before its model was published is not in the sink:
+        its version is never published (the next step takes the next ledger step), so no version
+        is published twice and the spent budget still counts it."""
+        latest = getattr(sink, "latest", None)
+        message = latest(self.model_id) if latest is not None else None
+        if not message or self.ledger is None or message.get("privacy", {}).get("accountant") == "none":
+            return None
+        version = int(message["version"])
+        check_binding(self.ledger, f"the published model {self.model_id!r} version {version}",
+                      message["privacy"].get("ledger_id"), version + 1)
+        self.model.load_state(messages.decode_state(message))
+        return version
+
     # -- records in, at the shards ------------------------------------------------------------
 
     def observe(self, statuses: Sequence[ShardStatus]) -> None:
@@ -235,6 +260,10 @@ class ShardedLearner:
         before = self.slices.seen
         for status in shard_statuses(statuses):
             self.slices.statuses[status.index] = status
+        if self._replay_until is not None and not any(s.restored for s in statuses):
+            self._replay_until = None  # shards that start empty count positions from 0 again
+        if self._replay_until is not None:  # arrivals an earlier life's steps already covered
+            before = max(before, self._replay_until)
         self.trigger.observe(max(0, self.slices.seen - before))
         self._exhausted = all(s.exhausted for s in statuses)
 
@@ -293,8 +322,8 @@ class ShardedLearner:
         if self.monitor is not None and not self.halted:
             self.monitor.check_room(self.engine.event())  # a spent ledger halts now, not at the first step
         interval = self.config.runtime.publish_interval_s
-        # the versions the ledger already holds were an earlier life's to publish: this driver's
-        # model is not theirs, so it publishes only the steps it takes (never a version twice)
+        # the versions the ledger already holds were an earlier life's to publish: this driver
+        # publishes only the steps it takes (never a version twice; last_step is None until then)
         last_publish, published = float("-inf"), self.last_step
         retry_at = 0.0
         rounds = 0
@@ -345,6 +374,8 @@ class ShardedLearner:
         """A step when the trigger is due and every slice is full (a late shard: skipped)."""
         if self.halted or not self.slices.full or not self.trigger.due():
             return None
+        if self._replay_until is not None and self.slices.seen <= self._replay_until:
+            return None  # an earlier life paid for a step at this position
         if self.strides is not None and not self._window_ready():
             return None
         try:

@@ -93,6 +93,7 @@ class ShardStatus:
     exhausted: bool = False
     accepted: int = 0  # arrivals that decoded and validated (this shard's life)
     dead_letters: int = 0  # rejected records delivered to the dead-letter sink (this shard's life)
+    restored: bool = False  # its slice and positions came back from its checkpoint
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class Shard:
         return ShardStatus(self.index, int(res.seen), int(res.size), int(res.capacity), bool(res.full),
                            int(np.count_nonzero(valid)), int(valid.size),
                            dict(collections.Counter(self.learner.rejected)), self._exhausted,
-                           self.accepted, self.dead_letters)
+                           self.accepted, self.dead_letters, self.restored)
 
     # -- one step's part (the only thing computed from records that leaves) ---------------------
 
