@@ -12,7 +12,9 @@ the number of steps or the target: the PLD grid follows epsilon. The privacy uni
 (``--unit record``) or a key, i.e. all records of one person (``--unit key``, privacy rule 12:
 S and M then count keys and key slots, and a key keeps at most ``--max-records-per-key``
 records); the report shows what record-level privacy gives a person with k records (group
-privacy: about k times epsilon).
+privacy: about k times epsilon). Epsilon does not depend on the number of shards
+(``--shards``, ``runtime.shards``): the driver releases one noisy sum over the union of the
+shards' slices, with the same q, M, C and z (privacy rule 14).
 
     stream-vips plan --sampling poisson --batch-size 1000 --reservoir 10000 --steps 200 \\
         --delta 1e-5 --epsilon 1.0 --json
@@ -80,6 +82,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="privacy unit: one record, or one key (all records of one person)")
     p.add_argument("--max-records-per-key", type=_positive_int, default=None, metavar="K",
                    help="with --unit key: most records of one key in the reservoir (default 1)")
+    p.add_argument("--shards", type=_positive_int, default=1, metavar="N",
+                   help="shards of a sharded run (runtime.shards); epsilon is the same for every N")
     p.add_argument("--accountant", choices=("pld", "autodp"), default=None,
                    help="default: pld for poisson, autodp for fixed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -107,7 +111,8 @@ def group_privacy(epsilon: float, delta: float, sizes: list[int]) -> list[dict]:
 
 def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: float,
          noise_multiplier: float | None = None, epsilon: float | None = None,
-         accountant: str | None = None, unit: str = "record", max_records_per_key: int | None = None) -> dict:
+         accountant: str | None = None, unit: str = "record", max_records_per_key: int | None = None,
+         shards: int = 1) -> dict:
     """The planning report as a dict (what ``--json`` prints)."""
     from stream_vips.privacy.accountants import UnsupportedEvent, make_accountant
     from stream_vips.privacy.calibration import calibrate_noise_multiplier
@@ -115,6 +120,8 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
 
     if batch_size > reservoir:
         raise ValueError(f"--batch-size {batch_size} exceeds --reservoir {reservoir} (q = S/M must be <= 1)")
+    if shards > reservoir:
+        raise ValueError(f"--shards {shards} exceeds --reservoir {reservoir} (every shard holds a slice of M)")
     if (noise_multiplier is None) == (epsilon is None):
         raise ValueError("give exactly one of --noise-multiplier and --epsilon")
     if unit not in ("record", "key"):
@@ -142,6 +149,8 @@ def plan(sampling: str, batch_size: int, reservoir: int, steps: int, delta: floa
         "sampling": sampling, "accountant": acct.name,
         "adjacency": event.adjacency, "batch_size": batch_size, "reservoir": reservoir,
         "target_epsilon": epsilon, "epsilon_by_steps": {str(t): e for t, e in by_steps.items()},
+        # the sharded release is the one-process mechanism (privacy rule 14): nothing above reads N
+        "shards": shards, "epsilon_depends_on_shards": False,
     }
 
 
@@ -161,7 +170,15 @@ def _render(report: dict) -> str:
         f"{'steps':>10}  epsilon",
     ]
     lines += [f"{t:>10}  {e:.6g}" for t, e in report["epsilon_by_steps"].items()]
-    return "\n".join(lines + [""] + _unit_lines(report))
+    return "\n".join(lines + [""] + _shard_lines(report) + _unit_lines(report))
+
+
+def _shard_lines(report: dict) -> list[str]:
+    """Why the number of shards is not in the plan (privacy rule 14)."""
+    n = report["shards"]
+    return [f"shards:           {n}: epsilon does not depend on the number of shards. Each shard sends its",
+            "                  clipped sums over its slice of the M slots; the driver adds them and releases",
+            "                  once, with the same q, M, C and z as one process (one ledger event per step)."]
 
 
 def _unit_lines(report: dict) -> list[str]:
@@ -197,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = plan(args.sampling, args.batch_size, args.reservoir, args.steps, args.delta,
                       noise_multiplier=args.noise_multiplier, epsilon=args.epsilon, accountant=args.accountant,
-                      unit=args.unit, max_records_per_key=args.max_records_per_key)
+                      unit=args.unit, max_records_per_key=args.max_records_per_key, shards=args.shards)
     except UnsupportedEvent as exc:
         print(f"{PROG}: error: unsupported sampling/accountant pair: {exc}", file=sys.stderr)
         return 2

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     config = None
+    service = None
     if args.json_summary and (problem := output_file_problem(args.json_summary, "--json-summary")):
         say(problem)
         return 2
@@ -67,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         guard_client_logging()  # the Kafka client logs raw record bytes at DEBUG otherwise
         if config.runtime.shards > 1 or config.runtime.engine == "ray":
-            return run_sharded(config, say)
-        app = Application.from_config(config)
+            from stream_vips.cli import sharded
+
+            service = sharded.start(config)
+        else:
+            app = Application.from_config(config)
     except ConfigError as exc:
         say(f"configuration error: {exc}")
         return 2
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             say(f"cannot start: {type(exc).__name__}: {exc}")
             return 5
         raise
+    if service is not None:
+        return run_sharded(service, args, config, say, started)
     for warning in console.startup_warnings(app, config):
         say(f"warning: {warning}")
     progress = None if args.no_progress else console.Progress()
@@ -134,37 +140,63 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sharded(config: Any, say: Any) -> int:
+def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, started: float) -> int:
     """``runtime.shards`` > 1 or ``runtime.engine: ray``: the shards read their partitions, the
-    driver releases and publishes (privacy rule 14); the exit codes of :func:`run` where they apply."""
-    import os
+    driver releases and publishes (privacy rule 14, :mod:`stream_vips.cli.sharded`); the exit codes
+    of :func:`run` where they apply (1, 2, 4, 5, 6, 7, 8; 3 at start)."""
+    import json
+    import time
 
-    from stream_vips.distributed import ShardedLearner, ShardFailure, make_pool
-    from stream_vips.service import build
+    from stream_vips.cli import console, sharded
+    from stream_vips.config import ConfigError
+    from stream_vips.distributed import DeadLetterUndelivered, PublishFailed, ShardFailure
+    from stream_vips.privacy.ledger import LedgerWriteError
 
-    sources, dead_letters = build.shard_connectors(config)
-    if config.runtime.engine == "ray":
-        import ray
-
-        # RAY_ADDRESS (a KubeRay cluster) or a local one; the shards ask for no CPU of their own
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, configure_logging=False)
-    pool = make_pool(config, sources=sources, dead_letters=dead_letters)
-    sink = build.connector("sink", config)
-    ledger = build.ledger(config)
+    progress = None if args.no_progress else sharded.ShardProgress()
     try:
-        with ShardedLearner(config, pool, ledger=ledger) as learner:
-            say(f"sharded run: {pool.shards} shards ({config.runtime.engine}), reservoir slices "
-                f"{learner.slices.capacities}, z = {learner.engine.noise_multiplier:.4g}")
-            steps = learner.serve(sink)
-            say(f"stopped after {steps} steps; epsilon spent {learner.epsilon_spent:.4g}"
-                + (" (halted)" if learner.halted else ""))
+        try:
+            say(sharded.startup_line(service))
+            sharded.serve(service, progress)
+        finally:
+            if progress is not None:
+                progress.finish(service)
+    except ConfigError as exc:
+        say(f"configuration error: {exc}")
+        return 2
+    except PublishFailed as exc:
+        say(str(exc))
+        return 1
+    except DeadLetterUndelivered as exc:
+        say(str(exc))
+        return 4
+    except LedgerWriteError as exc:
+        say(f"stopped: {exc}")
+        return 6
     except ShardFailure as exc:
         say(f"stopped: {exc} (nothing was spent on the abandoned step)")
         return 5
+    except Exception as exc:
+        if (denied := _refusal(exc, config)) is not None:
+            say(f"stopped: {denied}")
+            return 7
+        if connector_failure(exc):
+            say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
+            return 5
+        raise
     finally:
-        pool.close()
-        sink.close()
-        ledger.close()
+        service.close()
+    summary = sharded.summary(service, time.monotonic() - started)
+    print(console.format_summary(summary) + "\n" + sharded.format_shards(summary), file=sys.stderr)
+    if args.json_summary:
+        text = json.dumps(summary, indent=2)
+        if args.json_summary == "-":
+            print(text)
+        elif problem := write_summary(args.json_summary, text):
+            say(problem)
+            return 2
+    if summary["halt_cause"] == "rejected_data":
+        say(f"halted on rejected data: {summary['halt_reason']}")
+        return 8
     return 0
 
 

@@ -12,13 +12,21 @@ ledger event and the same epsilon. The core, the models and privacy never import
 from __future__ import annotations
 
 from stream_vips.config import Config
-from stream_vips.distributed.driver import ShardedLearner, check, window_length
+from stream_vips.distributed.driver import PHASES, PublishFailed, ShardedLearner, check, window_length
 from stream_vips.distributed.pool import LocalPool, RayPool, ShardFailure, ShardPool
-from stream_vips.distributed.shard import Plan, Shard, ShardContribution, ShardStatus, capacities, owned_partitions
+from stream_vips.distributed.shard import (
+    DeadLetterUndelivered,
+    Plan,
+    Shard,
+    ShardContribution,
+    ShardStatus,
+    capacities,
+    owned_partitions,
+)
 
-__all__ = ["LocalPool", "Plan", "RayPool", "Shard", "ShardContribution", "ShardFailure", "ShardPool",
-           "ShardStatus", "ShardedLearner", "capacities", "check", "make_pool", "owned_partitions",
-           "window_length"]
+__all__ = ["PHASES", "DeadLetterUndelivered", "LocalPool", "Plan", "PublishFailed", "RayPool", "Shard",
+           "ShardContribution", "ShardFailure", "ShardPool", "ShardStatus", "ShardedLearner", "capacities", "check",
+           "make_pool", "owned_partitions", "window_length"]
 
 
 def make_pool(cfg: Config, **options: object) -> ShardPool:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,12 +39,19 @@ from stream_vips.distributed.shard import Plan, ShardContribution, ShardStatus, 
 from stream_vips.errors import ConfigError, ReservoirNotFull, StepRefused, StreamVipsError
 from stream_vips.io import Sink
 from stream_vips.privacy.budget import BudgetMonitor
-from stream_vips.privacy.ledger import Ledger
+from stream_vips.privacy.ledger import Ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
 from stream_vips.records import top_reasons
 from stream_vips.schedule import Trigger
 
 log = logging.getLogger("stream_vips.distributed")
+
+#: the phases of a step the driver times: the sampling plan, the shards' sums, the release
+PHASES = ("plan", "gather", "release")
+
+
+class PublishFailed(StreamVipsError, RuntimeError):
+    """A paid step's model could not be published before the run was stopped."""
 
 
 class PublicSlices:
@@ -157,12 +165,54 @@ class ShardedLearner:
         self._refused: str | None = None
         self._last_seen: list[int] | None = None  # per shard, at the last step (window accounting)
         self._exhausted = False
+        # the stream position (arrivals over all shards) of the last step an earlier life paid for:
+        # with shards restored from their checkpoints (their positions those of the stream), the
+        # trigger counts arrivals past it only, so a restart takes no step an uninterrupted run
+        # would not have taken (as one process restored from its checkpoint, rule 7)
+        paid = self.ledger is not None and self.monitor is not None and self.monitor.steps > 0
+        self._replay_until = self.ledger.last_position if paid and self.ledger is not None else None
+        self._stop = threading.Event()
+        #: the wall time of each phase of the last released step (public timing, privacy rule 1)
+        self.last_phases: dict[str, float] = {}
+        #: called with each released step and its phase timings (metrics; set by the caller)
+        self.on_step: Callable[[StepResult, Mapping[str, float]], None] | None = None
+        self.published = 0
+        self.publish_failures = 0  # consecutive failed publishes of a paid step (0: none owed)
 
     # -- state -------------------------------------------------------------------------------
 
     @property
     def halted(self) -> bool:
         return self.engine.halted or self._refused is not None
+
+    @property
+    def halt_reason(self) -> str | None:
+        """Why updates halted (``None`` while they go on)."""
+        if self._refused is not None:
+            return self._refused
+        return self.monitor.halt_reason if self.engine.halted and self.monitor is not None else None
+
+    @property
+    def halt_cause(self) -> str | None:
+        """``"budget"`` (the planned end), ``"rejected_data"`` (the slices hold mostly rejected
+        arrivals) or ``None`` while updates go on: the one-process learner's causes."""
+        if self._refused is not None:
+            return "rejected_data"
+        return "budget" if self.engine.halted else None
+
+    @property
+    def exhausted(self) -> bool:
+        """Every shard's source said it has nothing more (a finite source read to its end)."""
+        return self._exhausted
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """Finish the round in flight, publish the newest model and return from :meth:`serve`
+        (thread and signal safe)."""
+        self._stop.set()
 
     @property
     def epsilon_spent(self) -> float:
@@ -184,6 +234,25 @@ class ShardedLearner:
         return messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(), last,
                                       self.model.state(), self.privacy_report(halted))
 
+    def resume(self, sink: Sink) -> int | None:
+        """Take up the newest model ``sink`` holds for this model id, so a restarted driver goes on
+        from what it published (public: post-processing of released steps) rather than from the
+        prior. Refuses (``LedgerMismatch``) a model this ledger did not pay for, as the one-process
+        service does. Returns the version taken up (``None``: nothing published yet).
+
+        A step paid in the ledger but killed before its model was published is not in the sink:
+        its version is never published (the next step takes the next ledger step), so no version
+        is published twice and the spent budget still counts it."""
+        latest = getattr(sink, "latest", None)
+        message = latest(self.model_id) if latest is not None else None
+        if not message or self.ledger is None or message.get("privacy", {}).get("accountant") == "none":
+            return None
+        version = int(message["version"])
+        check_binding(self.ledger, f"the published model {self.model_id!r} version {version}",
+                      message["privacy"].get("ledger_id"), version + 1)
+        self.model.load_state(messages.decode_state(message))
+        return version
+
     # -- records in, at the shards ------------------------------------------------------------
 
     def observe(self, statuses: Sequence[ShardStatus]) -> None:
@@ -191,6 +260,10 @@ class ShardedLearner:
         before = self.slices.seen
         for status in shard_statuses(statuses):
             self.slices.statuses[status.index] = status
+        if self._replay_until is not None and not any(s.restored for s in statuses):
+            self._replay_until = None  # shards that start empty count positions from 0 again
+        if self._replay_until is not None:  # arrivals an earlier life's steps already covered
+            before = max(before, self._replay_until)
         self.trigger.observe(max(0, self.slices.seen - before))
         self._exhausted = all(s.exhausted for s in statuses)
 
@@ -235,31 +308,74 @@ class ShardedLearner:
             rounds += 1
         return self.steps_taken
 
-    def serve(self, sink: Sink, max_rounds: int | None = None) -> int:
+    def serve(self, sink: Sink, max_rounds: int | None = None,
+              on_round: Callable[[ShardedLearner], None] | None = None) -> int:
         """:meth:`run` publishing to ``sink``: the newest model at most every
         ``runtime.publish_interval_s`` and once more at the end (marked halted when updates
-        halted). Returns the steps taken."""
+        halted), until the sources are exhausted, updates halt, :meth:`stop` is called or
+        ``max_rounds`` rounds. ``on_round`` is called after every round (progress, metrics).
+
+        A model that fails to publish is owed: no shard is polled and no step starts until it
+        goes out (retried after 1 s, doubling to 60 s), because a driver that died on it would be
+        restarted, pay another step and fail again. Stopped while a model is owed, one last
+        attempt raises :class:`PublishFailed` when it fails too. Returns the steps taken."""
+        if self.monitor is not None and not self.halted:
+            self.monitor.check_room(self.engine.event())  # a spent ledger halts now, not at the first step
         interval = self.config.runtime.publish_interval_s
-        last_publish, published = float("-inf"), None
+        # the versions the ledger already holds were an earlier life's to publish: this driver
+        # publishes only the steps it takes (never a version twice; last_step is None until then)
+        last_publish, published = float("-inf"), self.last_step
+        retry_at = 0.0
         rounds = 0
-        while not self.halted and not self._exhausted and (max_rounds is None or rounds < max_rounds):
-            self.run(max_rounds=1)
+        while (not self._stop.is_set() and not self.halted and not self._exhausted
+               and (max_rounds is None or rounds < max_rounds)):
             rounds += 1
-            if self.last_step != published and time.monotonic() - last_publish >= interval:
-                message = self.message()
-                if message is not None:
-                    sink.publish(self.model_id, message)
+            if self.publish_failures:  # paused until the owed model goes out
+                self._stop.wait(max(0.0, retry_at - time.monotonic()))
+                if self._stop.is_set():
+                    break
+            else:
+                self.run(max_rounds=1)
+            due = time.monotonic() - last_publish >= interval or self.publish_failures
+            if self.last_step != published and due:
+                if self._publish(sink, self.message()):
                     published, last_publish = self.last_step, time.monotonic()
+                else:
+                    retry_at = time.monotonic() + min(2.0 ** (self.publish_failures - 1), 60.0)
+            if on_round is not None:
+                on_round(self)
         message = self.message(halted=self.halted)
-        if message is not None and (self.last_step != published or self.halted):
-            sink.publish(self.model_id, message)
+        if message is not None and (self.last_step != published or (self.halted and self.steps_taken)):
+            if not self._publish(sink, message):
+                raise PublishFailed(f"publishing model version {message['version']} failed; stopped (the ledger "
+                                    "still holds every released step)")
         sink.flush()
         return self.steps_taken
+
+    def _publish(self, sink: Sink, message: dict[str, Any] | None) -> bool:
+        """Publish ``message``; whether it went out (a failure is logged and counted)."""
+        if message is None:
+            return True
+        try:
+            sink.publish(self.model_id, message)
+        except Exception as exc:  # noqa: BLE001 - any sink failure leaves the model owed
+            self.publish_failures += 1
+            log.error("publishing model version %s failed (%d in a row): %s; no step until it is published",
+                      message.get("version"), self.publish_failures, exc)
+            return False
+        if self.publish_failures:
+            log.warning("model version %s published after %d failed attempts; resuming",
+                        message.get("version"), self.publish_failures)
+        self.publish_failures = 0
+        self.published += 1
+        return True
 
     def maybe_step(self) -> StepResult | None:
         """A step when the trigger is due and every slice is full (a late shard: skipped)."""
         if self.halted or not self.slices.full or not self.trigger.due():
             return None
+        if self._replay_until is not None and self.slices.seen <= self._replay_until:
+            return None  # an earlier life paid for a step at this position
         if self.strides is not None and not self._window_ready():
             return None
         try:
@@ -315,12 +431,20 @@ class ShardedLearner:
                                  f"top rejection reasons: {top_reasons(rejected) or 'none recorded'}")
                 log.error("updates halted before spending: %s", self._refused)
                 return None
-        total = self.gather(self.plan())
+        planned = time.perf_counter()
+        plans = self.plan()
+        gathering = time.perf_counter()
+        total = self.gather(plans)
+        releasing = time.perf_counter()
         result = self.engine.release(total, started)
         self.trigger.reset()
         if result is not None:
             self.steps_taken += 1
             self._last_seen = [s.seen if s is not None else 0 for s in self.slices.statuses]
+            self.last_phases = {"plan": gathering - planned, "gather": releasing - gathering,
+                                "release": time.perf_counter() - releasing}
+            if self.on_step is not None:
+                self.on_step(result, self.last_phases)
         return result
 
     def gather(self, plans: Sequence[Plan]) -> Contribution:

@@ -32,12 +32,17 @@ from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.keys import reject_keyless
 from stream_vips.core.learner import PrivateLearner
 from stream_vips.distributed.checkpoint import ShardCheckpoint, ShardCheckpointError, shard_path
+from stream_vips.errors import StreamVipsError
 from stream_vips.io import DeadLetter, DeadLetterSink, RawRecord, SeekableSource, Source, values_of
 
 #: the spawn key of a shard's sampling generator (apart from its reservoir's, privacy rule 1)
 _SAMPLING_STREAM = 14
 #: a shard's own trigger never fires: the driver decides when to step
 _NEVER = 2**62
+
+
+class DeadLetterUndelivered(StreamVipsError, RuntimeError):
+    """A shard's dead letter was not delivered: nothing was committed past it (the run stops)."""
 
 
 def _seeds(seed: int, index: int, stream: int) -> np.random.SeedSequence:
@@ -86,6 +91,9 @@ class ShardStatus:
     rows: int  # slots (record sub-slots) in all
     rejected: Mapping[str, int]
     exhausted: bool = False
+    accepted: int = 0  # arrivals that decoded and validated (this shard's life)
+    dead_letters: int = 0  # rejected records delivered to the dead-letter sink (this shard's life)
+    restored: bool = False  # its slice and positions came back from its checkpoint
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,8 @@ class Shard:
         self._source = source() if source is not None else None
         self._dead = dead_letters() if dead_letters is not None else None
         self._exhausted = False
+        self.accepted = 0
+        self.dead_letters = 0
         self.max_dead_letter_bytes = cfg.runtime.dead_letter_max_bytes
         path = cfg.runtime.checkpoint_path
         self.checkpoint = (ShardCheckpoint(shard_path(path, index, shards), cfg.runtime.checkpoint_interval_s)
@@ -167,7 +177,8 @@ class Shard:
         """Decode (bytes) or validate (dicts) and admit one batch of this shard's records, as a
         one-process learner does (``keys``: the message keys under ``privacy.unit: key``).
         Returns the shard's public status."""
-        self.learner.feed(values, keys=keys)
+        batch = self.learner.feed(values, keys=keys)
+        self.accepted += int(np.count_nonzero(batch.ok))
         if self.checkpoint is not None and self.checkpoint.due():
             self.checkpoint.save(self.state())
         return self.status()
@@ -184,22 +195,30 @@ class Shard:
             early = keys.missing() if keys is not None else []
             if early:
                 self._dead_letter(raws, early)
-            learner.offer_raw(values, keys=keys, on_rejected=lambda found: self._dead_letter(raws, found))
+            batch = learner.offer_raw(values, keys=keys, on_rejected=lambda found: self._dead_letter(raws, found))
         else:
             batch = decode_batch(learner.model, values)
             if keys is not None:
                 batch = reject_keyless(batch, keys)
             if batch.rejected:
                 self._dead_letter(raws, batch.rejected)
-            learner.offer(batch, keys=keys)
+            batch = learner.offer(batch, keys=keys)
+        self.accepted += int(np.count_nonzero(batch.ok))
         return self.status()
 
     def _dead_letter(self, raws: Sequence[RawRecord], rejected: list[tuple[int, str, str]]) -> None:
+        """Deliver the letters and wait for them; a refused letter raises
+        :class:`DeadLetterUndelivered` before the batch is offered or the source committed."""
         if self._dead is None:
             return
         cap = self.max_dead_letter_bytes
-        self._dead.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
-        self._dead.flush()
+        try:
+            self._dead.send([DeadLetter.bounded(raws[i], reason, detail, cap) for i, reason, detail in rejected])
+            self._dead.flush()
+        except Exception as exc:
+            raise DeadLetterUndelivered(f"shard {self.index}: a dead letter was not delivered ({exc}); stopped "
+                                        "without committing the source past it") from exc
+        self.dead_letters += len(rejected)
 
     def poll(self, max_records: int, timeout_s: float) -> ShardStatus:
         """Poll this shard's source once, ingest what it returned and commit it."""
@@ -225,7 +244,8 @@ class Shard:
         valid = np.asarray(res.valid)
         return ShardStatus(self.index, int(res.seen), int(res.size), int(res.capacity), bool(res.full),
                            int(np.count_nonzero(valid)), int(valid.size),
-                           dict(collections.Counter(self.learner.rejected)), self._exhausted)
+                           dict(collections.Counter(self.learner.rejected)), self._exhausted,
+                           self.accepted, self.dead_letters, self.restored)
 
     # -- one step's part (the only thing computed from records that leaves) ---------------------
 

@@ -101,9 +101,11 @@ def shard_connectors(cfg: Config) -> tuple[ShardConnector, ShardConnector]:
     n = cfg.runtime.shards
     if n == 1:
         return ShardConnector("source", cfg), ShardConnector("dead_letter", cfg)
+    if cfg.source.type in FILE_SOURCES:
+        return _file_shards(cfg), ShardConnector("dead_letter", cfg)
     if cfg.source.type != "kafka":
-        raise ConfigError(f"source.type: runtime.shards: {n} needs a partitioned source (kafka), "
-                          f"not {cfg.source.type!r}")
+        raise ConfigError(f"source.type: runtime.shards: {n} needs a partitioned source (kafka, or jsonl files "
+                          f"split by shard), not {cfg.source.type!r}")
     if cfg.privacy.accounting == "window":
         raise ConfigError("privacy.accounting: window accounting needs every record at one stream position across "
                           "restarts (a checkpoint per shard, one partition per shard), which the sharded service "
@@ -120,6 +122,33 @@ def shard_connectors(cfg: Config) -> tuple[ShardConnector, ShardConnector]:
     if partitions < n:
         raise ConfigError(f"runtime.shards: {n} shards need at least {n} input partitions; {counts} has {partitions}")
     return ShardConnector("source", cfg, partitions), ShardConnector("dead_letter", cfg)
+
+
+#: file sources a sharded run reads as one file per shard (``path`` with ``.shard<i>`` before the extension)
+FILE_SOURCES = ("jsonl",)
+
+
+def _file_shards(cfg: Config) -> ShardConnector:
+    """Shard i reads ``source.path`` with ``.shard<i>`` before the extension (one file per
+    partition, split beforehand). Refused at start, naming the key: a missing file, a privacy key
+    other than a record (a line has no message key), and shard checkpoints (a file source cannot
+    seek back to a checkpoint's position, so a restart would admit the same records again)."""
+    n = cfg.runtime.shards
+    if cfg.privacy.unit == "key":
+        raise ConfigError("privacy.unit: key with runtime.shards > 1 needs the Kafka message key as the privacy key; "
+                          f"a {cfg.source.type} source has none")
+    if cfg.runtime.checkpoint_path is not None:
+        raise ConfigError(f"runtime.checkpoint_path: a {cfg.source.type} source split by shard cannot seek to a "
+                          "checkpoint's position, so a restored shard would admit its records again")
+    if cfg.privacy.accounting == "window":
+        raise ConfigError("privacy.accounting: window accounting is not available with runtime.shards > 1; "
+                          "use stream accounting")
+    sources = ShardConnector("source", cfg)
+    for i in range(n):
+        path = sources(i).keywords["path"]
+        if not os.path.isfile(path):
+            raise ConfigError(f"source.path: runtime.shards: {n} reads one file per shard, and {path} is not a file")
+    return sources
 
 
 def _connector_class(kind: str, type_name: str) -> type:

@@ -30,6 +30,7 @@ import errno
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -140,6 +141,61 @@ class Metrics:
     @property
     def ready(self) -> bool:
         return self._ready
+
+
+class ShardSeries:
+    """The per-shard series of a sharded run (privacy rule 14), on ``metrics``' registry: what
+    each shard read, accepted and dead-lettered, its slice's fill, and the wall time of each
+    phase of a step (plan, gather, release). Public counts and timing only, as for one process;
+    the phase timings carry :data:`TIMING_CAVEAT`.
+
+    The shards report counts since they started (a shard's position comes back from its
+    checkpoint, its other counts from zero); a count that goes down is a restarted shard and
+    becomes the new baseline, so the counters only ever add what was read since."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        r = metrics.registry
+        self.metrics = metrics
+        self.records = Counter(f"{PREFIX}_shard_records", "Records a shard read from its input partitions.",
+                               ["shard"], registry=r)
+        self.accepted = Counter(f"{PREFIX}_shard_records_accepted", "Records of a shard that decoded and validated.",
+                                ["shard"], registry=r)
+        self.dead_letters = Counter(f"{PREFIX}_shard_dead_letters", "Rejected records a shard delivered to the "
+                                    "dead-letter sink.", ["shard"], registry=r)
+        self.reservoir = Gauge(f"{PREFIX}_shard_reservoir_records", "Records in a shard's reservoir slice.",
+                               ["shard"], registry=r)
+        self.capacity = Gauge(f"{PREFIX}_shard_reservoir_capacity", "A shard's slice of the reservoir, M_i "
+                              "(public).", ["shard"], registry=r)
+        self.phase = Histogram(f"{PREFIX}_step_phase_duration_seconds", "Wall time of one phase of a sharded "
+                               "step: plan (the sampling plan), gather (the shards' clipped sums), release (noise, "
+                               "ledger, M-step). " + TIMING_CAVEAT, ["phase"], buckets=UPDATE_BUCKETS, registry=r)
+        self._last: dict[int, tuple[int, int, int, dict[str, int]]] = {}
+
+    def observe_shard(self, index: int, records: int, accepted: int, dead_letters: int, held: int, capacity: int,
+                      rejected: Mapping[str, int] | None = None) -> None:
+        """One shard's counts since it started (and its rejections by reason), its slice's fill."""
+        label = str(index)
+        before = self._last.get(index, (0, 0, 0, {}))
+        for counter, now, then in ((self.records, records, before[0]), (self.accepted, accepted, before[1]),
+                                   (self.dead_letters, dead_letters, before[2])):
+            if now > then:
+                counter.labels(shard=label).inc(now - then)
+                if counter is self.records:
+                    self.metrics.records_consumed.inc(now - then)
+            else:
+                counter.labels(shard=label)  # the series exists from the start
+        reasons = dict(rejected or {})
+        for reason, count in reasons.items():
+            if count > before[3].get(reason, 0):
+                self.metrics.records_rejected.labels(reason=reason).inc(count - before[3].get(reason, 0))
+        self._last[index] = (records, accepted, dead_letters, reasons)
+        self.reservoir.labels(shard=label).set(held)
+        self.capacity.labels(shard=label).set(capacity)
+
+    def observe_phases(self, phases: Mapping[str, float]) -> None:
+        """The wall time of each phase of one released step."""
+        for phase, seconds in phases.items():
+            self.phase.labels(phase=phase).observe(seconds)
 
 
 def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
