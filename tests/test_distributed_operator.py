@@ -255,6 +255,97 @@ def test_an_undelivered_dead_letter_exits_4_before_anything_is_spent(
     assert ledger_steps(tmp_path) == 0  # the malformed line is shard 1's first: no step yet
 
 
+class BrokerGone:
+    """Shard ``fail_shard``'s source: the jsonl file's records, then from poll ``fail_at`` on the
+    error a Kafka client raises once its retries are spent (``error``, raised in ``where``)."""
+
+    polls: dict[int, int] = {}
+
+    def __init__(self, inner: Any, index: int, fail_at: int, error: BaseException, where: str = "poll") -> None:
+        self.inner, self.index, self.fail_at, self.error, self.where = inner, index, fail_at, error, where
+        BrokerGone.polls[index] = 0
+
+    def poll(self, max_records: int, timeout_s: float) -> Any:
+        BrokerGone.polls[self.index] += 1
+        if self.where == "poll" and BrokerGone.polls[self.index] > self.fail_at:
+            raise self.error
+        return self.inner.poll(max_records, timeout_s)
+
+    def commit(self, *args: Any) -> None:
+        if self.where == "commit" and BrokerGone.polls[self.index] > self.fail_at:
+            raise self.error
+        self.inner.commit(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def broker_gone(monkeypatch: pytest.MonkeyPatch, fail_shard: int, fail_at: int, error: BaseException,
+                where: str = "poll") -> None:
+    real = build.shard_connectors
+
+    def connectors(cfg: Any) -> Any:
+        sources, dead = real(cfg)
+
+        def source(i: int) -> Any:
+            if i != fail_shard:
+                return sources(i)
+            return lambda: BrokerGone(sources(i)(), i, fail_at, error, where)
+        return source, dead
+    monkeypatch.setattr(build, "shard_connectors", connectors)
+
+
+@pytest.mark.parametrize("where", ["poll", "commit"])
+def test_a_kafka_client_failure_in_a_shards_source_exits_5_in_one_line_and_is_not_polled_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    """A Kafka client error that leaves a shard's source (its own retries spent, e.g. a commit
+    retried for commit_timeout_s with the broker gone) ends the run as it ends one process: exit
+    5 and one line, not a shard failure that the driver polls again for ever. Nothing is spent
+    for the round it failed in, and every step paid before it is in the ledger."""
+    from kafka.errors import KafkaTimeoutError
+
+    write_shards(tmp_path, [300, 300])
+    # shard 1 fails in its 7th poll (or the commit after it): slices of 30 are full by then, and
+    # steps were taken, so the failure comes in the middle of a run
+    broker_gone(monkeypatch, 1, 6, KafkaTimeoutError("Failed to update metadata after 60.0 secs.\n(broker gone)"),
+                where)
+    summary_path = tmp_path / "summary.json"
+    started = time.monotonic()
+    code = main(["run", "--config", str(write_config(tmp_path, settings(tmp_path))), "--no-progress",
+                 "--json-summary", str(summary_path)])
+    err = capsys.readouterr().err
+    assert code == 5, err
+    assert time.monotonic() - started < 30
+    lines = [line for line in err.splitlines() if line.startswith("stream-vips: stopped")]
+    assert lines == [f"stream-vips: stopped: shard 1's source failed in {where}: KafkaTimeoutError: "
+                     "KafkaTimeoutError: Failed to update metadata after 60.0 secs. (broker gone) (nothing was "
+                     "committed past the records applied)"], err
+    assert "Traceback" not in err and "shard failed" not in err
+    assert BrokerGone.polls[1] == 7  # the driver did not poll the failed source again
+    models = lines_of(tmp_path / "models.jsonl")
+    assert ledger_steps(tmp_path) >= 1 and [m["version"] for m in models] == list(range(len(models)))
+    assert not summary_path.exists()  # stopped, as one process stops: no summary of a finished run
+
+
+def test_a_refusal_from_a_shards_source_exits_7_and_another_error_is_not_called_a_connector_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from stream_vips.distributed import SourceFailed
+
+    write_shards(tmp_path, [100, 100])
+    broker_gone(monkeypatch, 0, 0, TopicAuthorizationFailedError({"records"}))
+    code = main(["run", "--config", str(write_config(tmp_path, settings(tmp_path))), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 7, err
+    assert "stopped: not authorized" in err and "'records'" in err
+    assert ledger_steps(tmp_path) == 0
+    # a bug in a source is not the broker: raised as one process raises it, not exit 5
+    broker_gone(monkeypatch, 0, 0, ValueError("a bug"))
+    with pytest.raises(SourceFailed, match="shard 0's source failed in poll: ValueError: a bug"):
+        main(["run", "--config", str(write_config(tmp_path, settings(tmp_path))), "--no-progress"])
+
+
 class FailingSink:
     def __init__(self) -> None:
         self.attempts = 0

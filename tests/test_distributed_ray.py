@@ -134,3 +134,44 @@ def test_shards_refill_after_a_restart_and_steps_resume(ray_session: Any) -> Non
             assert np.isfinite(learner.epsilon_spent)
     finally:
         pool.close()
+
+
+class GoneBroker:
+    """A shard's source whose Kafka client gave up: every poll raises the client's timeout."""
+
+    def poll(self, max_records: int, timeout_s: float) -> Any:
+        from kafka.errors import KafkaTimeoutError
+
+        raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+
+    def commit(self, *args: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_ray_shards_source_failure_reaches_the_driver_whole_and_ends_the_run(ray_session: Any) -> None:
+    """Across the actor boundary the source's failure is still a SourceFailed the command can
+    classify (the client error itself, its class names) and show in one line; the driver does not
+    poll again and nothing is spent."""
+    from kafka.errors import KafkaTimeoutError
+
+    from stream_vips.cli.run import connector_failure
+    from stream_vips.distributed import SourceFailed
+
+    cfg = config_from_dict(settings(), env={})
+    pool = RayPool(cfg, 2, sources=lambda i: GoneBroker)
+    try:
+        with ShardedLearner(cfg, pool) as learner:
+            started = time.monotonic()
+            with pytest.raises(SourceFailed) as info:
+                learner.run()
+            assert time.monotonic() - started < 30
+            exc = info.value
+            assert exc.index in (0, 1)  # both fail: the first answer Ray reports
+            assert exc.summary == f"shard {exc.index}'s source failed in poll: KafkaTimeoutError: KafkaTimeoutError: " \
+                                  "Failed to update metadata after 60.0 secs."
+            assert "kafka.errors.KafkaTimeoutError" in exc.error_kinds
+            assert isinstance(exc.error, KafkaTimeoutError) and connector_failure(exc.error)
+            assert learner.ledger is not None and learner.ledger.events() == []
+    finally:
+        pool.close()

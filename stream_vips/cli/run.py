@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from stream_vips.cli.output import output_file_problem, write_summary
@@ -149,7 +150,7 @@ def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, s
 
     from stream_vips.cli import console, sharded
     from stream_vips.config import ConfigError
-    from stream_vips.distributed import DeadLetterUndelivered, PublishFailed, ShardFailure
+    from stream_vips.distributed import DeadLetterUndelivered, PublishFailed, ShardFailure, SourceFailed
     from stream_vips.privacy.ledger import LedgerWriteError
 
     progress = None if args.no_progress else sharded.ShardProgress()
@@ -175,6 +176,15 @@ def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, s
     except ShardFailure as exc:
         say(f"stopped: {exc} (nothing was spent on the abandoned step)")
         return 5
+    except SourceFailed as exc:  # a shard's connector, past its own retry deadline: as one process
+        error = exc.error if exc.error is not None else exc.__cause__
+        if (denied := _refusal(error, config)) is not None:
+            say(f"stopped: {denied}")
+            return 7
+        if connector_failure(error) if error is not None else _connector_kinds(exc.error_kinds):
+            say(f"stopped: {exc.summary} (nothing was committed past the records applied)")
+            return 5
+        raise
     except Exception as exc:
         if (denied := _refusal(exc, config)) is not None:
             say(f"stopped: {denied}")
@@ -219,5 +229,10 @@ def _refusal(exc: BaseException, config: Any) -> Any:
 
 def connector_failure(exc: BaseException) -> bool:
     """A Kafka connector or client error (the broker unreachable past a retry deadline)."""
-    return any(cls.__module__.split(".")[0] == "kafka" or cls.__name__ == "KafkaConnectorError"
-               for cls in type(exc).__mro__)
+    return _connector_kinds(f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__)
+
+
+def _connector_kinds(kinds: Iterable[str]) -> bool:
+    """Whether an error of the classes named ``kinds`` (``module.Class``) is a Kafka connector's or
+    client's (a shard's error that came back from a Ray actor is known by these names only)."""
+    return any(kind.split(".")[0] == "kafka" or kind.rpartition(".")[2] == "KafkaConnectorError" for kind in kinds)

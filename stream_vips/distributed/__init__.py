@@ -20,13 +20,14 @@ from stream_vips.distributed.shard import (
     Shard,
     ShardContribution,
     ShardStatus,
+    SourceFailed,
     capacities,
     owned_partitions,
 )
 
 __all__ = ["PHASES", "DeadLetterUndelivered", "LocalPool", "Plan", "PublishFailed", "RayPool", "Shard",
-           "ShardContribution", "ShardFailure", "ShardPool", "ShardStatus", "ShardedLearner", "capacities", "check",
-           "make_pool", "owned_partitions", "window_length"]
+           "ShardContribution", "ShardFailure", "ShardPool", "ShardStatus", "ShardedLearner", "SourceFailed",
+           "capacities", "check", "make_pool", "owned_partitions", "window_length"]
 
 
 def make_pool(cfg: Config, **options: object) -> ShardPool:

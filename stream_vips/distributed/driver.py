@@ -297,7 +297,10 @@ class ShardedLearner:
 
     def run(self, max_rounds: int | None = None) -> int:
         """Poll rounds until every shard's source is exhausted, updates halt or ``max_rounds``;
-        a lost shard is waited for (Ray restarts it). Returns the steps taken."""
+        a lost shard is waited for (Ray restarts it). A shard's source that fails past its own
+        retries raises :class:`~stream_vips.distributed.shard.SourceFailed` out of here, before the
+        round's step (nothing spent), as one process stops on its source's error; it is not
+        polled again. Returns the steps taken."""
         rounds = 0
         while not self.halted and not self._exhausted and (max_rounds is None or rounds < max_rounds):
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -43,6 +44,44 @@ _NEVER = 2**62
 
 class DeadLetterUndelivered(StreamVipsError, RuntimeError):
     """A shard's dead letter was not delivered: nothing was committed past it (the run stops)."""
+
+
+class SourceFailed(StreamVipsError, RuntimeError):
+    """A shard's source raised in ``operation`` (``poll`` or ``commit``): the connector's own
+    retries (a Kafka source retries a commit for ``commit_timeout_s``) are behind it, so the run
+    stops, as one process stops on the same error; the driver does not poll the shards again.
+
+    It travels from a Ray actor as well as from a local shard: ``error_type`` and ``error_kinds``
+    (the qualified names of the error's classes) say what failed without the error itself,
+    ``error`` is the error when it survives pickling (else ``None``; a local shard's is also the
+    ``__cause__``), ``summary`` is the one line to show."""
+
+    def __init__(self, message: str, index: int | None = None, operation: str = "", error_type: str = "",
+                 error_kinds: tuple[str, ...] = (), error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.operation = operation
+        self.error_type = error_type
+        self.error_kinds = tuple(error_kinds)
+        self.error = error
+        self.summary = message
+
+    @classmethod
+    def of(cls, index: int, operation: str, error: BaseException) -> SourceFailed:
+        """Shard ``index``'s source failing in ``operation`` with ``error`` (kept when it pickles)."""
+        detail = " ".join(str(error).split()) or "(no message)"
+        kinds = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__)
+        return cls(f"shard {index}'s source failed in {operation}: {type(error).__name__}: {detail}", index,
+                   operation, type(error).__name__, kinds, error if _travels(error) else None)
+
+
+def _travels(error: BaseException) -> bool:
+    """Whether ``error`` comes back whole from pickling (how a Ray actor's error reaches the driver)."""
+    try:
+        back = pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure means it does not travel
+        return False
+    return type(back) is type(error) and back.args == error.args
 
 
 def _seeds(seed: int, index: int, stream: int) -> np.random.SeedSequence:
@@ -221,10 +260,14 @@ class Shard:
         self.dead_letters += len(rejected)
 
     def poll(self, max_records: int, timeout_s: float) -> ShardStatus:
-        """Poll this shard's source once, ingest what it returned and commit it."""
+        """Poll this shard's source once, ingest what it returned and commit it. A source that
+        raises (after its own retries) raises :class:`SourceFailed`."""
         if self._source is None:
             raise RuntimeError(f"shard {self.index} has no source")
-        batch = self._source.poll(max_records, timeout_s)
+        try:
+            batch = self._source.poll(max_records, timeout_s)
+        except Exception as exc:
+            raise SourceFailed.of(self.index, "poll", exc) from exc
         if not batch:
             self._exhausted = bool(getattr(self._source, "exhausted", False))
             return self.status()
@@ -232,11 +275,17 @@ class Shard:
         # the slice first, for exactly these positions, then the commit; a checkpoint that is not
         # due skips its commit too (after a crash more records are read again, none is lost)
         if self.checkpoint is None:
-            self._source.commit()
+            self._commit(self._source)
         elif self.checkpoint.due():
             self.checkpoint.save(self.state())
-            self._source.commit()
+            self._commit(self._source)
         return self.status()
+
+    def _commit(self, source: Source) -> None:
+        try:
+            source.commit()
+        except Exception as exc:
+            raise SourceFailed.of(self.index, "commit", exc) from exc
 
     def status(self) -> ShardStatus:
         """Public counts: positions, fill, validity, rejection reasons (privacy rule 1)."""
