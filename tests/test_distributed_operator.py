@@ -230,6 +230,39 @@ def test_a_missing_shard_file_exits_2_naming_the_key(tmp_path: Path, capsys: pyt
     assert not (tmp_path / "ledger.jsonl").exists()
 
 
+@pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
+def test_a_dead_letter_path_that_cannot_be_opened_exits_2_naming_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    """As for one process: refused at start in one line naming ``dead_letter``, not an OSError
+    out of the pool's construction; no ledger is opened, and a shard that did open its file (shard
+    0, when only shard 1's path is a directory) has it closed again."""
+    from connectors.jsonl import JsonlDeadLetterSink
+
+    write_shards(tmp_path, [40, 40])
+    if where == "under_a_file":  # its directory cannot be made: a file holds the name
+        (tmp_path / "letters").write_text("")
+        path, failing = tmp_path / "letters" / "dead.jsonl", "dead.shard0.jsonl"
+    else:
+        path, failing = tmp_path / "dead.jsonl", "dead.shard1.jsonl"
+        (tmp_path / failing).mkdir()
+    opened: list[Any] = []
+    real = JsonlDeadLetterSink.__init__
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        opened.append(self)
+    monkeypatch.setattr(JsonlDeadLetterSink, "__init__", recorded)
+    data = settings(tmp_path, dead_letter={"path": str(path)})
+    code = main(["run", "--config", str(write_config(tmp_path, data)), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("stream-vips: configuration error: dead_letter.path: cannot "
+                                                    f"open {tmp_path}"), err
+    assert f"{failing}: " in err and "Traceback" not in err
+    assert not (tmp_path / "ledger.jsonl").exists()
+    assert len(opened) == (0 if where == "under_a_file" else 1) and all(sink._fd < 0 for sink in opened)
+
+
 class RefusingDeadLetters:
     def send(self, letters: Any) -> None:
         raise OSError(28, "No space left on device")

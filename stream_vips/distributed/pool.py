@@ -62,7 +62,13 @@ class LocalPool:
     def __init__(self, cfg: Config, shards: int, sources: SourceFactory = _no_source,
                  dead_letters: DeadLetterFactory = _no_source, shard_class: type[Shard] = Shard) -> None:
         self.shards = shards
-        self.members = [shard_class(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
+        self.members: list[Shard] = []
+        try:
+            for i in range(shards):
+                self.members.append(shard_class(cfg, i, shards, sources(i), dead_letters(i)))
+        except BaseException:  # a shard that cannot open its connectors: close the ones opened
+            self.close()
+            raise
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each shard's ``method(*args[i])``; a shard's exception as :class:`ShardFailure`."""

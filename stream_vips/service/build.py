@@ -77,7 +77,8 @@ def ledger(cfg: Config) -> Ledger:
 class ShardConnector:
     """Shard i's connector of one kind (picklable, so a Ray actor builds its own): a Kafka source
     assigned the partitions p with p mod N = i, laid out for ``partitions`` in all; another
-    connector with its configured options (a file path gets the shard's suffix)."""
+    connector with its configured options (a file path gets the shard's suffix). One that cannot
+    be opened is refused naming the key (:func:`_open`)."""
 
     def __init__(self, kind: str, cfg: Config, partitions: int | None = None) -> None:
         self.kind, self.type, self.options = kind, getattr(cfg, kind).type, dict(getattr(cfg, kind).options)
@@ -91,7 +92,20 @@ class ShardConnector:
         elif "path" in options and self.shards > 1:
             stem, dot, ext = str(options["path"]).rpartition(".")
             options["path"] = f"{stem}.shard{index}.{ext}" if dot else f"{options['path']}.shard{index}"
-        return functools.partial(_connector_class(self.kind, self.type), **options)
+        return functools.partial(_open, self.kind, _connector_class(self.kind, self.type), **options)
+
+
+def _open(kind: str, cls: type, /, **options: Any) -> Any:
+    """A shard's ``kind`` of connector, opened where the shard runs; what cannot be opened (a
+    dead-letter file whose directory cannot be made, or a directory) is refused naming the key, as
+    :func:`connector` refuses it for one process (a :class:`ConfigError`, before anything is spent)."""
+    try:
+        return cls(**options)
+    except OSError as exc:
+        where = f"{kind}.path: cannot open {options['path']}" if "path" in options else kind
+        raise ConfigError(f"{where}: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{kind}: {exc}") from exc
 
 
 def shard_connectors(cfg: Config) -> tuple[ShardConnector, ShardConnector]:
