@@ -996,7 +996,7 @@ def test_ray_overlay_renders_a_raycluster_in_place_of_the_statefulset() -> None:
     docs = render(RAY_OVERLAY)
     kinds = sorted(d["kind"] for d in docs)
     for kind, count in {
-        "Namespace": 1, "ServiceAccount": 1, "RayCluster": 1, "PersistentVolumeClaim": 1, "Service": 1,
+        "Namespace": 1, "ServiceAccount": 1, "RayCluster": 1, "PersistentVolumeClaim": 1, "Service": 2,
         "NetworkPolicy": 2, "ConfigMap": 1, "ServiceMonitor": 1, "KafkaTopic": 4, "KafkaUser": 2,
         "StatefulSet": 0, "Deployment": 0, "PodDisruptionBudget": 0, "PrometheusRule": 0,
     }.items():
@@ -1159,7 +1159,7 @@ def test_network_policy_keeps_ray_traffic_inside_the_cluster() -> None:
     outside = [r for r in ray["spec"]["ingress"] if r["from"] != cluster_peer]
     assert len(inside) == 1 and covered(inside[0]["ports"]) == single | set(range(low, high + 1))
     assert outside == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-                        "ports": [{"port": "ray-metrics", "protocol": "TCP"}]}]
+                        "ports": [{"port": "ray-metrics", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}]}]
     egress = {json.dumps(r["to"], sort_keys=True): r["ports"] for r in ray["spec"]["egress"]}
     assert len(egress) == 3
     assert covered(egress[json.dumps(cluster_peer, sort_keys=True)]) == single | set(range(low, high + 1))
@@ -1196,7 +1196,7 @@ def test_shards_run_on_the_workers_and_never_beside_the_driver() -> None:
 
 def test_service_monitor_scrapes_ray_metrics_on_every_ray_pod() -> None:
     docs = render(RAY_OVERLAY)
-    svc = one(docs, "Service")
+    svc = next(d for d in of_kind(docs, "Service") if d["metadata"]["name"] == "stream-vips-ray-metrics")
     sm = one(docs, "ServiceMonitor")
     flags = ray_start_flags(head_command(docs))
     for name, tpl in ray_templates(docs).items():
@@ -1205,8 +1205,35 @@ def test_service_monitor_scrapes_ray_metrics_on_every_ray_pod() -> None:
         assert port["containerPort"] == int(flags["metrics-export-port"]), name
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     (port,) = svc["spec"]["ports"]
-    assert [e["port"] for e in sm["spec"]["endpoints"]] == [port["name"]] and port["targetPort"] == "ray-metrics"
+    assert port["name"] in [e["port"] for e in sm["spec"]["endpoints"]] and port["targetPort"] == "ray-metrics"
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_the_drivers_metrics_are_served_on_the_head_and_scraped() -> None:
+    """The driver (the head's ``stream-vips run``) serves the service's metrics on metrics.port:
+    the head's container declares it, a Service selects the head only and names it, the
+    ServiceMonitor scrapes it and the NetworkPolicy admits Prometheus to it."""
+    docs = render(RAY_OVERLAY)
+    _, cfg = ray_config(docs)
+    assert cfg["metrics"]["enabled"] is True and cfg["metrics"]["host"] == "0.0.0.0"
+    templates = ray_templates(docs)
+    declared = {name: [p for c in tpl["spec"]["containers"] for p in c.get("ports", []) if p["name"] == "metrics"]
+                for name, tpl in templates.items()}
+    heads = [name for name, tpl in templates.items() if tpl["metadata"]["labels"]["stream-vips/ray-node"] == "head"]
+    assert len(heads) == 1 and [p["containerPort"] for p in declared[heads[0]]] == [cfg["metrics"]["port"]]
+    assert all(not ports for name, ports in declared.items() if name != heads[0])  # the shards serve none
+    (svc,) = [d for d in of_kind(docs, "Service") if any(p["targetPort"] == "metrics" for p in d["spec"]["ports"])]
+    selected = [name for name, tpl in templates.items()
+                if svc["spec"]["selector"].items() <= tpl["metadata"]["labels"].items()]
+    assert selected == heads
+    (port,) = svc["spec"]["ports"]
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert [e for e in sm["spec"]["endpoints"] if e["port"] == port["name"]] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]
+    (ray,) = [p for p in of_kind(docs, "NetworkPolicy") if p["spec"]["podSelector"] != {}]
+    monitoring = [r for r in ray["spec"]["ingress"] if "namespaceSelector" in r["from"][0]]
+    assert {"port": "metrics", "protocol": "TCP"} in monitoring[0]["ports"]
 
 
 if __name__ == "__main__":
