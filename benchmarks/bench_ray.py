@@ -85,6 +85,10 @@ def main() -> None:
     speedup = median["one_process"] / median["ray_2_shards"]
     result = {
         "what": "seconds per private LDA step (median of reps), one process vs 2 Ray shards",
+        "peer": "PrivateLearner.step() in one process: the same LDA (K, V, N), reservoir M, Poisson rate, "
+                "schedule, float64 and decoder, with the noise multiplier calibrated for the same event",
+        "why_fair": "both release the same event (same q, M, C and z: privacy rule 14) and run the same "
+                    "E-step over the same expected S documents per step; the sharded run only splits it",
         "settings": {"K": K, "V": V, "N": N, "M": M, "S": S, "reps": REPS, "steps_per_rep": STEPS},
         "seconds_per_step": median, "all": times, "speedup": speedup, "target": TARGET,
         "met": speedup >= TARGET, "load_average_before_after": load, "machine": machine(),
