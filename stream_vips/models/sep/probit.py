@@ -227,7 +227,7 @@ class ProbitSEP(SEPModel):
         """Posterior mean and marginal sd of each coefficient (the intercept last) and the rule
         :meth:`predict_proba` follows."""
         mean, cov = self.posterior()
-        clip = "x clipped to L2 norm <= x_clip (when set)"
+        clip = "clipped to L2 norm <= x_clip (when set)"
         return summaries.coefficients(
             mean[0], cov[0], "p(y = 1 | x) = Phi((mean . f) / sqrt(1 + f' covariance f)), Phi the standard "
             f"normal cdf, f = x {clip}" + (" with 1 appended (the intercept)" if self.intercept else ""),
