@@ -20,6 +20,7 @@ import pytest
 
 from connectors.kafka import KafkaModelSink
 from kafka_broker import unique_topic
+from stream_vips import messages
 from stream_vips.client import ModelReader
 from stream_vips.fitting.api import fit
 from stream_vips.models import model_class
@@ -104,3 +105,96 @@ def test_the_documented_kcat_jq_one_liner_prints_the_latest_summary(published, m
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == published["fits"][model_id]["summary"]
+
+
+# --- the Go consumer ----------------------------------------------------------------------------
+
+GO_CONSUMER = ROOT / "examples" / "go-consumer"
+#: Agreement of the Go consumer's predictions with the Python client's.
+PREDICTION_ATOL = 1e-9
+
+
+def _go() -> str:
+    """The go command (PATH, else the standard install); a failure under CI, else a skip."""
+    from kafka_broker import in_ci
+
+    found = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if Path(p).exists()), None)
+    if found is None:
+        message = "Go is not installed (.ci/go-setup.sh needs it)"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="module")
+def go_output(published, tmp_path_factory):
+    """Build examples/go-consumer (modules from the module cache .ci/go-setup.sh fills; go.sum
+    pins them) and run it on the published topic."""
+    binary = tmp_path_factory.mktemp("go") / "go-consumer"
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    build = subprocess.run([_go(), "build", "-o", str(binary), "."], cwd=GO_CONSUMER, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary), "-brokers", published["bootstrap"], "-topic", published["topic"],
+                          "-schema", str(ROOT / "stream_vips" / "schemas" / "model-message.v1.json"), "-bits"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "skipped" not in run.stderr, run.stderr
+    return json.loads(run.stdout)["models"]
+
+
+def test_the_go_consumer_reads_the_latest_version_of_every_model(published, go_output):
+    fits = published["fits"]
+    assert set(go_output) == set(fits)
+    for model_id, msg in fits.items():
+        assert go_output[model_id]["version"] == msg["version"], model_id
+        assert go_output[model_id]["private"] is messages.is_private(msg)
+        assert go_output[model_id]["predictive"] == msg["summary"]["predictive"]
+    assert go_output["lda"]["chunked"] == 1 and go_output["logistic"]["chunked"] == 0
+
+
+def test_the_go_consumer_decodes_every_array_bit_for_bit(published, go_output):
+    for model_id, msg in published["fits"].items():
+        state = messages.decode_state(msg)
+        arrays = go_output[model_id]["arrays"]
+        assert set(arrays) == set(state), model_id
+        for name, value in state.items():
+            got = arrays[name]
+            assert got["shape"] == list(value.shape) and got["dtype"] == str(value.dtype)
+            bits = [f"{b:016x}" for b in value.astype(np.float64).ravel().view(np.uint64).tolist()]
+            assert got["bits"] == bits, f"{model_id}: {name}"
+
+
+def _python_predictions(family: str, model, X: np.ndarray) -> dict:
+    if family == "logistic":
+        return {"p": model.predict_proba(X)}
+    if family == "linreg":
+        mean, var = model.predictive(X)
+        return {"mean": mean, "variance": var}
+    return {"responsibilities": model.responsibilities(X), "component": model.predict(X)}
+
+
+@pytest.mark.parametrize("model_id", ["logistic", "linreg", "linreg-gamma", "sep_mixture"])
+def test_go_predictions_from_the_summary_and_the_full_parameters_equal_the_python_clients(
+        published, go_output, model_id):
+    from stream_vips.client import posterior_from_message
+
+    msg, got = published["fits"][model_id], go_output[model_id]
+    X = np.asarray(got["inputs"], dtype=float)
+    assert X.shape[0] == 5 and np.abs(X).max() > 0.5
+    expected = _python_predictions(msg["family"], posterior_from_message(msg).model, X)
+    for source in ("from_summary", "from_full_parameters"):
+        for key, value in expected.items():
+            np.testing.assert_allclose(np.asarray(got[source][key], dtype=float), value, rtol=0,
+                                       atol=PREDICTION_ATOL, err_msg=f"{model_id} {source} {key}")
+    if msg["family"] == "logistic":  # not a degenerate model: the inputs get different answers
+        assert np.ptp(expected["p"]) > 0.05
+
+
+def test_go_reads_the_chunked_lda_top_words_from_both_sources(published, go_output):
+    from stream_vips.client import posterior_from_message
+
+    got = go_output["lda"]
+    model = posterior_from_message(published["fits"]["lda"]).model
+    assert got["from_summary"]["top_words"] == got["from_full_parameters"]["top_words"] == model.top_words(8)
