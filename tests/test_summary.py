@@ -55,7 +55,7 @@ def test_every_family_states_a_schema_valid_summary_in_plain_json(family):
     msg, model = published(family)
     block = msg["summary"]
     assert block["family"] == family and block["version"] == 4
-    assert block["kind"] in {"coefficients", "mixture", "topics", "network"}, block["kind"]
+    assert block["kind"] in {"coefficients", "mixture", "topics", "network"}, block  # not "none"
     assert len(block["predictive"]) > 20 and "\n" not in block["predictive"]
     text = json.dumps(block, allow_nan=False)  # strict JSON: no NaN, no infinity
     assert "base64" not in text
@@ -201,3 +201,15 @@ def test_messages_written_before_the_summary_still_read_and_gain_it(path):
     assert published_model.version == msg["version"] and published_model.private
     block = with_summary(msg)["summary"]
     assert block["family"] == msg["family"] and block["predictive"]
+
+
+def test_a_summary_that_fails_still_lets_the_release_out(monkeypatch):
+    from stream_vips.models.linreg import LinearRegression
+
+    def broken(self):
+        raise np.linalg.LinAlgError("Singular matrix")
+
+    monkeypatch.setattr(LinearRegression, "summary", broken)
+    model = LinearRegression(dim=2, dataset_size=10)
+    msg = with_summary(messages.build_message("m", "linreg", model.hyperparameters(), 0, model.state(), report()))
+    assert msg["summary"]["kind"] == "none" and "LinAlgError: Singular matrix" in msg["summary"]["notes"][0]
