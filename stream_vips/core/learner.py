@@ -67,6 +67,7 @@ from stream_vips.core.engine import StepResult
 from stream_vips.core.keys import ArrivalKeys, Keys, RawKeys, arrival_keys, field_keys, with_keys
 from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models.base import Model
+from stream_vips.models.posterior import with_summary
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger, LedgerMismatch, check_binding
 from stream_vips.records import DataSet, RawRecord, tabular, top_reasons
@@ -235,12 +236,13 @@ class PrivateLearner:
         return self.engine.privacy_report(steps=steps, halted=self.halted if halted is None else halted)
 
     def message(self, halted: bool | None = None) -> dict[str, Any] | None:
-        """The newest model as a message (schema model-message.v1), ``None`` before any step."""
+        """The newest model as a message (schema model-message.v1) with its posterior summary, computed
+        from the message alone; ``None`` before any step."""
         last = self.last_step
         if last is None:
             return None
-        return messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(), last,
-                                      self.model.state(), self.privacy_report(halted))
+        return with_summary(messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(),
+                                                   last, self.model.state(), self.privacy_report(halted)))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint persists: reservoir (rows, positions, RNG), model, trigger, and the

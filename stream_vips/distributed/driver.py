@@ -38,6 +38,7 @@ from stream_vips.distributed.pool import ShardFailure, ShardPool
 from stream_vips.distributed.shard import Plan, ShardContribution, ShardStatus, capacities
 from stream_vips.errors import ConfigError, ReservoirNotFull, StepRefused, StreamVipsError
 from stream_vips.io import Sink
+from stream_vips.models.posterior import with_summary
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
@@ -227,12 +228,13 @@ class ShardedLearner:
         return self.engine.privacy_report(steps=steps, halted=self.halted if halted is None else halted)
 
     def message(self, halted: bool | None = None) -> dict[str, Any] | None:
-        """The newest model as a message (schema model-message.v1), ``None`` before any step."""
+        """The newest model as a message (schema model-message.v1) with its posterior summary, computed
+        from the message alone; ``None`` before any step."""
         last = self.last_step
         if last is None:
             return None
-        return messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(), last,
-                                      self.model.state(), self.privacy_report(halted))
+        return with_summary(messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(),
+                                                   last, self.model.state(), self.privacy_report(halted)))
 
     def resume(self, sink: Sink) -> int | None:
         """Take up the newest model ``sink`` holds for this model id, so a restarted driver goes on

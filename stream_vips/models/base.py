@@ -188,11 +188,13 @@ class Model(ABC):
         raise NotImplementedError(f"the {cls.family} family states no audit")
 
     def summary(self) -> dict[str, Any]:
-        """What the model says, for the predictive summary of ``stream-vips report`` (post-processing
-        of the published state): ``{"kind": "coefficients", "mean": [...], "sd": [...]}`` for a
-        posterior over coefficients, ``{"kind": "topics", "top_words": [[...], ...]}`` for topics,
-        with any ``"notes"``; the default ``{}`` leaves the report to the hyperparameters and the
-        natural parameters' shapes."""
+        """The posterior summary a model message carries (``summary``, docs/model-topic.md) and
+        ``stream-vips report`` shows: computed from the state alone, so from released values only
+        (post-processing, no privacy cost). ``kind`` (``"coefficients"``: ``mean``, ``sd`` and the
+        rule's matrix; ``"mixture"``; ``"topics"``: ``top_words`` and the topic-word means;
+        ``"network"``), ``predictive``: the predictive rule in one line naming the keys and constants
+        it uses (or why prediction needs the full natural parameters), and ``notes``. The default
+        ``{}`` says nothing; every registered family states its own (tests/test_summary.py asks)."""
         return {}
 
     def joint_bound(self) -> float:

@@ -55,6 +55,7 @@ import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln, psi
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.fit_rule import Settings, accountant_for, why_accountant
@@ -714,8 +715,26 @@ class LDA(Model):
         return [list(vocab[row]) for row in top]
 
     def summary(self) -> dict[str, Any]:
-        """The eight most probable words of each topic."""
-        return {"kind": "topics", "top_words": [list(map(str, t)) for t in self.top_words(8)]}
+        """The topic-word means E[beta] (in full up to :data:`~stream_vips.models.summaries.TABLE_LIMIT`
+        entries) and each topic's eight most probable words with their means."""
+        beta = self.topics()
+        top = np.argsort(-self._lambda, axis=1, kind="stable")[:, :8]
+        vocab = np.asarray(self.vocabulary, dtype=object)
+        out: dict[str, Any] = {
+            "kind": "topics",
+            "predictive": "E[beta_kv] = lambda_kv / sum_w lambda_kw; a document's topic proportions need "
+                          "the E-step over the full lambda",
+            "alpha": self.alpha,
+            "top_words": [list(map(str, vocab[row])) for row in top],
+            "top_word_means": np.take_along_axis(beta, top, axis=1).tolist(),
+        }
+        if beta.size <= summaries.TABLE_LIMIT:
+            out["topic_word_means"] = beta.tolist()
+            out["notes"] = []
+        else:
+            out["notes"] = [f"topic_word_means omitted (K x V = {beta.size} > {summaries.TABLE_LIMIT}): "
+                            "normalise the rows of the natural parameter lambda"]
+        return out
 
     def perplexity(self, docs: Sequence[Any]) -> float:
         """Held-out per-word perplexity bound (paper eq. 32; Hoffman et al. 2010).

@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy import linalg, stats
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer
 from stream_vips.models.base import Block, Model, ParsedBatch, group_clip_factors, group_gram_norms, group_sum
 from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
@@ -456,19 +457,28 @@ class LinearRegression(Model):
         return linalg.cho_solve(self._cho(), self._eta["shift"])
 
     def summary(self) -> dict[str, Any]:
-        """Posterior mean and marginal sd of each coefficient (Student-t under the Gamma noise:
-        its sd where finite)."""
-        cov = np.linalg.inv(self._eta["precision"])
-        if self.gamma:
-            a = float(np.asarray(self._eta["shape"]).reshape(-1)[0])
-            b = self.noise_rate()
-            cov = cov * (b / a * (a / (a - 1.0) if a > 1.0 else math.inf))
-            note = (f"noise precision ~ Gamma(a={a:.4g}, b={b:.4g}), mean {a / b:.4g}; coefficients are Student-t, "
-                    "sd shown where finite")
-        else:
-            note = f"known noise precision {self.noise_precision:g}"
-        return {"kind": "coefficients", "mean": self.posterior_mean().tolist(),
-                "sd": np.sqrt(np.clip(np.diag(cov), 0, None)).tolist(), "notes": [note]}
+        """Posterior mean and marginal sd of each coefficient (Student-t under the Gamma noise: its sd
+        where finite) and the predictive rule with its constants (post-processing of the state)."""
+        scale = np.linalg.inv(self._eta["precision"])
+        rule_x = f"x clipped to L2 norm <= x_clip = {self.x_bound:g}"
+        if not self.gamma:
+            return summaries.coefficients(
+                self.posterior_mean(), scale,
+                f"y ~ Normal(mean . x, noise_variance + x' covariance x), {rule_x}",
+                notes=(f"known noise precision {self.noise_precision:g}",),
+                x_clip=self.x_bound, noise_variance=1.0 / self.noise_precision)
+        a = float(np.asarray(self._eta["shape"]).reshape(-1)[0])
+        b = self.noise_rate()
+        out = summaries.coefficients(
+            self.posterior_mean(), scale,
+            "y ~ Student-t(df 2 noise_shape, location mean . x, squared scale (noise_rate / noise_shape) "
+            f"(1 + x' scale_matrix x)), {rule_x}", matrix="scale_matrix",
+            notes=(f"noise precision ~ Gamma(a={a:.4g}, b={b:.4g}), mean {a / b:.4g}; coefficients are "
+                   "Student-t, sd shown where finite",),
+            x_clip=self.x_bound, noise_shape=a, noise_rate=b)
+        cov = scale * (b / a * (a / (a - 1.0) if a > 1.0 else math.inf))
+        out["sd"] = np.sqrt(np.clip(np.diag(cov), 0, None)).tolist()
+        return out
 
     def noise_rate(self) -> float:
         """Posterior rate b of the noise precision (``noise="gamma"`` only)."""

@@ -122,6 +122,7 @@ from scipy.linalg import blas, solve_triangular
 from scipy.special import expit
 from scipy.stats import rankdata
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch, group_clip_factors, group_gram_norms, group_sum
 from stream_vips.models.fit_rule import WHY_Q, Settings, accountant_for, why_accountant
@@ -703,10 +704,14 @@ class BayesianLogisticRegression(Model):
 
     # ------------------------------------------------------------------ prediction
     def summary(self) -> dict[str, Any]:
-        """Posterior mean and marginal sd of each coefficient under q(m) = N(mu, Sigma)."""
-        return {"kind": "coefficients", "mean": np.asarray(self.mu).tolist(),
-                "sd": np.sqrt(np.clip(np.diag(self.Sigma), 0, None)).tolist(),
-                "notes": ["Polya-Gamma variational posterior q(w) = N(mu, Sigma)"]}
+        """Posterior mean and marginal sd of each coefficient under q(w) = N(mu, Sigma), and the
+        probit-approximation rule :meth:`predict_proba` follows, with its constants."""
+        return summaries.coefficients(
+            self.mu, self.Sigma,
+            "p(y = 1 | x) = 1 / (1 + exp(-(mean . x) / sqrt(1 + probit_scale x' covariance x))), "
+            "probit_scale = pi / 8, x clipped to L2 norm <= x_clip = 1",
+            notes=("Polya-Gamma variational posterior q(w) = N(mu, Sigma)",),
+            x_clip=1.0, probit_scale=summaries.PROBIT_SCALE)
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(y = 1 | x) by the probit approximation sigmoid(mu^T x / sqrt(1 + pi s^2 / 8)),

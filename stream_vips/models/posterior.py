@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stream_vips import messages
-from stream_vips.models import model_class
+from stream_vips.models import model_class, summaries
 from stream_vips.models.base import Model
 
 
@@ -78,6 +78,26 @@ def posterior_from_message(msg: Mapping[str, Any]) -> PublishedModel:
         raise messages.MessageError(
             f"the {msg['family']} hyperparameters ask for more memory than this reader has") from None
     return PublishedModel(msg["model_id"], int(msg["version"]), msg["family"], dict(msg["privacy"]), msg, model)
+
+
+def summary_of(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """The posterior summary of a message: its family's :meth:`~stream_vips.models.base.Model.summary`
+    on the model rebuilt from the message's hyperparameters and natural parameters alone, so from
+    released values only (post-processing, no privacy cost), in plain JSON numbers (NaN and
+    infinity as null) with ``family`` and ``version``. A model that does not rebuild or a summary that
+    fails gives a ``"none"`` kind naming why: the release it describes is paid for and still goes out."""
+    try:
+        body = summaries.plain(posterior_from_message(msg).model.summary())
+    except Exception as exc:  # noqa: BLE001 - a summary that fails must not lose a paid release
+        body = {"kind": "none", "predictive": "no summary: use the natural parameters",
+                "notes": [f"the summary failed ({type(exc).__name__}: {exc})"]}
+    return {"family": msg["family"], "version": int(msg["version"]), **body}
+
+
+def with_summary(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """``msg`` with its ``summary`` block (:func:`summary_of`), validated; what a step publishes."""
+    fields = {k: v for k, v in msg.items() if k != "summary"}
+    return messages.validate_message({**fields, "summary": summary_of(fields)})
 
 
 def _check_sizes(cls: type[Model], hyperparameters: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> None:

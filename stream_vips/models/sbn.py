@@ -135,6 +135,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy.special import expit, kve
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.fit_rule import Settings, settings_from_rule
@@ -682,6 +683,22 @@ class SigmoidBeliefNetwork(Model):
     def latent_bias(self) -> np.ndarray:
         """E[b] (K,)."""
         return self._mu_b.copy()
+
+    def summary(self) -> dict[str, Any]:
+        """The posterior means of the weights and biases (when J x K is small) and a statement: an
+        image's reconstruction needs inference over the latent units with the full parameters."""
+        out: dict[str, Any] = {
+            "kind": "network",
+            "predictive": "not in closed form: reconstructing or scoring an image y needs the E-step for "
+                          "q(z | y) over the full natural parameters (w_h, w_stat, ...); with pi = q(z = 1 | y), "
+                          "p(y_j = 1) is approximately sigmoid(weights[j] . pi + visible_bias[j])",
+            "n_visible": self.n_visible, "n_latent": self.n_latent, "notes": []}
+        if self.n_visible * self.n_latent <= summaries.MATRIX_LIMIT**2:
+            out.update(weights=self.weights.tolist(), visible_bias=self.visible_bias.tolist(),
+                       latent_bias=self.latent_bias.tolist())
+        else:
+            out["notes"].append("weights omitted (J x K above the summary's limit): the natural parameters hold them")
+        return out
 
     def _binary(self, Y: np.ndarray) -> np.ndarray:
         Y = np.atleast_2d(np.asarray(Y, dtype=float))

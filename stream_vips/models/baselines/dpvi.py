@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy.special import expit
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block
 from stream_vips.models.baselines import LogisticRecords
@@ -207,6 +208,14 @@ class DPVI(LogisticRecords):
                 "mc_samples": self.mc_samples, "init_log_sigma": self.init_log_sigma}
 
     # ------------------------------------------------------------------ prediction
+    def summary(self) -> dict[str, Any]:
+        """The mean-field Gaussian's means and sds and the rule :meth:`predict_proba` follows."""
+        return summaries.coefficients(
+            self.mu, np.diag(np.exp(2.0 * self.log_sigma)),
+            "p(y = 1 | x) = 1 / (1 + exp(-(mean . x) / sqrt(1 + probit_scale sum_i sd_i^2 x_i^2))), "
+            "probit_scale = pi / 8, x clipped to L2 norm <= x_clip = 1", matrix=None,
+            notes=("mean-field Gaussian posterior (DP-VI)",), x_clip=1.0, probit_scale=summaries.PROBIT_SCALE)
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(y = 1 | x) by the probit approximation with the diagonal posterior variance."""
         X = clip_rows(np.atleast_2d(np.asarray(X, dtype=float)), 1.0)

@@ -258,6 +258,12 @@ class OPS(LogisticRecords):
         return {"dim": self.dim, "dataset_size": self.dataset_size, "epsilon": self.epsilon,
                 "radius": self.radius, "prior_precision": self.prior_precision, "mcmc_steps": self.mcmc_steps}
 
+    def summary(self) -> dict[str, Any]:
+        """The released sample and the rule :meth:`predict_proba` follows (one sample: no sd)."""
+        return {"kind": "coefficients", "x_clip": 1.0,
+                "predictive": "p(y = 1 | x) = 1 / (1 + exp(-(mean . x))), x clipped to L2 norm <= x_clip = 1",
+                "mean": self.theta.tolist(), "notes": ["one posterior sample (OPS): mean is the sample, no sd"]}
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """sigmoid(theta^T x) for the released sample."""
         X = clip_rows(np.atleast_2d(np.asarray(X, dtype=float)), 1.0)

@@ -53,6 +53,7 @@ import numpy as np
 from scipy.special import expit
 
 from stream_vips.errors import FitError, StreamVipsError
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.base import Block
 from stream_vips.models.baselines import LogisticRecords
@@ -345,6 +346,22 @@ class DPSGLD(LogisticRecords):
                 "burn_in": self.burn_in, "keep": self.keep}
 
     # ------------------------------------------------------------------ prediction
+    def summary(self) -> dict[str, Any]:
+        """The kept samples' mean and sd per coefficient, the samples themselves when few, and the
+        rule :meth:`predict_proba` follows."""
+        S = self.samples()
+        out: dict[str, Any] = {
+            "kind": "coefficients",
+            "predictive": "p(y = 1 | x) = mean over the samples s of 1 / (1 + exp(-(s . x))), x clipped to L2 "
+                          "norm <= x_clip = 1",
+            "x_clip": 1.0, "mean": S.mean(axis=0).tolist(), "sd": S.std(axis=0).tolist(),
+            "notes": ["DP-SGLD samples; mean and sd are over the kept samples"]}
+        if S.size <= summaries.MATRIX_LIMIT**2:
+            out["samples"] = S.tolist()
+        else:
+            out["notes"].append("samples omitted (too many numbers): the natural parameter samples holds them")
+        return out
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """Posterior predictive: mean of sigmoid(theta_s^T x) over the kept samples."""
         X = clip_rows(np.atleast_2d(np.asarray(X, dtype=float)), 1.0)

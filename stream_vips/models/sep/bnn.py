@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy.special import ndtr
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block, Model, ParsedBatch
 from stream_vips.models.fit_rule import Settings, settings_from_rule
@@ -540,6 +541,27 @@ class BNNSEP(DampedSite, Model):
         fw = forward_moments(mean, var, self.standardise(X), self.dim, self.hidden)
         v = fw["vf"] + beta / (alpha - 1.0)
         return self.y_mean + self.y_std * fw["mf"], self.y_std**2 * v
+
+    def summary(self) -> dict[str, Any]:
+        """The weight posterior's means and sds (in the packed order of the natural parameters), the
+        noise precision's Gamma and the standardisation; the predictive needs the moment propagation
+        of :meth:`predict` over every weight's mean and variance, which the summary says."""
+        mean, var, alpha, beta = self.posterior()
+        out: dict[str, Any] = {
+            "kind": "network",
+            "predictive": "not in closed form: the predictive mean and variance propagate every weight's mean "
+                          "and variance (natural parameters eta / prec, prec) through the ReLU layer by moment "
+                          "matching (probabilistic backpropagation); y = y_mean + y_std f on inputs "
+                          "clip((x - x_mean) / x_std, -input_clip, input_clip)",
+            "dim": self.dim, "hidden": self.hidden, "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
+            "y_mean": self.y_mean, "y_std": self.y_std, "input_clip": self.input_clip,
+            "noise_shape": alpha, "noise_rate": beta, "notes": []}
+        if self.n_weights <= summaries.MATRIX_LIMIT**2:
+            out.update(weight_means=mean.tolist(), weight_sds=np.sqrt(var).tolist())
+        else:
+            out["notes"].append(f"weights omitted ({self.n_weights} > {summaries.MATRIX_LIMIT**2}): "
+                                "means eta / prec, variances 1 / prec from the natural parameters")
+        return out
 
     def rmse(self, X: np.ndarray, y: np.ndarray) -> float:
         """Test RMSE of the predictive mean (original units)."""

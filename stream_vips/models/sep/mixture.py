@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy.special import softmax
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer, positive
 from stream_vips.models.fit_rule import Settings, settings_from_rule
 from stream_vips.models.sep.core import SEPModel, site_rule
@@ -188,6 +189,26 @@ class MixtureSEP(SEPModel):
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Most probable component per row of X."""
         return self.responsibilities(X).argmax(axis=1)
+
+    def summary(self) -> dict[str, Any]:
+        """The (equal, fixed) weights, the posterior means and covariances of the component means,
+        the noise sd, and the rule :meth:`responsibilities` follows."""
+        means, covs = self.posterior()
+        K = self.n_factors
+        out: dict[str, Any] = {
+            "kind": "mixture",
+            "predictive": "p(component j | x) = weights[j] N(x; means[j], covariances[j] + noise_sd^2 I) / "
+                          "sum_k weights[k] N(x; means[k], covariances[k] + noise_sd^2 I); the prediction "
+                          "is the most probable j",
+            "noise_sd": self.noise_sd, "weights": [1.0 / K] * K, "means": means.tolist(),
+            "notes": ["the weights are equal and fixed: the model learns the component means only"],
+        }
+        if self.dim <= summaries.MATRIX_LIMIT:
+            out["covariances"] = covs.tolist()
+        else:
+            out["notes"].append(f"covariances omitted (d = {self.dim} > {summaries.MATRIX_LIMIT}): invert the "
+                                "natural parameter prec")
+        return out
 
     @classmethod
     def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from stream_vips.models import summaries
 from stream_vips.models._validate import integer
 from stream_vips.models.base import ParsedBatch
 from stream_vips.models.fit_rule import Settings, settings_from_rule
@@ -221,6 +222,16 @@ class ProbitSEP(SEPModel):
         mean, cov = self.posterior()
         s2 = np.einsum("ij,jk,ik->i", F, cov[0], F)
         return ndtr(F @ mean[0] / np.sqrt(1.0 + s2))
+
+    def summary(self) -> dict[str, Any]:
+        """Posterior mean and marginal sd of each coefficient (the intercept last) and the rule
+        :meth:`predict_proba` follows."""
+        mean, cov = self.posterior()
+        clip = "clipped to L2 norm <= x_clip (when set)"
+        return summaries.coefficients(
+            mean[0], cov[0], "p(y = 1 | x) = Phi((mean . f) / sqrt(1 + f' covariance f)), Phi the standard "
+            f"normal cdf, f = x {clip}" + (" with 1 appended (the intercept)" if self.intercept else ""),
+            x_clip=self.x_clip, intercept=self.intercept)
 
     @classmethod
     def state_shapes(cls, hyperparameters: Mapping[str, Any]) -> dict[str, tuple[int | None, ...]]:
