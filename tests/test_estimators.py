@@ -202,3 +202,17 @@ def test_public_classes_reject_other_labels_as_records():
     clf = PrivateLogisticRegression(classes=["no", "yes"], random_state=0).fit(X, labels)
     assert clf.privacy_report_["rejected"] == {"out_of_range": 10}
     assert set(clf.predict(X)) <= {"no", "yes"}
+
+
+def test_linreg_fit_clips_y_at_three_and_says_so():
+    """fit's linreg rule clips y at +-3 (RULE_Y_BOUND: a few sds of a standardised target); the
+    summary prints it with its reason, and the caller's bound replaces it, saying so."""
+    from stream_vips.fitting import fit, summary
+    from stream_vips.models.linreg import RULE_Y_BOUND
+
+    X, y, _ = _regression(500)
+    result = fit((X, y), "linreg", seed=0)
+    assert result.message["hyperparameters"]["y_bound"] == RULE_Y_BOUND == 3.0
+    assert "why y_bound: y is clipped to [-3, 3]" in summary(result)
+    mine = fit((X, y), "linreg", seed=0, y_bound=2.0)
+    assert "why y_bound: set by the caller (y_bound = 2.0)" in summary(mine)
