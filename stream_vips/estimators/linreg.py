@@ -21,8 +21,9 @@ class PrivateLinearRegression(RegressorMixin, LinearPosterior):
     - ``epsilon``, ``delta``: the budget one ``fit`` spends (cross-validation spends it per fit);
     - ``x_bound``: R, the public L2 bound rows of X are clipped to (default 1: scale X first with
       public constants); with ``fit_intercept`` a row is [x, R] / sqrt(2), still of norm <= R;
-    - ``y_bound``: B, y is clipped to [-B, B] (``None``: the fit rule's, which documents its
-      default for standardised targets in ``privacy_report_["why"]``);
+    - ``y_bound``: B, y is clipped to [-B, B] (``None``: fit's rule, B = 3: a standardised target
+      has sd 1, and clipping at 3 sds keeps 99.7% of a Gaussian target's values and at least 8/9
+      of any, while the noise on x y grows like B; docs/fit.md, "Why y_bound = 3");
     - ``noise``: ``"known"`` (precision ``noise_precision``) or ``"gamma"`` (learnt, Student-t
       posterior); ``prior_precision``: alpha of the Gaussian prior;
     - ``fit_intercept``, ``non_private``, ``random_state``: as in :class:`PrivateLogisticRegression`.
