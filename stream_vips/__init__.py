@@ -10,6 +10,8 @@ stays cheap):
 * :class:`Application` -- the streaming runtime (sources, sinks, ledger, metrics, signals);
 * :func:`load_config` / :func:`config_from_dict` -- validated configuration;
 * :func:`posterior_from_message` and :class:`ModelReader` -- the read side of model messages;
+* :mod:`stream_vips.estimators` -- scikit-learn estimators over the families (``PrivateLogisticRegression``,
+  ``PrivateLinearRegression``, ...; each ``fit`` is one :func:`fit`), also importable from here;
 * :func:`make_accountant`, :class:`BudgetMonitor`, :class:`SubsampledGaussianEvent` -- accounting;
 * :class:`StreamVipsError` -- the root of every error raised on purpose (and :class:`ConfigError`).
 """
@@ -35,6 +37,9 @@ _EXPORTS: dict[str, str] = {
     "BudgetMonitor": "stream_vips.privacy.budget",
     "SubsampledGaussianEvent": "stream_vips.privacy.events",
     "StreamVipsError": "stream_vips.errors",
+    **dict.fromkeys(["PrivateLogisticRegression", "PrivateProbitClassifier", "PrivateLinearRegression",
+                     "PrivateBNNRegressor", "PrivateGaussianMixture", "PrivateLDA", "PrivateSigmoidBeliefNetwork"],
+                    "stream_vips.estimators"),
     "ConfigError": "stream_vips.errors",
 }
 

@@ -425,6 +425,20 @@ def _build_dataclass(cls: type, data: Any, key: str) -> Any:
     return cls(**kwargs)
 
 
+def close_match(name: str, groups: Mapping[str, abc.Iterable[str]]) -> str:
+    """``"; did you mean X (a <group>)?"`` for the name closest to ``name`` among the named groups
+    of names (``{"learner option": [...], "logistic model parameter": [...]}``), or ``""``.
+
+    >>> close_match("batchsize", {"learner option": ["batch_size"], "model parameter": ["dim"]})
+    '; did you mean batch_size (a learner option)?'
+    """
+    import difflib
+
+    where = {n: group for group, names in groups.items() for n in names}
+    found = difflib.get_close_matches(name, list(where), n=1, cutoff=0.75)
+    return f"; did you mean {found[0]} (a {where[found[0]]})?" if found else ""
+
+
 def check_kwargs(target: type[object] | Callable[..., object], options: Mapping[str, Any],
                  key: str) -> dict[str, Any]:
     """Check ``options`` against the keyword parameters of ``target`` (a class or function).

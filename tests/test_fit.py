@@ -515,7 +515,7 @@ def test_no_model_says_the_real_reason(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     write_jsonl(data)
     code, _, err = cli(capsys, "--ledger", str(ledger), "--out", str(tmp_path / "m.json"), str(data))
-    assert code == 1 and "would spend epsilon" in one_line_refusal(err) and "already holds earlier steps" in err
+    assert code == 1 and "would spend epsilon" in one_line_refusal(err) and "already holds 2 earlier step(s)" in err
     with pytest.warns(fitmod.FitWarning, match=r"1 of the 2 planned steps ran: step \d would spend"):
         partial = fit((X, y), "logistic", epsilon=2.0, seed=0, ledger_path=str(ledger))  # room for one more step
     assert partial.report["steps_taken"] == 1 and partial.report["budget"]["epsilon_spent"] <= 2.0

@@ -102,6 +102,7 @@ class PrivateLearner:
         if config is None:
             if family is None:
                 raise ConfigError("model.family: required")
+            _check_options(family, options)
             config = config_from_dict(_notebook_config(family, options), env={})
             defaults = model_class(family).default_params
             self.defaulted_params = {k: v for k, v in defaults.items() if k not in options}
@@ -136,6 +137,8 @@ class PrivateLearner:
         self._window_every = cfg.schedule.every_records if window else None
         self._last_step_position = self.ledger.last_position if window and self.ledger is not None else None
         self.validation = cfg.sampling.validation
+        #: log a refused step (False when the caller reports the reason itself: ``fit`` raises it)
+        self.log_refusals = True
 
     @classmethod
     def from_config(cls, config: Config, ledger: Ledger | None = None) -> PrivateLearner:
@@ -527,7 +530,8 @@ class PrivateLearner:
                 self._refused = (f"{empty:.0%} of the reservoir's slots hold rejected arrivals (more than "
                                  f"sampling.max_rejected_fraction = {self.max_rejected_fraction:g}); a step would "
                                  f"spend budget on almost nothing; top rejection reasons: {top or 'none recorded'}")
-                log.error("updates halted before spending: %s", self._refused)
+                if self.log_refusals:
+                    log.error("updates halted before spending: %s", self._refused)
                 return None
         result = self.engine.step()
         self.trigger.reset()
@@ -606,6 +610,33 @@ class PrivateLearner:
         self.close()
 
 
+#: The keyword options of a notebook learner that are not model parameters, by section.
+LEARNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "privacy": ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed", "accountant", "accounting",
+                "block_weights", "mode", "unit", "key_field", "max_records_per_key", "ledger_path"),
+    "sampling": ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy", "window_rate", "validation",
+                 "sampling"),
+    "schedule": ("every_records", "every_seconds", "tau0", "kappa", "rho_min"),
+    "model": ("model_id",),
+}
+
+
+def _check_options(family: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword that is neither a learner option nor a parameter of the family, naming
+    the closest of either and which it is (a typo of ``batch_size`` is not a model parameter)."""
+    import inspect
+
+    from stream_vips.config import ConfigError, close_match
+    from stream_vips.models import model_class
+
+    learner = {n for names in LEARNER_OPTIONS.values() for n in names}
+    params = [n for n in inspect.signature(model_class(family).__init__).parameters if n != "self"]
+    for name in options:
+        if name not in learner and name not in params:
+            hint = close_match(name, {"learner option": sorted(learner), f"{family} model parameter": params})
+            raise ConfigError(f"{name}: neither a learner option nor a {family} model parameter{hint}")
+
+
 def _notebook_config(family: str, options: Mapping[str, object]) -> dict[str, Any]:
     """Configuration data for keyword options, with notebook defaults: an in-memory ledger unless
     ``ledger_path`` is given, and no metrics. The reservoir keeps its configured capacity
@@ -614,16 +645,13 @@ def _notebook_config(family: str, options: Mapping[str, object]) -> dict[str, An
     full (privacy rule 5). Data smaller than it give no model, which ``learn_many`` and
     ``posterior`` say; :func:`stream_vips.fit` uses a whole finite data set as its reservoir."""
     o = dict(options)
-    privacy: dict[str, object] = {k: o.pop(k) for k in ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed",
-                                     "accountant", "accounting", "block_weights", "mode", "unit", "key_field",
-                                     "max_records_per_key") if k in o}
+    privacy: dict[str, object] = {k: o.pop(k) for k in LEARNER_OPTIONS["privacy"] if k in o and k != "ledger_path"}
     path = o.pop("ledger_path", None)
     privacy["ledger"] = {"type": "file", "path": str(path)} if path else {"type": "memory"}
-    sampling: dict[str, object] = {k: o.pop(k) for k in ("reservoir", "batch_size", "max_rejected_fraction",
-                                                         "reservoir_policy", "window_rate", "validation") if k in o}
+    sampling: dict[str, object] = {k: o.pop(k) for k in LEARNER_OPTIONS["sampling"] if k in o and k != "sampling"}
     if "sampling" in o:
         sampling["method"] = o.pop("sampling")
-    schedule = {k: o.pop(k) for k in ("every_records", "every_seconds", "tau0", "kappa", "rho_min") if k in o}
+    schedule = {k: o.pop(k) for k in LEARNER_OPTIONS["schedule"] if k in o}
     model_id = o.pop("model_id", "default")
     return {"model": {"family": family, "id": model_id, "params": o}, "privacy": privacy, "sampling": sampling,
             "schedule": schedule, "metrics": {"enabled": False}, "runtime": {"on_halt": "exit"}}

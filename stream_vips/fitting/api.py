@@ -73,6 +73,33 @@ def _config(settings: Settings, model_params: Mapping[str, Any], *, non_private:
     }
 
 
+#: fit's own keywords, for the close match of a misspelt one passed as a model parameter.
+FIT_KEYWORDS = ("dim", "non_private", "seed", "steps", "x_columns", "y_column", "ledger_path", "settings", "model_id")
+
+
+def check_param_names(family: str, params: Mapping[str, Any], names: Mapping[str, str] = PYTHON_NAMES) -> None:
+    """Refuse a model parameter the family does not have, before anything is spent: one line
+    naming it, with the closest model parameter or fit keyword; a learner option (``batch_size``,
+    ``reservoir``) is named as one, which fit's rule sets."""
+    import inspect
+
+    from stream_vips.config import close_match
+    from stream_vips.core.learner import LEARNER_OPTIONS
+
+    known = [n for n in inspect.signature(model_class(family).__init__).parameters if n != "self"]
+    learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - {"epsilon", "delta", "seed"})
+    for key in params:
+        if key in known:
+            continue
+        given = names["give"].format(key)
+        if key in learner:
+            raise FitError(f"{given}: {key} is a learner option, which fit sets by its rule (docs/fit.md); pass "
+                           "settings= (fit_settings) to replace the rule")
+        hint = close_match(key, {f"{family} model parameter": known, "fit keyword": FIT_KEYWORDS,
+                                 "learner option": learner})
+        raise FitError(f"{given}: {key} is not a {family} model parameter{hint}")
+
+
 def check_ledger(path: str, names: Mapping[str, str] = PYTHON_NAMES) -> None:
     """Refuse a ledger path that is not a file ledger before anything is opened or spent: a
     directory, a special file, or an existing file whose first line is not a ledger line (the
@@ -258,6 +285,7 @@ def prepare(data: DataSet, family: str, epsilon: float, delta: float, *, dim: in
     if shape_d is None:  # records given one by one: encode_records made each a JSON line
         check_json_objects(cast("list[bytes]", encoded))
     d = resolve_dim(family, dim, model_params, shape_d, names)
+    check_param_names(family, model_params, names)
     if ledger_path is not None:
         check_ledger(ledger_path, names)
     dim_param = cls.dim_param
@@ -295,7 +323,9 @@ def execute(plan: _Plan) -> FitResult:
     :class:`SpentError` carrying the model of the last paid step."""
     settings, n, family = plan.settings, len(plan.encoded), plan.settings.family
     learner = _learner(plan.config, plan.names)
+    learner.log_refusals = False  # fit raises the refusal's reason itself: one line per event
     run = _Run()
+    paid_before = None
     try:
         paid_before = None if plan.non_private or learner.monitor is None else learner.monitor.steps
         try:
@@ -308,10 +338,13 @@ def execute(plan: _Plan) -> FitResult:
     if stats.accepted == 0 or message is None:
         reason = stats.halt_reason or (f"none of the {n} records was valid for {family!r}" if stats.accepted == 0
                                        else "no step was released")
-        if plan.ledger_path is not None and stats.halted and stats.accepted > 0:
-            reason += f" (the ledger {plan.ledger_path} already holds earlier steps: a new budget needs a new ledger)"
+        if plan.ledger_path is not None and learner.halt_cause == "budget" and paid_before:
+            reason += (f" (the ledger {plan.ledger_path} already holds {paid_before} earlier step(s): a new budget "
+                       "needs a new ledger)")
+        known = model_class(family).rejection_hints
+        hints = "".join(f"; {known[r]}" for r, _ in stats.rejected.most_common(3) if r in known)
         raise NoModelError(f"no model: {reason} (N = {n}, {stats.accepted} valid, rejected: "
-                           f"{dict(stats.rejected) or 'none'})")
+                           f"{dict(stats.rejected) or 'none'}){hints}")
     try:
         if not plan.non_private and stats.updates >= settings.steps and not message["privacy"]["halted"]:
             # the planned steps spend the budget (to the calibration tolerance) and no version follows:

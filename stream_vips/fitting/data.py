@@ -40,11 +40,17 @@ UNENCODABLE_RECORD = b"<a record that is not JSON>"
 
 
 def _encode_record(rec: Any) -> bytes:
-    """One record dict as its JSON line. What orjson refuses (an integer beyond 64 bits, a
+    """One record dict as its JSON line (NaN and infinity as the tokens ``NaN`` and ``Infinity``,
+    rejected later as ``non_finite``, as in a file). What orjson refuses (an integer beyond 64 bits, a
     non-string key, a lone surrogate) is written by ``json`` as the same record's text would be
     in a file; what is not JSON at all (a set, a cycle) becomes :data:`UNENCODABLE_RECORD`."""
     try:
-        return _dumps(rec)
+        line = _dumps(rec)
+        if b"null" not in line:
+            return line
+        # orjson writes NaN and infinity as null, which the record check would call wrong_type; json
+        # keeps them as NaN / Infinity, which it rejects as non_finite, as in a file (and keeps null)
+        return json.dumps(rec, default=_numpy_to_list).encode()
     except (TypeError, ValueError, OverflowError, RecursionError):
         try:
             return json.dumps(rec, default=_numpy_to_list).encode()

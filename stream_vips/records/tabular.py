@@ -43,7 +43,7 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
     >>> tabular(([{"x": [1.0]}], [{"x": [2.0]}]))
     Traceback (most recent call last):
     ...
-    stream_vips.errors.DataError: a 2-tuple is read as (X, y) arrays, and X is not a numeric array: pass ...
+    stream_vips.errors.DataError: wrong_type: a 2-tuple is read as (X, y) arrays, and X is not a numeric array ...
     """
     from stream_vips.errors import DataError
 
@@ -58,7 +58,8 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
             data = X if y_name is None else (X, as_floats(data[y_name]))
         except (TypeError, ValueError):
             bad = next((c for c in [*cols, y_name] if c is not None and not _numeric(data[c])), None)
-            raise DataError(f"DataFrame column {bad!r} is not numeric (every x and y column must be)") from None
+            raise DataError(f"wrong_type: DataFrame column {bad!r} is not numeric (every x and y column must be; "
+                            "strings are refused, as in a record)") from None
     elif x_columns is not None or y_column is not None:
         raise DataError("x_columns and y_column apply to a pandas DataFrame only")
     if isinstance(data, (str, bytes, bytearray, memoryview)):
@@ -70,7 +71,8 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
             try:
                 arrays.append(as_floats(part))
             except (TypeError, ValueError):
-                raise DataError(f"a 2-tuple is read as (X, y) arrays, and {name} is not a numeric array: pass "
+                raise DataError(f"wrong_type: a 2-tuple is read as (X, y) arrays, and {name} is not a numeric array "
+                                "(strings are refused, as in a record): pass "
                                 "records as a list, e.g. [{'x': [...], 'y': ...}], or numeric arrays shaped (n, d) "
                                 "and (n,)") from None
         X, y = np.ascontiguousarray(arrays[0]), arrays[1]
@@ -83,7 +85,7 @@ def tabular(data: Any, *, x_columns: Sequence[str] | None = None,
         try:
             return np.ascontiguousarray(as_floats(data)), None
         except (TypeError, ValueError):
-            raise DataError(f"X must be numeric, got an array of kind {data.dtype.kind!r}") from None
+            raise DataError(f"wrong_type: X must be numeric, got an array of kind {data.dtype.kind!r}") from None
     return None
 
 
@@ -114,6 +116,7 @@ def as_floats(values: Any) -> np.ndarray:
     import warnings
 
     to_numpy = getattr(values, "to_numpy", None)
+    _refuse_text(values)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", np.exceptions.ComplexWarning)
@@ -123,6 +126,22 @@ def as_floats(values: Any) -> np.ndarray:
     except OverflowError:  # an int beyond the double range, in an object array (only then: the slow path)
         objects = to_numpy(dtype=object) if to_numpy is not None else np.asarray(values, dtype=object)
         return np.vectorize(_float_or_inf, otypes=[float])(objects)
+
+
+def _refuse_text(values: Any) -> None:
+    """Text is not a number, even text numpy would parse (``np.asarray(["1.5"], float)``): a
+    record's JSON string value is ``wrong_type``, so an array or column of strings is too."""
+    dtypes = getattr(values, "dtypes", None)
+    dtype = getattr(values, "dtype", None)
+    kinds = ({getattr(t, "kind", "O") for t in np.atleast_1d(dtypes)} if dtypes is not None
+             else {dtype.kind} if isinstance(dtype, np.dtype) else {"O"})
+    if kinds & {"U", "S"}:
+        raise TypeError("wrong_type: strings are not numbers")
+    if "O" in kinds:
+        to_numpy = getattr(values, "to_numpy", None)
+        objects = to_numpy(dtype=object) if to_numpy is not None else np.asarray(values, dtype=object)
+        if objects.dtype.kind in "US" or any(isinstance(v, (str, bytes)) for v in objects.ravel().tolist()):
+            raise TypeError("wrong_type: strings are not numbers")
 
 
 def _float_or_inf(v: Any) -> float:
