@@ -58,16 +58,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from stream_vips import messages, records
+from stream_vips import records
 from stream_vips.config import Config
 from stream_vips.core import build
 from stream_vips.core.data.decoding import DecodedBatch, decode_batch
 from stream_vips.core.data.protocols import AnyReservoir, KeySlotReservoir, RecordReservoir
 from stream_vips.core.engine import StepResult
 from stream_vips.core.keys import ArrivalKeys, Keys, RawKeys, arrival_keys, field_keys, with_keys
+from stream_vips.core.publishing import Publishing
 from stream_vips.errors import StepRefused, StreamVipsError
 from stream_vips.models.base import Model
-from stream_vips.models.posterior import with_summary
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger, LedgerMismatch, check_binding
 from stream_vips.records import DataSet, RawRecord, tabular, top_reasons
@@ -82,7 +82,7 @@ class StateMismatch(StreamVipsError, ValueError):
     """A saved state that does not fit this learner (another family, layout or capacity)."""
 
 
-class PrivateLearner:
+class PrivateLearner(Publishing):
     """One model family learning privately from records (see the module docstring).
 
     Build it from keyword arguments (notebook defaults; anything a configuration file can say,
@@ -176,11 +176,6 @@ class PrivateLearner:
         return self.engine.epsilon_spent()
 
     @property
-    def last_step(self) -> int | None:
-        """Ledger step (message version) of the newest release, ``None`` before the first."""
-        return self.engine.last_step
-
-    @property
     def posterior(self) -> PublishedModel:
         """The current model as a posterior with predictive methods (built from its message, so
         exactly what a reader of the model topic would get)."""
@@ -232,20 +227,6 @@ class PrivateLearner:
     def _top_rejections(self) -> str:
         """The three most common rejection reasons with their counts (public, privacy rule 1)."""
         return top_reasons(self.rejected)
-
-    def privacy_report(self, halted: bool | None = None) -> dict[str, Any]:
-        """The ``privacy`` section of the newest model message."""
-        steps = 0 if self.last_step is None else self.last_step + 1
-        return self.engine.privacy_report(steps=steps, halted=self.halted if halted is None else halted)
-
-    def message(self, halted: bool | None = None) -> dict[str, Any] | None:
-        """The newest model as a message (schema model-message.v1) with its posterior summary, computed
-        from the message alone; ``None`` before any step."""
-        last = self.last_step
-        if last is None:
-            return None
-        return with_summary(messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(),
-                                                   last, self.model.state(), self.privacy_report(halted)))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint persists: reservoir (rows, positions, RNG), model, trigger, and the

@@ -34,11 +34,11 @@ from stream_vips.config import Config
 from stream_vips.core import build
 from stream_vips.core.data.window import window_steps
 from stream_vips.core.engine import Contribution, PrivateEngine, StepResult
+from stream_vips.core.publishing import Publishing
 from stream_vips.distributed.pool import ShardFailure, ShardPool
 from stream_vips.distributed.shard import Plan, ShardContribution, ShardStatus, capacities
 from stream_vips.errors import ConfigError, ReservoirNotFull, StepRefused, StreamVipsError
 from stream_vips.io import Sink
-from stream_vips.models.posterior import with_summary
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.ledger import Ledger, check_binding
 from stream_vips.privacy.mechanisms import make_rng
@@ -109,7 +109,7 @@ def check(cfg: Config) -> None:
                           "Kafka message key, so one person's records are in one partition and one shard)")
 
 
-class ShardedLearner:
+class ShardedLearner(Publishing):
     """The driver of ``pool``'s shards for configuration ``cfg`` (see the module docstring);
     ``ledger`` replaces the configured one (the caller then owns it)."""
 
@@ -218,23 +218,6 @@ class ShardedLearner:
     @property
     def epsilon_spent(self) -> float:
         return self.engine.epsilon_spent()
-
-    @property
-    def last_step(self) -> int | None:
-        return self.engine.last_step
-
-    def privacy_report(self, halted: bool | None = None) -> dict[str, Any]:
-        steps = 0 if self.last_step is None else self.last_step + 1
-        return self.engine.privacy_report(steps=steps, halted=self.halted if halted is None else halted)
-
-    def message(self, halted: bool | None = None) -> dict[str, Any] | None:
-        """The newest model as a message (schema model-message.v1) with its posterior summary, computed
-        from the message alone; ``None`` before any step."""
-        last = self.last_step
-        if last is None:
-            return None
-        return with_summary(messages.build_message(self.model_id, self.model.family, self.model.hyperparameters(),
-                                                   last, self.model.state(), self.privacy_report(halted)))
 
     def resume(self, sink: Sink) -> int | None:
         """Take up the newest model ``sink`` holds for this model id, so a restarted driver goes on
