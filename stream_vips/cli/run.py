@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Iterable
@@ -43,7 +44,6 @@ budget is spent ends with 0: that is how such a run is meant to end"""
 
 def run(args: argparse.Namespace) -> int:
     """``stream-vips run``: see :data:`EXIT_CODES`."""
-    import json
     import time
 
     from stream_vips.cli import console
@@ -116,36 +116,21 @@ def run(args: argparse.Namespace) -> int:
         say(f"stopped: {exc}")
         return 6
     except (StreamVipsError, Exception) as exc:
-        if (denied := _refusal(exc, config)) is not None:
-            say(f"stopped: {denied}")
-            return 7
-        if connector_failure(exc):
-            say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
-            return 5
+        if (code := _stopped(exc, config, say)) is not None:
+            return code
         raise
     finally:
         if progress is not None:
             progress.finish(app)
     summary = console.summary(app, stats, time.monotonic() - started)
     print(console.format_summary(summary), file=sys.stderr)
-    if args.json_summary:
-        text = json.dumps(summary, indent=2)
-        if args.json_summary == "-":
-            print(text)
-        elif problem := write_summary(args.json_summary, text):
-            say(problem)
-            return 2
-    if stats.halt_cause == "rejected_data":
-        say(f"halted on rejected data: {stats.halt_reason}")
-        return 8
-    return 0
+    return _finish(summary, args, say)
 
 
 def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, started: float) -> int:
     """``runtime.shards`` > 1 or ``runtime.engine: ray``: the shards read their partitions, the
     driver releases and publishes (privacy rule 14, :mod:`stream_vips.cli.sharded`); the exit codes
     of :func:`run` where they apply (1, 2, 4, 5, 6, 7, 8; 3 at start)."""
-    import json
     import time
 
     from stream_vips.cli import console, sharded
@@ -186,17 +171,19 @@ def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, s
             return 5
         raise
     except Exception as exc:
-        if (denied := _refusal(exc, config)) is not None:
-            say(f"stopped: {denied}")
-            return 7
-        if connector_failure(exc):
-            say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
-            return 5
+        if (code := _stopped(exc, config, say)) is not None:
+            return code
         raise
     finally:
         service.close()
     summary = sharded.summary(service, time.monotonic() - started)
     print(console.format_summary(summary) + "\n" + sharded.format_shards(summary), file=sys.stderr)
+    return _finish(summary, args, say)
+
+
+def _finish(summary: dict[str, Any], args: argparse.Namespace, say: Any) -> int:
+    """Write the JSON summary where asked (2: it cannot be written) and give the run's exit code
+    (8: halted on rejected data, else 0)."""
     if args.json_summary:
         text = json.dumps(summary, indent=2)
         if args.json_summary == "-":
@@ -208,6 +195,18 @@ def run_sharded(service: Any, args: argparse.Namespace, config: Any, say: Any, s
         say(f"halted on rejected data: {summary['halt_reason']}")
         return 8
     return 0
+
+
+def _stopped(exc: BaseException, config: Any, say: Any) -> int | None:
+    """A run stopped by ``exc``: 7 for the broker's refusal, 5 for a connector's failure, each
+    said in one line; ``None`` for anything else (a bug: the caller re-raises it)."""
+    if (denied := _refusal(exc, config)) is not None:
+        say(f"stopped: {denied}")
+        return 7
+    if connector_failure(exc):
+        say(f"stopped: {type(exc).__name__}: {exc} (nothing was committed past the records applied)")
+        return 5
+    return None
 
 
 def _refusal(exc: BaseException, config: Any) -> Any:
