@@ -475,3 +475,22 @@ def test_a_steps_duration_covers_its_contribution_and_its_release(monkeypatch):
     clock[0] += 2.0
     assert eng.release(part).duration_s == 0.0  # timed from the call when no start is given
     assert eng.release(slow_contribution(), started=clock[0] - 5.0).duration_s == 5.0
+
+
+def test_the_released_mean_is_the_sum_plus_the_noise_drawn_over_the_public_normaliser():
+    """The noise the engine's generator draws is added to each block, in block order (a seeded
+    run releases these exact values; subtracting the draw would release other ones)."""
+    from stream_vips.privacy.mechanisms import gaussian_noise, symmetric_noise
+
+    model = FakeModel(BLOCKS)
+    eng = make_engine(model, full_reservoir(30), FixedSizeSampler(6), AdmitAll(), z=1.5)
+    r = np.random.default_rng(7)
+    sums = {b.name: r.normal(size=b.shape) for b in BLOCKS}
+    twin = np.random.Generator(type(eng.rng.bit_generator)(0))
+    twin.bit_generator.state = eng.rng.bit_generator.state
+    released = eng._noisy_mean(sums)
+    for b in BLOCKS:
+        std = eng.block_stds[b.name]
+        noise = symmetric_noise(twin, b.shape[0], std) if b.symmetric else gaussian_noise(twin, b.shape, std)
+        assert np.abs(noise).max() > 0.1
+        assert np.array_equal(released[b.name], (sums[b.name] + noise) / eng.normaliser), b.name

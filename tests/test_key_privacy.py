@@ -446,3 +446,286 @@ def test_a_ledger_paid_per_record_is_not_continued_at_key_level(tmp_path):
     with FileLedger(path) as ledger:  # nothing appended by the refused start
         assert len(ledger.events()) == steps
         assert [e.privacy_unit for e in ledger.events()] == ["key"] * key_steps + ["record"] * (steps - key_steps)
+
+
+# -- The key reservoir's contract, pinned line by line (the mutation pass, tools/mutation.py) ------
+
+
+def _filled_reservoir(K=16, L=3, seed=3, n=3000, reject_every=5):
+    """A reservoir fed a heavy-tailed key stream in uneven batches, every 5th arrival rejected:
+    it has replaced keys (new owners with fewer than L records) and rejected cells."""
+    keys, vals = _stream(seed, n=n)
+    ok = np.arange(n) % reject_every != 0
+    res = KeyReservoir(LAYOUT, K, L, np.random.default_rng(seed))
+    for lo, hi in [(0, 7), (7, 1200), (1200, n)]:
+        res.add_batch({"x": vals[lo:hi][ok[lo:hi]] + 10.0}, keys[lo:hi], accepted=ok[lo:hi])  # no value is 0
+    return res
+
+
+def _same_state(a, b):
+    sa, sb = a.get_state(), b.get_state()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if key == "columns":
+            assert all(np.array_equal(sa[key][c], sb[key][c]) and sa[key][c].dtype == sb[key][c].dtype
+                       for c in sa[key]), key
+        elif isinstance(sa[key], np.ndarray):
+            assert np.array_equal(sa[key], sb[key]) and sa[key].dtype == sb[key].dtype, key
+        else:
+            assert sa[key] == sb[key], key
+
+
+@pytest.mark.parametrize("name", ["capacity", "max_records_per_key"])
+def test_a_key_reservoir_refuses_a_size_that_is_not_a_positive_integer_and_names_it(name):
+    sizes = {"capacity": 3, "max_records_per_key": 2}
+    for bad in (0, -1, True, 2.5, "3", None):
+        with pytest.raises(ValueError, match=rf"^key reservoir {name} must be a positive integer, got {bad!r}$"):
+            KeyReservoir(LAYOUT, **{**sizes, name: bad}, rng=np.random.default_rng(0))
+    res = KeyReservoir(LAYOUT, **{**sizes, name: np.int64(4)}, rng=np.random.default_rng(0))
+    assert (res.capacity, res.max_records_per_key) == tuple(4 if k == name else v for k, v in sizes.items())
+
+
+def test_a_key_reservoir_keeps_the_dtype_of_each_column():
+    layout = {"n": (np.int32, ()), "v": (np.float32, (2,)), "b": (np.bool_, ())}
+    res = KeyReservoir(layout, 2, 2, np.random.default_rng(0))
+    assert res.layout == {"n": (np.dtype(np.int32), ()), "v": (np.dtype(np.float32), (2,)), "b": (np.dtype(bool), ())}
+    rows = {"n": np.array([7, 8, 9], dtype=np.int32), "v": np.ones((3, 2), dtype=np.float32),
+            "b": np.array([True, False, True])}
+    res.add_batch(rows, np.array([1, 1, 2]))
+    taken, groups, n = res.take_groups(np.arange(res.size))
+    assert {c: a.dtype for c, a in taken.items()} == {c: dt for c, (dt, _) in res.layout.items()}
+    assert {c: a.dtype for c, a in res.get_state()["columns"].items()} == {c: dt for c, (dt, _) in res.layout.items()}
+    assert sorted(taken["n"].tolist()) == [7, 8, 9] and n == 2
+
+
+def test_only_valid_records_are_taken_and_every_other_cell_holds_zeros():
+    """A slot taken over by a new key restarts empty, and a rejected arrival's cell is a null
+    record: take_groups returns exactly the valid held records, and no former owner's or
+    rejected record's value is kept (nor written to a checkpoint)."""
+    res = _filled_reservoir()
+    state = res.get_state()
+    renewed_short = (state["occupied"].sum(axis=1) < res.max_records_per_key).sum()
+    assert renewed_short > 0 and (state["occupied"] & ~state["valid"]).any()  # the cases this test is about
+    assert not (state["valid"] & ~state["occupied"]).any()
+    taken, groups, n = res.take_groups(np.arange(res.size))
+    assert n == res.size and groups.size == int(res.valid.sum()) == int(state["valid"].sum())
+    assert np.array_equal(np.bincount(groups, minlength=n), state["valid"].sum(axis=1))
+    assert np.array_equal(np.sort(taken["x"]), np.sort(state["columns"]["x"][state["valid"]]))
+    assert (taken["x"] != 0).all() and (state["columns"]["x"][~state["valid"]] == 0).all()
+
+
+def test_taking_key_slots_checks_the_indices_and_returns_integer_groups():
+    res = KeyReservoir(LAYOUT, 4, 2, np.random.default_rng(0))
+    res.add_batch({"x": np.array([1.0, 2.0, 3.0])}, np.array([5, 6, 5]))
+    assert res.size == 2 and not res.full
+    rows, groups, n = res.take_groups([])
+    assert rows["x"].shape == (0,) and groups.shape == (0,) and n == 0
+    rows, groups, n = res.take_groups([1, 0, 1])
+    assert groups.dtype == np.intp and groups.tolist() == [0, 1, 1, 2] and n == 3
+    assert rows["x"].tolist() == [2.0, 1.0, 3.0, 2.0]
+    for bad in ([-1], [2], [0, 3]):  # slot 2 exists but has no owner yet
+        with pytest.raises(IndexError, match=r"key slot index out of range \[0, 2\)"):
+            res.take_groups(bad)
+
+
+def test_an_empty_batch_consumes_no_position_and_no_draw():
+    a = KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(4))
+    b = KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(4))
+    keys, vals = _stream(2, n=200, n_keys=10)
+    a.add_batch({"x": vals[:50]}, keys[:50])
+    b.add_batch({"x": vals[:50]}, keys[:50])
+    b.add_batch({"x": np.zeros(0)}, np.zeros(0, dtype=np.int64))
+    assert b.seen == a.seen == 50
+    a.add_batch({"x": vals[50:]}, keys[50:])
+    b.add_batch({"x": vals[50:]}, keys[50:])
+    _same_state(a, b)
+
+
+def test_masks_of_zeros_and_ones_are_read_as_booleans():
+    """``accepted`` and ``has_key`` as 0/1 integers (e.g. from a JSON list) decide as the
+    boolean masks do (an integer array is not an index)."""
+    keys, vals = _stream(5, n=300, n_keys=20)
+    ok = np.arange(300) % 4 != 1
+    present = np.arange(300) % 7 != 3
+    a = KeyReservoir(LAYOUT, 6, 2, np.random.default_rng(8))
+    b = KeyReservoir(LAYOUT, 6, 2, np.random.default_rng(8))
+    a.add_batch({"x": vals[ok]}, keys, accepted=ok, has_key=present)
+    b.add_batch({"x": vals[ok]}, keys, accepted=ok.astype(int).tolist(), has_key=present.astype(int).tolist())
+    _same_state(a, b)
+    assert np.isin(b.owners(), key_ids(keys)[0][present]).all()  # only keyed arrivals own slots
+
+
+def test_an_accepted_mask_of_the_wrong_length_or_count_is_refused():
+    res = KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(0))
+    keys = np.array([1, 2, 3])
+    with pytest.raises(ValueError, match="accepted mask has 3 True entries of 4 for 3 rows and 3 keys"):
+        res.add_batch({"x": np.ones(3)}, keys, accepted=[True, True, True, False])
+    with pytest.raises(ValueError, match="accepted mask has 2 True entries of 3 for 3 rows and 3 keys"):
+        res.add_batch({"x": np.ones(3)}, keys, accepted=[True, False, True])
+    assert res.seen == 0 and res.size == 0
+
+
+def test_a_restored_key_reservoir_holds_the_same_keys_and_records_and_admits_the_same_arrivals():
+    """set_state of get_state, into a reservoir that held other keys and more of them: the same
+    owners, records, validity, counts and generators, nothing left of what it held before, and
+    the same decisions on the next arrivals as the reservoir that was never stopped. Also from a
+    state whose arrays went through lists (owner ids on both sides of 2**63)."""
+    keys, vals = _stream(6, n=2000, n_keys=400)
+
+    def first_part(n_first):
+        res = KeyReservoir(LAYOUT, 12, 3, np.random.default_rng(1))
+        ok = np.arange(n_first) % 3 != 0
+        res.add_batch({"x": vals[:n_first][ok] + 10.0}, keys[:n_first], accepted=ok)
+        return res
+
+    for n_first in (6, 1500):  # not yet full (owners < K), and full with replacements
+        state = first_part(n_first).get_state()
+        as_lists = {**state, "owners": state["owners"].tolist(), "counts": state["counts"].tolist(),
+                    "valid": state["valid"].tolist(), "occupied": state["occupied"].tolist(),
+                    "columns": {c: v.tolist() for c, v in state["columns"].items()}}
+        if n_first > 12:
+            assert (state["owners"] >= 2**63).any() and (state["owners"] < 2**63).any()
+        for restored in (state, as_lists):
+            a = first_part(n_first)
+            b = KeyReservoir(LAYOUT, 12, 3, np.random.default_rng(2))
+            b.add_batch({"x": np.full(2000, 5.0)}, np.arange(2000) + 10**6)  # full, of other keys
+            b.set_state(restored)
+            _same_state(a, b)
+            assert (b.size, b.full, b.seen, b.records_held, b.tracked_keys) == \
+                   (a.size, a.full, a.seen, a.records_held, a.tracked_keys)
+            assert np.array_equal(b.valid, a.valid) and np.array_equal(b.held_per_slot(), a.held_per_slot())
+            assert np.array_equal(b.take_groups(np.arange(b.size))[0]["x"], a.take_groups(np.arange(a.size))[0]["x"])
+            for res in (a, b):
+                res.add_batch({"x": vals[n_first:]}, keys[n_first:])
+            _same_state(a, b)
+            assert a.full and np.array_equal(a.owners(), b.owners())
+
+
+def test_a_key_reservoir_state_of_other_sizes_or_with_repeated_owners_is_refused():
+    res = KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(0))
+    res.add_batch({"x": np.arange(4.0)}, np.array([1, 2, 3, 1]))
+    state = res.get_state()
+    for other in ({"capacity": 4}, {"max_records_per_key": 3}, {"capacity": 4, "max_records_per_key": 3}):
+        with pytest.raises(ValueError, match=r"^reservoir state has \d key slots of \d, this reservoir 3 of 2$"):
+            KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(0)).set_state({**state, **other})
+    owners = state["owners"]
+    for bad in (np.array([owners[0], owners[0], owners[2]]), owners[:2], np.append(owners, np.uint64(9))):
+        with pytest.raises(ValueError, match="owners must be one distinct id per filled slot"):
+            KeyReservoir(LAYOUT, 3, 2, np.random.default_rng(0)).set_state({**state, "owners": bad})
+
+
+def _blake(data: bytes) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def test_key_ids_of_every_spelling_and_container():
+    """Text is hashed as its UTF-8 (BLAKE2b, 8 bytes, little-endian), bytes that are not UTF-8
+    as they are; integers of any sign agree between Python, numpy scalars, numpy arrays and
+    decimal text; arrays of text or bytes are read key by key, and the mask is boolean."""
+    ids, has = key_ids(["ann", b"ann", bytearray(b"ann"), memoryview(b"ann"), b"\xff\xfe", "\xff\xfe"])
+    assert has.dtype == bool and has.all()
+    assert ids.tolist() == [_blake(b"ann")] * 4 + [_blake(b"\xff\xfe"), _blake("\xff\xfe".encode())]
+    assert ids[4] != ids[5]  # invalid UTF-8 is not read as Latin-1 text
+    ints = [-1, 1, -(2**63), 2**63 - 1, 0]
+    ids, has = key_ids(ints)
+    for other in (key_ids(np.array(ints, dtype=np.int64)), key_ids([np.int64(k) for k in ints]),
+                  key_ids([str(k) for k in ints]), key_ids(np.array(ints, dtype=np.int64).view(np.uint64))):
+        assert np.array_equal(other[0], ids) and other[1].dtype == bool and other[1].all()
+    assert len(set(ids.tolist())) == len(ints)
+    words = ["ann", "bob", "42", "José"]
+    for arr in (np.array(words), np.array(words, dtype=object)):
+        assert np.array_equal(key_ids(arr)[0], key_ids(words)[0])
+    raw = [w.encode() for w in words]
+    assert np.array_equal(key_ids(np.array(raw))[0], key_ids(words)[0])
+    ids, has = key_ids(np.array(["a", None, 3, 2.5], dtype=object))
+    assert has.tolist() == [True, False, True, False] and ids[2] == key_ids([3])[0][0]
+
+
+def test_distinct_keys_get_distinct_ids_and_one_key_the_same_id_in_every_process():
+    import subprocess
+    import sys
+
+    keys = [*range(-50_000, 50_000), *(f"user-{i}" for i in range(50_000)), *(f"u{i}".encode() for i in range(50_000))]
+    ids, has = key_ids(keys)
+    assert has.all() and np.unique(ids).size == len(keys)  # 2e5 keys: a collision has odds ~1e-9
+    again, _ = key_ids(keys[::-1])
+    assert np.array_equal(again[::-1], ids)
+    probe = [0, -7, 2**64 - 1, "ann", "José", b"\xff\x00"]
+    code = ("import sys, json; from stream_vips.core.data.key_reservoir import key_ids; "
+            f"print(json.dumps(key_ids({probe!r})[0].tolist()))")
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # str hashing differs between processes; ids must not
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert json.loads(out) == key_ids(probe)[0].tolist()
+
+
+_M64 = (1 << 64) - 1
+#: splitmix64 (Steele, Lea and Flood 2014; Vigna's splitmix64.c): the output function's
+#: constants, and the generator's increment (the golden ratio) used below to check published outputs.
+_C1, _C2, _GOLDEN = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+
+
+def _mix64_reference(x: int) -> int:
+    """splitmix64's output function on Python ints, written from the C reference."""
+    x = ((x ^ (x >> 30)) * _C1) & _M64
+    x = ((x ^ (x >> 27)) * _C2) & _M64
+    return x ^ (x >> 31)
+
+
+def _unmix64(z: np.ndarray) -> np.ndarray:
+    """The inverse of the finaliser: undo each xorshift and multiply by each constant's inverse mod 2**64."""
+    def unxorshift(y, s):
+        x = y.copy()
+        for _ in range(64 // s + 1):
+            x = y ^ (x >> np.uint64(s))
+        return x
+
+    with np.errstate(over="ignore"):
+        z = unxorshift(z, 31)
+        z = unxorshift(z * np.uint64(pow(_C2, -1, 1 << 64)), 27)
+        return unxorshift(z * np.uint64(pow(_C1, -1, 1 << 64)), 30)
+
+
+def test_mix64_is_splitmix64s_finaliser():
+    """The published splitmix64 outputs (the generator adds the golden-ratio increment to its
+    state and returns the finaliser of the state): seed 1234567 (the Rosetta Code task's check
+    values) and seed 0 (0xE220A8397B1DCDAF, the first output of splitmix64.c seeded 0); then the
+    Python-int reference on random and edge inputs."""
+    from stream_vips.core.data.key_reservoir import _mix64
+
+    states = np.array([(1234567 + k * _GOLDEN) & _M64 for k in range(1, 6)], dtype=np.uint64)
+    assert _mix64(states).tolist() == [6457827717110365317, 3203168211198807973, 9817491932198370423,
+                                       4593380528125082431, 16408922859458223821]
+    assert int(_mix64(np.array([_GOLDEN], dtype=np.uint64))[0]) == 0xE220A8397B1DCDAF
+    r = np.random.default_rng(0)
+    xs = np.concatenate([r.integers(0, 2**64 - 1, 5000, dtype=np.uint64, endpoint=True),
+                         np.array([0, 1, 2**31, 2**32, 2**63, 2**64 - 1], dtype=np.uint64)])
+    assert _mix64(xs).tolist() == [_mix64_reference(x) for x in xs.tolist()]
+    before = xs.copy()
+    _mix64(xs)
+    assert np.array_equal(xs, before)  # the input is left alone
+
+
+def test_mix64_is_a_bijection_that_spreads_every_bit():
+    """Distinct integer keys keep distinct ids (no collision among 1e5 sequential integers, and
+    the inverse recovers a random sample), and flipping any one input bit flips about half of
+    the output bits (avalanche), so nearby keys (user ids 1, 2, 3) are far apart as ids."""
+    from stream_vips.core.data.key_reservoir import _mix64
+
+    seq = _mix64(np.arange(100_000, dtype=np.uint64))
+    assert np.unique(seq).size == 100_000
+    r = np.random.default_rng(1)
+    xs = r.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True)
+    assert np.array_equal(_unmix64(_mix64(xs)), xs)
+    base = _mix64(xs[:2000])
+    flips = np.empty(64)
+    for bit in range(64):
+        diff = base ^ _mix64(xs[:2000] ^ np.uint64(1 << bit))
+        flips[bit] = np.unpackbits(diff.view(np.uint8)).sum() / 2000
+    assert 31.5 < flips.mean() < 32.5 and flips.min() > 30 and flips.max() < 34, flips
+    low = np.unpackbits(seq[:1000].view(np.uint8)).reshape(1000, 64).mean(axis=0)
+    assert low.min() > 0.4 and low.max() < 0.6  # every output bit is used by keys 0..999
