@@ -233,3 +233,14 @@ def test_capacity_and_indices_are_checked_at_their_boundaries():
     for bad in ([4], [-1], [0, 4]):
         with pytest.raises(IndexError):
             res.take(bad)
+
+
+@pytest.mark.parametrize("empty", [[], (), np.array([], dtype=float)])
+def test_taking_no_slots_gives_empty_columns_of_the_layout(empty):
+    """A sampler may draw no slot (a Poisson draw of zero): take() of an empty index list gives
+    each column with zero rows and its own dtype and shape, not an indexing error."""
+    res = Reservoir(LAYOUT, capacity=5, rng=np.random.default_rng(1))
+    res.add_batch(stream(0, 5))
+    out = res.take(empty)
+    assert out["pos"].shape == (0,) and out["pos"].dtype == np.int64
+    assert out["x"].shape == (0, 3) and out["x"].dtype == np.float64
