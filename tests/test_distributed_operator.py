@@ -416,6 +416,42 @@ def test_a_model_that_cannot_be_published_pauses_the_shards_and_exits_1(
     assert ledger_steps(tmp_path) == 1
     assert sum(s.seen for s in service.learner.slices.statuses if s is not None) < 600  # input paused
     assert 2 <= sink.attempts <= 4  # retried after 1 s (backoff), and once more when stopped
+    # every failed attempt while it ran is counted (the last one, on the way out, ends the process)
+    got = samples(service.metrics.exposition().decode())
+    assert got[("stream_vips_publish_failures_total", ())] == sink.attempts - 1
+
+
+class FlakySink(FailingSink):
+    """Fails its first ``failures`` publishes, then takes every message."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.messages: list[Any] = []
+
+    def publish(self, model_id: str, message: Any) -> None:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise OSError("the model topic is unreachable")
+        self.messages.append(message)
+
+
+def test_publish_failures_are_counted_in_the_drivers_metrics_and_the_run_resumes(tmp_path: Path) -> None:
+    """stream_vips_publish_failures_total (the base's StreamVipsPublishFailures alert) counts the
+    sharded driver's failed publishes as it does one process's; the run goes on once one is out."""
+    write_shards(tmp_path, [300, 300])
+    cfg = config_from_dict(settings(tmp_path, metrics={"enabled": True, "host": "127.0.0.1", "port": 0}), env={})
+    sink = FlakySink(failures=1)
+    service = sharded.start(cfg, sink=sink)
+    try:
+        sharded.serve(service)
+    finally:
+        service.close()
+    got = samples(service.metrics.exposition().decode())
+    assert got[("stream_vips_publish_failures_total", ())] == 1
+    assert service.learner.steps_taken >= 2 and sink.messages
+    versions = [m["version"] for m in sink.messages]
+    assert versions[0] == 0 and versions == sorted(versions)  # the owed version 0 first, then on
 
 
 def test_sigterm_finishes_the_round_publishes_and_exits_0(tmp_path: Path) -> None:

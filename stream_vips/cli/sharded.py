@@ -46,6 +46,7 @@ class ShardedService:
     stopped_by_signal: bool = False
     metrics_port: int | None = None
     _server: MetricsServer | None = field(default=None, repr=False)
+    _publish_failures: int = field(default=0, repr=False)  # the driver's run of failures last observed
 
     def close(self) -> None:
         """Close everything that was opened, whatever fails (the ledger last)."""
@@ -123,6 +124,12 @@ def observe(service: ShardedService) -> None:
                                          status.size, status.capacity, status.rejected)
     m.reservoir_records.set(learner.slices.size)
     m.epsilon_spent.set(learner.epsilon_spent)
+    # the driver counts its failed attempts at the owed model in a row (one attempt a round, 0
+    # again once it is published); the counter adds each new one, as one process's does
+    failures = learner.publish_failures
+    if failures > service._publish_failures:
+        m.publish_failures.inc(failures - service._publish_failures)
+    service._publish_failures = failures
     if learner.last_step is not None:
         m.model_version.set(learner.last_step)
     if learner.halted:
