@@ -7,7 +7,8 @@ Operator's ServiceMonitor and PrometheusRule, KubeRay's RayCluster, pinned and f
 tools/k8s/crds), strictly: an unknown field fails as it does under the API server's strict field
 validation, except where the CRD preserves unknown fields; their metadata with the core ObjectMeta
 schema. Alert rules with ``promtool check rules`` and the unit
-tests in k8s/tests/alerts-test.yaml; dashboard queries with promtool's parser. The manifests are
+tests in k8s/tests/alerts-test.yaml (overlays/ray: those of the base rules it keeps, and
+k8s/tests/alerts-test-ray.yaml); dashboard queries with promtool's parser. The manifests are
 also held to the code they deploy (overlays/ray, the sharded runtime on a RayCluster, in its own
 section below): the mounted config loads with :func:`stream_vips.service.build.load_config`,
 metric names exist in :class:`stream_vips.service.metrics.Metrics`, ports, paths and topics agree.
@@ -857,10 +858,11 @@ def _promtool_test(rules: dict[str, Any], tmp_path: Path) -> subprocess.Complete
     return run([promtool, "test", "rules", "alerts-test.yaml"], cwd=tmp_path)
 
 
-def test_every_alert_links_to_its_runbook_section() -> None:
+@pytest.mark.parametrize("overlay", ["base", RAY_OVERLAY])
+def test_every_alert_links_to_its_runbook_section(overlay: str) -> None:
     headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / "deploy.md").read_text(), flags=re.M)
     slugs = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
-    for name, rule in alerts(render("base")).items():
+    for name, rule in alerts(render(overlay)).items():
         path, _, anchor = rule["annotations"]["runbook"].partition("#")
         assert path == "docs/deploy.md" and anchor in slugs, name
 
@@ -931,9 +933,10 @@ def test_dashboard_json_is_valid_and_covers_the_operator_questions() -> None:
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
-def test_dashboard_queries_parse_with_promtool(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlay", ["base", RAY_OVERLAY])
+def test_dashboard_queries_parse_with_promtool(overlay: str, tmp_path: Path) -> None:
     promtool = require("promtool")
-    exprs = list(dashboard_exprs(dashboard(render("base"))))
+    exprs = list(dashboard_exprs(dashboard(render(overlay))))
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)
     ]}]}
@@ -997,8 +1000,8 @@ def test_ray_overlay_renders_a_raycluster_in_place_of_the_statefulset() -> None:
     kinds = sorted(d["kind"] for d in docs)
     for kind, count in {
         "Namespace": 1, "ServiceAccount": 1, "RayCluster": 1, "PersistentVolumeClaim": 1, "Service": 2,
-        "NetworkPolicy": 2, "ConfigMap": 1, "ServiceMonitor": 1, "KafkaTopic": 4, "KafkaUser": 2,
-        "StatefulSet": 0, "Deployment": 0, "PodDisruptionBudget": 0, "PrometheusRule": 0,
+        "NetworkPolicy": 2, "ConfigMap": 2, "ServiceMonitor": 1, "KafkaTopic": 4, "KafkaUser": 2,
+        "StatefulSet": 0, "Deployment": 0, "PodDisruptionBudget": 0, "PrometheusRule": 1,
     }.items():
         assert kinds.count(kind) == count, f"{kinds.count(kind)} {kind}, expected {count}"
     app_ns = one(docs, "Namespace")["metadata"]["name"]
@@ -1007,7 +1010,7 @@ def test_ray_overlay_renders_a_raycluster_in_place_of_the_statefulset() -> None:
             expected = "kafka" if d["apiVersion"].startswith("kafka.strimzi.io") else app_ns
             assert d["metadata"]["namespace"] == expected, (d["kind"], d["metadata"]["name"])
     # the generated (hash-suffixed) ConfigMap's name reaches every pod template
-    (cm,) = of_kind(docs, "ConfigMap")
+    (cm,) = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] != "stream-vips-dashboard"]
     for name, tpl in ray_templates(docs).items():
         names = [v["configMap"]["name"] for v in tpl["spec"]["volumes"] if "configMap" in v]
         assert names == [cm["metadata"]["name"]], name
@@ -1234,6 +1237,197 @@ def test_the_drivers_metrics_are_served_on_the_head_and_scraped() -> None:
     (ray,) = [p for p in of_kind(docs, "NetworkPolicy") if p["spec"]["podSelector"] != {}]
     monitoring = [r for r in ray["spec"]["ingress"] if "namespaceSelector" in r["from"][0]]
     assert {"port": "metrics", "protocol": "TCP"} in monitoring[0]["ports"]
+
+
+# -- overlays/ray: alerts and dashboard on the sharded driver's metrics
+
+RAY_ALERTS_TEST = K8S / "tests" / "alerts-test-ray.yaml"
+#: the base's alerts the overlay drops (k8s/overlays/ray/app/prometheusrule-patch.yaml): they read
+#: series of the driver's own source, and the driver has none
+RAY_DROPPED_ALERTS = {"StreamVipsConsumerLagGrowing", "StreamVipsInputTopicMissing", "StreamVipsNoInputPartitions",
+                      "StreamVipsRecordsNotConsumed"}
+RAY_SHARD_ALERTS = {"StreamVipsShardReadsNothing", "StreamVipsShardSliceNotFilling", "StreamVipsShardDeadLettersMost",
+                    "StreamVipsStepGatherSlow"}
+#: series of the service's registry the sharded driver never sets: the source's (partitions held,
+#: missing topics, lag; the shards read with assign() and report none of them) and the counts of
+#: records a reservoir did not decode or dropped as duplicates (the shards do not report them)
+SHARDED_NEVER_SET = {"stream_vips_source_partitions", "stream_vips_source_topic_missing",
+                     "stream_vips_consumer_lag_records", "stream_vips_records_not_decoded_total",
+                     "stream_vips_records_duplicate_total"}
+#: the base dashboard's panels the ray dashboard leaves out (their series are in SHARDED_NEVER_SET)
+RAY_DROPPED_PANELS = {"Consumer lag"}
+
+
+def ray_base_tests() -> dict[str, Any]:
+    """The base's alert unit tests (k8s/tests/alerts-test.yaml) of the rules the ray overlay keeps
+    as they are; those of rules it drops or changes are left out."""
+    base, ray = alerts(render("base")), alerts(render(RAY_OVERLAY))
+    kept = {name for name, rule in ray.items() if base.get(name) == rule}
+    tests = yaml.safe_load((K8S / "tests" / "alerts-test.yaml").read_text())
+    groups = []
+    for group in tests["tests"]:
+        checks = [t for t in group["alert_rule_test"] if t["alertname"] in kept]
+        if checks:
+            groups.append({**group, "alert_rule_test": checks})
+    return {**tests, "tests": groups}
+
+
+def _ray_promtool_test(rules: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    promtool = require("promtool")
+    (tmp_path / RULES_FILE).write_text(yaml.safe_dump(rules, sort_keys=False))
+    (tmp_path / "alerts-test.yaml").write_text(yaml.safe_dump(ray_base_tests(), sort_keys=False))
+    shutil.copy(RAY_ALERTS_TEST, tmp_path / RAY_ALERTS_TEST.name)
+    return run([promtool, "test", "rules", "alerts-test.yaml", RAY_ALERTS_TEST.name], cwd=tmp_path)
+
+
+def ray_used_metric_names(docs: list[dict[str, Any]]) -> set[str]:
+    used = set()
+    for rule in alerts(docs).values():
+        used |= promql_metric_names(rule["expr"])
+    for _, expr in dashboard_exprs(dashboard(docs)):
+        used |= promql_metric_names(expr)
+    return used
+
+
+def test_ray_alerts_are_the_bases_that_hold_and_the_shard_alerts(tmp_path: Path) -> None:
+    promtool = require("promtool")
+    base, ray = alerts(render("base")), alerts(render(RAY_OVERLAY))
+    assert set(ray) == (set(base) - RAY_DROPPED_ALERTS) | RAY_SHARD_ALERTS
+    for name in RAY_DROPPED_ALERTS:  # dropped because the driver never sets what they read
+        assert promql_metric_names(base[name]["expr"]) & SHARDED_NEVER_SET, name
+    changed = {name for name in set(base) & set(ray) if ray[name] != base[name]}
+    assert changed == {"StreamVipsDeadLetterRateHigh"}
+    assert "stream_vips_records_not_decoded_total" in base["StreamVipsDeadLetterRateHigh"]["expr"]
+    for name, rule in ray.items():
+        assert not promql_metric_names(rule["expr"]) & SHARDED_NEVER_SET, name
+        assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
+    proc = run([promtool, "check", "rules", str(write_rules(RAY_OVERLAY, tmp_path))])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert one(render(RAY_OVERLAY), "PrometheusRule")["metadata"]["labels"]["release"] == \
+        one(render(RAY_OVERLAY), "ServiceMonitor")["metadata"]["labels"]["release"]
+
+
+def test_ray_alert_unit_tests_pass(tmp_path: Path) -> None:
+    """alerts-test-ray.yaml tests what the overlay changes or adds; the base's tests of the rules
+    it keeps run beside them; every alert of the overlay is fired by one of them."""
+    base, ray = alerts(render("base")), alerts(render(RAY_OVERLAY))
+    own = yaml.safe_load(RAY_ALERTS_TEST.read_text())["tests"]
+    assert {t["alertname"] for g in own for t in g["alert_rule_test"]} == \
+        {name for name, rule in ray.items() if base.get(name) != rule}
+    fired = {t["alertname"] for g in ray_base_tests()["tests"] + own for t in g["alert_rule_test"] if t["exp_alerts"]}
+    assert fired == set(ray)
+    proc = _ray_promtool_test(rule_groups(render(RAY_OVERLAY)), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "alert, old, new",
+    [
+        ("StreamVipsDeadLetterRateHigh", None, None),  # the base's expression
+        ("StreamVipsShardReadsNothing", "unless ignoring (shard) stream_vips_halted == 1", ""),
+        ("StreamVipsShardReadsNothing",
+         "and ignoring (shard) sum without (shard) (rate(stream_vips_shard_records_total[15m])) > 0\n", ""),
+        ("StreamVipsShardReadsNothing", "== 0\n", ">= 0\n"),
+        ("StreamVipsShardSliceNotFilling", "unless ignoring (shard) stream_vips_halted == 1", ""),
+        ("StreamVipsShardSliceNotFilling", "and changes(stream_vips_shard_reservoir_records[15m]) == 0\n", ""),
+        ("StreamVipsShardSliceNotFilling", " < stream_vips_shard_reservoir_capacity",
+         " <= stream_vips_shard_reservoir_capacity"),
+        ("StreamVipsShardDeadLettersMost", "> 0.5", "> 0.05"),
+        ("StreamVipsStepGatherSlow", '{phase="gather"}', ""),
+        ("StreamVipsStepGatherSlow", "> 30", "> 60"),
+    ],
+)
+def test_ray_alert_unit_tests_catch_a_broken_rule(alert: str, old: str | None, new: str | None,
+                                                  tmp_path: Path) -> None:
+    rules = rule_groups(render(RAY_OVERLAY))
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+    if old is None:
+        rule["expr"] = alerts(render("base"))[alert]["expr"]
+    else:
+        assert old in rule["expr"]
+        rule["expr"] = rule["expr"].replace(old, new or "")
+    proc = _ray_promtool_test(rules, tmp_path)
+    assert proc.returncode != 0 and alert in proc.stdout + proc.stderr
+
+
+def test_ray_gather_alert_is_half_the_configured_shard_timeout() -> None:
+    """StreamVipsStepGatherSlow's threshold follows runtime.shard_timeout_s of the mounted config
+    (the driver does not export it)."""
+    docs = render(RAY_OVERLAY)
+    _, cfg = ray_config(docs)
+    expr = alerts(docs)["StreamVipsStepGatherSlow"]["expr"]
+    (threshold,) = re.findall(r">\s*([0-9.]+)$", expr.strip())
+    assert float(threshold) == cfg["runtime"]["shard_timeout_s"] / 2
+
+
+def test_ray_down_alert_selects_the_job_of_both_scraped_services() -> None:
+    """Prometheus names the job of both endpoints (the driver's and Ray's) after the Services'
+    jobLabel; StreamVipsDown selects that job."""
+    docs = render(RAY_OVERLAY)
+    sm = one(docs, "ServiceMonitor")
+    selected = [d for d in of_kind(docs, "Service")
+                if sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()]
+    assert len(selected) == 2
+    (job,) = {svc["metadata"]["labels"][sm["spec"]["jobLabel"]] for svc in selected}
+    assert f'up{{job="{job}"}}' in alerts(docs)["StreamVipsDown"]["expr"]
+
+
+def test_the_sharded_driver_sets_what_the_ray_rules_and_dashboard_read(tmp_path: Path) -> None:
+    """A local sharded run's /metrics (the driver's registry): every series the overlay's rules and
+    dashboard read has a sample, and SHARDED_NEVER_SET (what the dropped rules and panel read) has
+    none, or only zeros."""
+    from stream_vips.cli import sharded
+    from stream_vips.service.build import config_from_dict
+    from test_distributed_operator import samples, settings, write_shards
+
+    write_shards(tmp_path, [600, 600], malformed=[3, 5])  # read until the budget halts updates
+    service = sharded.start(config_from_dict(settings(tmp_path, privacy={"epsilon": 1.0, "planned_steps": 3}),
+                                             env={}))
+    try:
+        sharded.serve(service)
+    finally:
+        service.close()
+    got = samples(service.metrics.exposition().decode())
+    assert service.learner.halt_cause == "budget"
+    for name in SHARDED_NEVER_SET:
+        assert all(value == 0 for (n, _), value in got.items() if n == name), name
+    exported = {name for name, _ in got} - SHARDED_NEVER_SET
+    used = ray_used_metric_names(render(RAY_OVERLAY))
+    assert used and used <= exported, sorted(used - exported)
+    # and the base's rules and dashboard read series the sharded driver never sets
+    assert ray_used_metric_names(render("base")) & SHARDED_NEVER_SET
+
+
+def test_ray_dashboard_is_the_bases_with_per_shard_panels() -> None:
+    base, ray = dashboard(render("base")), dashboard(render(RAY_OVERLAY))
+    assert ray["uid"] != base["uid"] and ray["templating"] == base["templating"]
+    ids = [p["id"] for p in ray["panels"]]
+    assert len(ids) == len(set(ids))
+    panels = {p["title"]: p for p in ray["panels"]}
+    for panel in base["panels"]:
+        if panel["title"] in RAY_DROPPED_PANELS:
+            assert panel["title"] not in panels
+            assert {n for t in panel["targets"] for n in promql_metric_names(t["expr"])} <= SHARDED_NEVER_SET
+            continue
+        assert panels[panel["title"]]["targets"] == panel["targets"], panel["title"]
+    exprs = " ".join(e for _, e in dashboard_exprs(ray))
+    for needle in (
+        "sum by (shard) (rate(stream_vips_shard_records_total",
+        "sum by (shard) (rate(stream_vips_shard_records_accepted",
+        "sum by (shard) (rate(stream_vips_shard_dead_letters_total",
+        "sum by (shard) (stream_vips_shard_reservoir_records",
+        "sum by (shard) (stream_vips_shard_reservoir_capacity", "stream_vips_step_phase_duration_seconds_sum",
+        "sum by (phase, le) (rate(stream_vips_step_phase_duration_seconds_bucket",
+    ):
+        assert needle in exprs, needle
+    for panel in ray["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel.get("targets", []):
+            assert 'namespace="$namespace", pod=~"$pod"' in target["expr"], panel["title"]
+    # no two panels overlap on Grafana's 24-column grid
+    cells = [(x, y) for p in ray["panels"] for g in [p["gridPos"]]
+             for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])]
+    assert len(set(cells)) == len(cells) and all(x < 24 for x, _ in cells)
 
 
 if __name__ == "__main__":
