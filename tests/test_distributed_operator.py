@@ -173,6 +173,31 @@ def test_a_restarted_shards_lower_counts_are_a_new_baseline_not_a_negative_incre
     assert got[("stream_vips_records_rejected_total", (("reason", "invalid_json"),))] == 6
 
 
+def test_abandoned_steps_are_counted_in_the_drivers_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard that fails every contribution abandons every step (nothing spent), and
+    stream_vips_steps_abandoned_total says how many (k8s/overlays/ray alerts on it)."""
+    from stream_vips.distributed.shard import Plan, Shard, ShardContribution
+
+    class Failing(Shard):
+        def contribution(self, model_state: Any, plan: Plan) -> ShardContribution:
+            if self.index == 1:
+                raise RuntimeError("disk gone")
+            return super().contribution(model_state, plan)
+
+    monkeypatch.setattr(sharded, "make_pool", lambda config, sources, dead_letters: LocalPool(
+        config, config.runtime.shards, sources, dead_letters, shard_class=Failing))
+    write_shards(tmp_path, [100, 80])
+    service = sharded.start(config_from_dict(settings(tmp_path), env={}))
+    try:
+        sharded.serve(service)
+    finally:
+        service.close()
+    got = samples(service.metrics.exposition().decode())
+    assert service.learner.steps_taken == 0 and service.learner.abandoned_steps >= 2
+    assert got[("stream_vips_steps_abandoned_total", ())] == service.learner.abandoned_steps
+    assert ledger_steps(tmp_path) == 0
+
+
 # -- exit codes -------------------------------------------------------------------------------
 
 

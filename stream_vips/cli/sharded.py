@@ -124,6 +124,7 @@ def observe(service: ShardedService) -> None:
                                          status.size, status.capacity, status.rejected)
     m.reservoir_records.set(learner.slices.size)
     m.epsilon_spent.set(learner.epsilon_spent)
+    service.series.observe_abandoned(learner.abandoned_steps)
     # the driver counts its failed attempts at the owed model in a row (one attempt a round, 0
     # again once it is published); the counter adds each new one, as one process's does
     failures = learner.publish_failures

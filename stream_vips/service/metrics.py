@@ -145,9 +145,10 @@ class Metrics:
 
 class ShardSeries:
     """The per-shard series of a sharded run (privacy rule 14), on ``metrics``' registry: what
-    each shard read, accepted and dead-lettered, its slice's fill, and the wall time of each
-    phase of a step (plan, gather, release). Public counts and timing only, as for one process;
-    the phase timings carry :data:`TIMING_CAVEAT`.
+    each shard read, accepted and dead-lettered, its slice's fill, the steps abandoned before
+    anything was spent, and the wall time of each phase of a step (plan, gather, release).
+    Public counts and timing only, as for one process; the phase timings carry
+    :data:`TIMING_CAVEAT`.
 
     The shards report counts since they started (a shard's position comes back from its
     checkpoint, its other counts from zero); a count that goes down is a restarted shard and
@@ -169,7 +170,11 @@ class ShardSeries:
         self.phase = Histogram(f"{PREFIX}_step_phase_duration_seconds", "Wall time of one phase of a sharded "
                                "step: plan (the sampling plan), gather (the shards' clipped sums), release (noise, "
                                "ledger, M-step). " + TIMING_CAVEAT, ["phase"], buckets=UPDATE_BUCKETS, registry=r)
+        self.abandoned = Counter(f"{PREFIX}_steps_abandoned", "Steps a sharded run abandoned before spending "
+                                 "anything: a shard failed, answered later than runtime.shard_timeout_s, or "
+                                 "came back from a restart with its slice not full.", registry=r)
         self._last: dict[int, tuple[int, int, int, dict[str, int]]] = {}
+        self._abandoned = 0
 
     def observe_shard(self, index: int, records: int, accepted: int, dead_letters: int, held: int, capacity: int,
                       rejected: Mapping[str, int] | None = None) -> None:
@@ -191,6 +196,12 @@ class ShardSeries:
         self._last[index] = (records, accepted, dead_letters, reasons)
         self.reservoir.labels(shard=label).set(held)
         self.capacity.labels(shard=label).set(capacity)
+
+    def observe_abandoned(self, steps: int) -> None:
+        """The driver's count of abandoned steps (since it started)."""
+        if steps > self._abandoned:
+            self.abandoned.inc(steps - self._abandoned)
+        self._abandoned = steps
 
     def observe_phases(self, phases: Mapping[str, float]) -> None:
         """The wall time of each phase of one released step."""
