@@ -1247,7 +1247,7 @@ RAY_ALERTS_TEST = K8S / "tests" / "alerts-test-ray.yaml"
 RAY_DROPPED_ALERTS = {"StreamVipsConsumerLagGrowing", "StreamVipsInputTopicMissing", "StreamVipsNoInputPartitions",
                       "StreamVipsRecordsNotConsumed"}
 RAY_SHARD_ALERTS = {"StreamVipsShardReadsNothing", "StreamVipsShardSliceNotFilling", "StreamVipsShardDeadLettersMost",
-                    "StreamVipsStepGatherSlow"}
+                    "StreamVipsStepsAbandoned", "StreamVipsStepGatherSlow"}
 #: series of the service's registry the sharded driver never sets: the source's (partitions held,
 #: missing topics, lag; the shards read with assign() and report none of them) and the counts of
 #: records a reservoir did not decode or dropped as duplicates (the shards do not report them)
@@ -1335,6 +1335,7 @@ def test_ray_alert_unit_tests_pass(tmp_path: Path) -> None:
         ("StreamVipsShardDeadLettersMost", "> 0.5", "> 0.05"),
         ("StreamVipsStepGatherSlow", '{phase="gather"}', ""),
         ("StreamVipsStepGatherSlow", "> 30", "> 60"),
+        ("StreamVipsStepsAbandoned", ">= 3", ">= 1"),
     ],
 )
 def test_ray_alert_unit_tests_catch_a_broken_rule(alert: str, old: str | None, new: str | None,
