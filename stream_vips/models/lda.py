@@ -382,7 +382,11 @@ class LDA(Model):
       clipping, as in the paper);
     - ``max_iter``, ``tol``: the E-step's iteration cap and mean-absolute-change tolerance;
     - ``block_size``: documents per vectorized E-step block;
-    - ``seed``: the initial lambda and the resampling draws (public randomness; None: OS entropy).
+    - ``seed``: the initial lambda and the resampling draws (public randomness: no record enters
+      them); None (the default): in a seeded run (``privacy.seed``, a learner's or ``fit``'s
+      ``seed=``, an estimator's ``random_state``) a seed derived from the run's
+      (:func:`stream_vips.core.build.model_seed`, never published), so the run is reproduced
+      exactly; in an unseeded run OS entropy.
 
     Sensitivity. A document's contribution is the K x V matrix u_kv = sum_n phi_nk [w_n = v].
     Its entries are >= 0 and sum to N, so ||u||_2 <= N (paper eq. 28); clipping scales u by
@@ -482,12 +486,14 @@ class LDA(Model):
                            "variance against the E-step's cost and the reservoir's memory (N words per document)"),
             "clip_fraction": (f"each document's contribution clipped to {RULE_CLIP_FRACTION:g} N (the model's "
                               "default and benchmarks/lda_eval.py's clipping, the paper's Figure 2 setting)"),
-            "seed": "0: the initial topics and the resampling draws are public randomness (no data enters them)",
+            "seed": ("not set: the initial topics and the resampling draws are public randomness (no data enters "
+                     "them), drawn from the run's seed (fit's seed=, an estimator's random_state) when it is seeded, "
+                     "so a seeded fit is reproduced exactly, and from OS entropy otherwise"),
         }
         if private:
             why["accountant"] = why_accountant(q)
         return Settings("lda", n, d, epsilon, delta, q, steps, 1.0, RULE_KAPPA, None,
-                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION, "seed": 0},
+                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION},
                         why=why, accountant=accountant_for(q))
 
     @classmethod
