@@ -85,15 +85,21 @@ def test_the_model_seed_is_its_own_stream() -> None:
     assert model_seed(7) != int(np.random.SeedSequence(7).generate_state(1)[0])
 
 
-def lda_config(run_seed: int | None, **params: Any) -> Any:
-    return config_from_dict({"model": {"family": "lda", "params": {"vocabulary": ["a", "b", "c"], **params}},
+#: The families whose own seed defaults to None: a seeded run derives it (lda and dpvi: OS
+#: entropy unseeded; sbn: 0 unseeded).
+DERIVED = {"lda": {"vocabulary": ["a", "b", "c"]}, "sbn": {"n_visible": 4, "n_latent": 2}, "dpvi": {"dim": 2}}
+
+
+def config_of(family: str, run_seed: int | None, **params: Any) -> Any:
+    return config_from_dict({"model": {"family": family, "params": {**DERIVED[family], **params}},
                              "privacy": {"seed": run_seed, "ledger": {"type": "memory"}}}, env={})
 
 
-def test_a_seeded_run_gives_the_family_its_derived_seed_and_keeps_a_given_one() -> None:
-    assert model_params(lda_config(7))["seed"] == model_seed(7)
-    assert model_params(lda_config(None)).get("seed") is None  # unseeded: the family's OS entropy
-    assert model_params(lda_config(7, seed=3))["seed"] == 3
+@pytest.mark.parametrize("family", sorted(DERIVED))
+def test_a_seeded_run_gives_the_family_its_derived_seed_and_keeps_a_given_one(family: str) -> None:
+    assert model_params(config_of(family, 7))["seed"] == model_seed(7)
+    assert model_params(config_of(family, None)).get("seed") is None  # unseeded: the family's default
+    assert model_params(config_of(family, 7, seed=3))["seed"] == 3
 
 
 @pytest.mark.parametrize("non_private", [True, False])
@@ -114,3 +120,18 @@ def test_the_lda_estimator_is_reproduced_from_its_random_state(non_private: bool
     first = components(3)
     np.testing.assert_array_equal(first, components(3))
     assert not np.array_equal(first, components(4))
+
+
+def test_the_sbn_estimator_is_reproduced_from_its_random_state() -> None:
+    """sbn's initial W follows random_state through fit (it was fixed at seed 0 whatever the state)."""
+    from stream_vips.estimators import PrivateSigmoidBeliefNetwork
+
+    X = (np.random.default_rng(0).random((200, 6)) < 0.3).astype(float)
+
+    def codes(random_state: int) -> np.ndarray:
+        est = PrivateSigmoidBeliefNetwork(n_components=2, steps=2, non_private=True, random_state=random_state)
+        return np.asarray(est.fit(X).transform(X[:20]))
+
+    first = codes(3)
+    np.testing.assert_array_equal(first, codes(3))
+    assert not np.array_equal(first, codes(4))
