@@ -68,7 +68,8 @@ def model_params(cfg: Config) -> dict[str, Any]:
     if "dataset_size" in signature:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
     name = cls.seed_param
-    if cfg.privacy.seed is not None and name in signature and params.get(name, signature[name].default) is None:
+    if cfg.privacy.seed is not None and name is not None and name in signature \
+            and params.get(name, signature[name].default) is None:
         params[name] = model_seed(cfg.privacy.seed)
     params = check_kwargs(cls, params, "model.params")
     if cfg.privacy.unit == "key" and not cls.supports_key_unit:
