@@ -19,7 +19,11 @@ private steps of :class:`~stream_vips.core.engine.PrivateEngine` with Poisson sa
 noise multiplier z calibrated with the PLD accountant (replace-one, the model's diameter) so that
 T steps spend at most the target epsilon at delta = 1e-5, a real :class:`BudgetMonitor` and a
 :class:`MemoryLedger`. ``epsilon = inf`` is the non-private engine mode (z = 0). Reported: the
-held-out per-word perplexity bound (paper eq. 32) and, for the synthetic corpus, topic recovery,
+held-out per-word perplexity bound (paper eq. 32, ``perplexity``), the held-out perplexity as
+scikit-learn's ``LatentDirichletAllocation.perplexity`` and gensim's ``log_perplexity`` compute it
+(``held_out_perplexity``: the same ELBO with the topics' KL term, :meth:`LDA.held_out_perplexity`;
+comparable with other libraries' numbers on the same held-out documents and vocabulary) and, for
+the synthetic corpus, topic recovery,
 as mean and sd over seeds (each seed fixes the initial lambda and the noise draws, shared across
 epsilons), next to the untrained model, a non-private unigram (word frequency) baseline as in
 the paper, and (synthetic) the true topics. ``lambda_noise_std_per_step`` (= z a N / q, the std
@@ -231,6 +235,14 @@ def unigram_perplexity(res: Reservoir, held_out: list[dict], model: LDA) -> floa
     return float(np.exp(-(bags.counts * np.log(freq / freq.sum())[bags.ids]).sum() / bags.counts.sum()))
 
 
+def perplexities(model: LDA, held_out: list[dict]) -> tuple[float, float]:
+    """(paper eq. 32's bound, scikit-learn's held-out perplexity) from one E-step over the held-out
+    documents: the two differ by the topics' term only, exp(-topics_bound / n) (n held-out words)."""
+    bound = model.per_word_bound(held_out)
+    n_words = float(model.bags_of(held_out).counts.sum())
+    return float(np.exp(-(bound - model.topics_bound() / n_words))), float(np.exp(-bound))
+
+
 def summary(values: list[float]) -> dict:
     return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
             "values": [float(v) for v in values]}
@@ -247,37 +259,42 @@ def evaluate(setting: Setting, res: Reservoir, held_out: list[dict], seeds: list
                     "diameter": diameter},
                  "runs": []}
     untrained = [make_model(setting, res.capacity, s) for s in seeds]
-    out["untrained_perplexity"] = summary([m.perplexity(held_out) for m in untrained])
+    untrained_scores = [perplexities(m, held_out) for m in untrained]
+    out["untrained_perplexity"] = summary([p for p, _ in untrained_scores])
+    out["untrained_held_out_perplexity"] = summary([h for _, h in untrained_scores])
     out["unigram_perplexity"] = unigram_perplexity(res, held_out, untrained[0])
     # scale of one step's noise in lambda (D z C / (q M) = z C / q) next to the mean signal D N / (K V)
     out["mean_lambda_signal"] = res.capacity * setting.doc_length / (setting.n_topics * len(setting.vocabulary))
     if true_topics is not None:
         oracle = make_model(setting, res.capacity, 0)
         oracle.load_state({"lambda": setting.eta + 1e6 * true_topics})
-        out["true_topics_perplexity"] = oracle.perplexity(held_out)
+        out["true_topics_perplexity"], out["true_topics_held_out_perplexity"] = perplexities(oracle, held_out)
         out["untrained_recovery"] = summary([topic_recovery(true_topics, m.topics()) for m in untrained])
     for eps in EPSILONS:
         started = time.perf_counter()
         z = calibrate_noise_multiplier(eps, DELTA, q, T, "poisson", accountant=PldAccountant(),
                                        diameter=diameter) if math.isfinite(eps) else 0.0
         calibrated = time.perf_counter()
-        perp, rec, top = [], [], None
+        perp, held, rec, top = [], [], [], None
         for s in seeds:
             model = run(setting, res, eps, z, s)
-            perp.append(model.perplexity(held_out))
+            bound, comparable = perplexities(model, held_out)
+            perp.append(bound)
+            held.append(comparable)
             if true_topics is not None:
                 rec.append(topic_recovery(true_topics, model.topics()))
             top = top or [words[:8] for words in model.top_words(8)[:5]]
         entry = {"epsilon": eps if math.isfinite(eps) else "inf", "noise_multiplier_z": z,
                  "paper_sigma": z / diameter,
                  "lambda_noise_std_per_step": z * setting.clip_fraction * setting.doc_length / q,
-                 "perplexity": summary(perp),
+                 "perplexity": summary(perp), "held_out_perplexity": summary(held),
                  "calibration_s": calibrated - started, "runs_s": time.perf_counter() - calibrated,
                  "top_words_first_seed": top}
         if true_topics is not None:
             entry["recovery_hellinger"] = summary(rec)
         out["runs"].append(entry)
-        print(f"{setting.name} eps={eps} z={z:.3f} perplexity={np.mean(perp):.1f}"
+        print(f"{setting.name} eps={eps} z={z:.3f} perplexity={np.mean(perp):.1f} "
+              f"held-out (scikit-learn's)={np.mean(held):.1f}"
               + (f" recovery={np.mean(rec):.3f}" if rec else "")
               + f" ({time.perf_counter() - started:.0f}s)", flush=True)
     return out

@@ -5,7 +5,7 @@ an aborted or unfinished message are never seen), reassembles chunked messages, 
 message against the schema (refusing a schema version it does not know) and keeps the latest
 version per model id. :meth:`ModelReader.posterior` rebuilds the family's model from the
 published hyperparameters and natural parameters: its own predictive methods (``predictive``
-for ``linreg``, ``predict_proba`` for ``logistic``, ``perplexity`` for ``lda``) then answer.
+for ``linreg``, ``predict_proba`` for ``logistic``, ``held_out_perplexity`` for ``lda``) then answer.
 :class:`RiverClassifier` and :class:`RiverRegressor` wrap a published model for ``river``
 (``predict_proba_one`` / ``predict_one``; ``learn_one`` picks up newer published versions, since
 learning happens in the private pipeline).

@@ -431,3 +431,73 @@ def test_pipeline_run_publishes_lda_with_the_ledgers_epsilon():
     model = posterior_from_message(msg).model  # a reader rebuilds the published posterior
     np.testing.assert_array_equal(model.state()["lambda"], messages.decode_state(msg)["lambda"])
     assert model.vocabulary == vocab and model.dataset_size == 200
+
+
+# --------------------------------------------------------------------------------------------
+# The held-out per-word bound that scikit-learn and gensim report.
+
+def fitted_like(seed: int, tol: float, max_iter: int) -> tuple[LDA, list[dict], np.ndarray]:
+    """An LDA whose lambda is a posterior-like draw around planted topics, 200 held-out documents
+    from those topics and their document-word count matrix."""
+    from stream_vips.models.lda import DocumentData
+
+    rng = np.random.default_rng(seed)
+    data = DocumentData(rng, n_topics=4, vocabulary_size=40, doc_length=30, alpha=0.3)
+    model = LDA(vocabulary=data.vocabulary, dataset_size=1000, n_topics=4, alpha=0.3, eta=0.05, tol=tol,
+                max_iter=max_iter, seed=seed)
+    model.load_state({"lambda": 0.05 + 7500.0 * data.topics * rng.gamma(20.0, 1 / 20.0, data.topics.shape)})
+    docs = [{"tokens": doc} for doc in data.documents(200)]
+    counts = np.zeros((len(docs), len(data.vocabulary)))
+    for i, doc in enumerate(docs):
+        np.add.at(counts[i], [int(w[1:]) for w in doc["tokens"]], 1.0)
+    return model, docs, counts
+
+
+def sklearn_on_the_same_topics(model: LDA) -> object:
+    """scikit-learn's LDA holding ``model``'s lambda as its components_ (what a fit would leave)."""
+    decomposition = pytest.importorskip("sklearn.decomposition")
+    from stream_vips.models.lda import dirichlet_expectation
+
+    lam = model.state()["lambda"]
+    sk = decomposition.LatentDirichletAllocation(n_components=model.n_topics, doc_topic_prior=model.alpha,
+                                                 topic_word_prior=model.eta, max_doc_update_iter=model.max_iter,
+                                                 mean_change_tol=model.tol)
+    sk.components_, sk.exp_dirichlet_component_ = lam, np.exp(dirichlet_expectation(lam))
+    sk.doc_topic_prior_, sk.topic_word_prior_, sk.n_features_in_ = model.alpha, model.eta, lam.shape[1]
+    return sk
+
+
+# Both E-steps iterate the same fixed point (gamma = alpha + theta * sum_v n_v beta_v / phinorm_v)
+# from different starts and stop when gamma's mean absolute change is below tol. The bound is
+# stationary in gamma there, so the two differ by O(tol^2) in the bound (relative ~1e-20 at tol
+# 1e-10, ~1e-6 at the default 1e-3); float64 sums of ~10^4 terms of size ~10 add ~1e-12.
+@pytest.mark.parametrize("tol, max_iter, rtol", [(1e-10, 2000, 1e-9), (1e-3, 100, 1e-6)])
+def test_held_out_perplexity_is_scikit_learns_on_the_same_topics(tol, max_iter, rtol):
+    model, docs, counts = fitted_like(0, tol, max_iter)
+    sk = sklearn_on_the_same_topics(model)
+    assert model.held_out_perplexity(docs) == pytest.approx(sk.perplexity(counts), rel=rtol)
+    sk.total_samples = 5_000  # the documents as a subsample of a larger corpus (gensim's total_docs)
+    assert model.held_out_perplexity(docs, total_docs=5_000) == pytest.approx(
+        sk.perplexity(counts, sub_sampling=True), rel=rtol)
+    assert model.per_word_bound(docs) == pytest.approx(-math.log(sk.perplexity(counts)), rel=rtol)
+
+
+def test_the_old_perplexity_leaves_out_the_topics_term():
+    """held_out_perplexity / perplexity = exp(KL(q(beta) || p(beta)) / n): equal at the prior
+    (lambda = eta, KL = 0), above it for any informative lambda."""
+    model, docs, counts = fitted_like(1, 1e-3, 100)
+    n = counts.sum()
+    kl = -model.topics_bound()
+    assert kl > 0
+    assert math.log(model.held_out_perplexity(docs) / model.perplexity(docs)) == pytest.approx(kl / n, rel=1e-9)
+    model.load_state({"lambda": np.full((model.n_topics, len(model.vocabulary)), model.eta)})
+    assert model.topics_bound() == pytest.approx(0.0, abs=1e-9)
+    assert model.held_out_perplexity(docs) == pytest.approx(model.perplexity(docs), rel=1e-12)
+
+
+def test_total_docs_must_cover_the_documents_given():
+    model, docs, _ = fitted_like(2, 1e-3, 100)
+    with pytest.raises(ValueError, match="total_docs"):
+        model.per_word_bound(docs, total_docs=len(docs) - 1)
+    with pytest.raises(ValueError, match="no document"):
+        model.per_word_bound([{"tokens": ["not-a-word"]}])

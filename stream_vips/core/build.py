@@ -45,14 +45,32 @@ def family_class(family: str) -> type[Model]:
     return cls
 
 
+#: The spawn key of a seeded run's model seed: apart from the generators spawned from the run's
+#: seed (children 0-2), a restart's engine (2, steps) and the shards' (14, ...).
+MODEL_SEED_KEY = (3,)
+
+
+def model_seed(run_seed: int) -> int:
+    """The family's public seed in a run seeded with ``run_seed``: a 32-bit draw of its own
+    stream (:data:`MODEL_SEED_KEY`), so that it neither repeats nor predicts the noise draws."""
+    return int(np.random.SeedSequence(run_seed, spawn_key=MODEL_SEED_KEY).generate_state(1)[0])
+
+
 def model_params(cfg: Config) -> dict[str, Any]:
     """The family's constructor arguments: its defaults, ``dataset_size`` = the reservoir's
     capacity M where the family takes one (public), then the configured ones, each checked
-    against the constructor (``model.params.<name>`` named on a refusal)."""
+    against the constructor (``model.params.<name>`` named on a refusal). In a seeded run, the
+    family's ``seed_param`` left at ``None`` becomes :func:`model_seed` of ``privacy.seed`` (the
+    family's public randomness is then reproducible too; it never reads a record)."""
     cls = family_class(cfg.model.family)
     params = {**cls.default_params, **cfg.model.params}
-    if "dataset_size" in inspect.signature(cls.__init__).parameters:
+    signature = inspect.signature(cls.__init__).parameters
+    if "dataset_size" in signature:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
+    name = cls.seed_param
+    if cfg.privacy.seed is not None and name is not None and name in signature \
+            and params.get(name, signature[name].default) is None:
+        params[name] = model_seed(cfg.privacy.seed)
     params = check_kwargs(cls, params, "model.params")
     if cfg.privacy.unit == "key" and not cls.supports_key_unit:
         raise ConfigError(f"privacy.unit: key is not supported by the {cfg.model.family} family: {cls.key_unit_note}")

@@ -17,7 +17,8 @@ from stream_vips.estimators._base import PrivateEstimator
 class PrivateLDA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, PrivateEstimator):
     """Latent Dirichlet allocation with (epsilon, delta)-differential privacy (VIPS): K topics
     over a public vocabulary, learnt from a document-word count matrix; ``transform`` gives each
-    document's topic proportions (the posterior mean of theta under the released topics).
+    document's topic proportions (the posterior mean of theta under the released topics);
+    ``perplexity`` the held-out perplexity as scikit-learn's ``LatentDirichletAllocation`` reports it.
 
     - ``epsilon``, ``delta``: the budget one ``fit`` spends (cross-validation spends it per fit);
     - ``n_components``: K, the topics (default 10, the family's);
@@ -127,6 +128,15 @@ class PrivateLDA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, PrivateEstim
             for blk in e_step(bags, m._exp_elog_beta_t, m.alpha, m.max_iter, m.tol, m.block_size):
                 out[rows[blk.docs]] = blk.gamma / blk.gamma.sum(axis=1, keepdims=True)
         return out
+
+    def perplexity(self, X: Any) -> float:
+        """Held-out perplexity of the documents (rows of counts) of X under the released topics:
+        scikit-learn's ``LatentDirichletAllocation.perplexity(X)`` on the same topics, exp(-ELBO
+        per word) with theta inferred per document (:meth:`stream_vips.models.lda.LDA.held_out_perplexity`).
+        Post-processing of the release: it spends nothing."""
+        check_is_fitted(self, "posterior_")
+        counts = self._counts(X, reset=False)
+        return float(self.model_.held_out_perplexity(self._data(counts, None)))
 
     def sample_posterior(self, n: int, random_state: Any = None) -> np.ndarray:
         """``n`` draws of the topics from their Dirichlet posteriors, shape (n, K, V)."""

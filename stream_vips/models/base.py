@@ -78,6 +78,13 @@ class Model(ABC):
     synthetic: ClassVar[type[SyntheticData] | None] = None
     #: What ``stream-vips demo`` streams of that data and how it scores the model (``None``: no demo).
     demo: ClassVar[Demo | None] = None
+    #: The constructor parameter holding the family's public randomness (initial values, Monte
+    #: Carlo or resampling draws: no record enters them). When it resolves to ``None`` in a seeded
+    #: run (``privacy.seed``), :func:`stream_vips.core.build.model_params` derives it from the run's
+    #: seed, so that a seeded run is reproducible; unseeded, ``None`` stays OS entropy. A family
+    #: must not publish a derived seed in :meth:`hyperparameters` (it is a function of the noise
+    #: seed). Ignored when the constructor has no such parameter.
+    seed_param: ClassVar[str | None] = "seed"
     #: Why the family does not release through the engine, so that ``fit`` and a stream refuse it
     #: (``None``: it does, and :meth:`fit_rule` states fit's settings; ops releases a sample of its own).
     engine_refusal: ClassVar[str | None] = None

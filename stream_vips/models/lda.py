@@ -17,7 +17,9 @@ words) from that sparse form, clips each to ``a * N`` and sums them with one spa
 ``lambda_hat = eta + D * s`` with D the configured corpus size (``dataset_size``), blended with
 rho_t.
 
-Read side: :meth:`LDA.perplexity` (the held-out per-word bound, paper eq. 32),
+Read side: :meth:`LDA.held_out_perplexity` and :meth:`LDA.per_word_bound` (the held-out
+per-word bound as scikit-learn's ``perplexity`` and gensim's ``log_perplexity`` report it),
+:meth:`LDA.perplexity` (the paper's eq. 32, without the topics' term),
 :meth:`LDA.top_words`, and :func:`topic_recovery` for synthetic corpora with known topics.
 
 Length: over the project's 600-line guide because a family is one module: besides the model
@@ -368,7 +370,11 @@ class LDA(Model):
     """Latent Dirichlet allocation by VIPS: K topics over a public vocabulary of V words, learnt by
     stochastic variational inference whose E-step runs behind the privacy wall on documents
     resampled to a public length and whose released statistic is the clipped sum of the documents'
-    expected word-topic counts.
+    expected word-topic counts. Held-out fit is :meth:`held_out_perplexity`, the number
+    scikit-learn's ``LatentDirichletAllocation.perplexity`` and gensim's ``log_perplexity`` report:
+    exp(-ELBO per word) of the held-out documents, theta inferred on them by the E-step (``max_iter``,
+    ``tol``) with the topics fixed at their posterior, the topics' KL term included (lower is
+    better); :meth:`perplexity` (paper eq. 32) leaves that term out.
 
     Parameters (public configuration, privacy rule 5 in docs/privacy.md):
 
@@ -380,9 +386,14 @@ class LDA(Model):
     - ``alpha``, ``eta``: the symmetric Dirichlet priors on theta and beta (``alpha`` None: 1/K);
     - ``clip_fraction``: a, each document's contribution is clipped to L2 norm a * N (1: no
       clipping, as in the paper);
-    - ``max_iter``, ``tol``: the E-step's iteration cap and mean-absolute-change tolerance;
+    - ``max_iter``, ``tol``: the E-step's iteration cap and mean-absolute-change tolerance (also
+      of the held-out evaluation);
     - ``block_size``: documents per vectorized E-step block;
-    - ``seed``: the initial lambda and the resampling draws (public randomness; None: OS entropy).
+    - ``seed``: the initial lambda and the resampling draws (public randomness: no record enters
+      them); None (the default): in a seeded run (``privacy.seed``, a learner's or ``fit``'s
+      ``seed=``, an estimator's ``random_state``) a seed derived from the run's
+      (:func:`stream_vips.core.build.model_seed`, never published), so the run is reproduced
+      exactly; in an unseeded run OS entropy.
 
     Sensitivity. A document's contribution is the K x V matrix u_kv = sum_n phi_nk [w_n = v].
     Its entries are >= 0 and sum to N, so ||u||_2 <= N (paper eq. 28); clipping scales u by
@@ -482,12 +493,14 @@ class LDA(Model):
                            "variance against the E-step's cost and the reservoir's memory (N words per document)"),
             "clip_fraction": (f"each document's contribution clipped to {RULE_CLIP_FRACTION:g} N (the model's "
                               "default and benchmarks/lda_eval.py's clipping, the paper's Figure 2 setting)"),
-            "seed": "0: the initial topics and the resampling draws are public randomness (no data enters them)",
+            "seed": ("not set: the initial topics and the resampling draws are public randomness (no data enters "
+                     "them), drawn from the run's seed (fit's seed=, an estimator's random_state) when it is seeded, "
+                     "so a seeded fit is reproduced exactly, and from OS entropy otherwise"),
         }
         if private:
             why["accountant"] = why_accountant(q)
         return Settings("lda", n, d, epsilon, delta, q, steps, 1.0, RULE_KAPPA, None,
-                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION, "seed": 0},
+                        model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION},
                         why=why, accountant=accountant_for(q))
 
     @classmethod
@@ -737,7 +750,7 @@ class LDA(Model):
         return out
 
     def perplexity(self, docs: Sequence[Any]) -> float:
-        """Held-out per-word perplexity bound (paper eq. 32; Hoffman et al. 2010).
+        """Held-out per-word perplexity bound of the documents alone (paper eq. 32; Hoffman et al. 2010).
 
         For each document (all its known words, not resampled), the E-step gives q(theta_d)
         and q(z_d) at the current lambda; the bound is exp(-sum_d ELBO_d / sum_d n_d) with
@@ -745,12 +758,69 @@ class LDA(Model):
                + sum_k (alpha - gamma_dk) E[log theta_dk] + sum_k log Gamma(gamma_dk)
                - log Gamma(sum_k gamma_dk) + log Gamma(K alpha) - K log Gamma(alpha),
         where the first line is E_q[log p(n_d, z_d | theta_d, beta)] - E_q[log q(z_d)] at the
-        optimal phi. It upper-bounds the perplexity exp(-log p(n | lambda) / n).
+        optimal phi. It leaves out the topics' own term E_q[log p(beta) - log q(beta)] (<= 0), so
+        it is below scikit-learn's ``perplexity`` and gensim's ``exp(-log_perplexity)`` on the same
+        topics, by the factor exp(-KL(q(beta) || p(beta)) / sum_d n_d);
+        :meth:`held_out_perplexity` is the number they report. Kept for the paper's figures
+        (benchmarks/paper_claims.py compares variants with it).
         """
         bags = self.bags_of(docs)
         n_words = bags.counts.sum()
         if n_words == 0:
             raise ValueError("perplexity: no document has a word in the vocabulary")
+        return float(np.exp(-self._documents_bound(bags) / n_words))
+
+    def per_word_bound(self, docs: Sequence[Any], total_docs: int | None = None) -> float:
+        """Held-out per-word log-likelihood bound (nats per word), as scikit-learn and gensim compute it.
+
+        The evidence lower bound of the held-out documents with theta inferred on them (the
+        E-step of :meth:`perplexity`, topics fixed at their posterior q(beta) = Dirichlet(lambda)),
+        including the topics' term, divided by the documents' known words n:
+
+            bound = (r * sum_d ELBO_d + E_q[log p(beta | eta) - log q(beta | lambda)]) / (r * n),
+
+        E_q[log p(beta | eta) - log q(beta | lambda)] = sum_kv (eta - lambda_kv) E[log beta_kv]
+        + sum_kv (log Gamma(lambda_kv) - log Gamma(eta)) + sum_k (log Gamma(V eta) - log Gamma(sum_v lambda_kv)),
+
+        with ELBO_d as in :meth:`perplexity` and r = ``total_docs`` / (number of documents given)
+        (1 when ``total_docs`` is None). This is scikit-learn's
+        ``LatentDirichletAllocation._approx_bound(X) / X.sum()`` (so ``exp(-bound)`` is its
+        ``perplexity(X)``; ``total_docs`` its ``sub_sampling=True`` with ``total_samples``) and
+        gensim's ``LdaModel.log_perplexity(chunk, total_docs)``, given the same topics and priors:
+        all three run the same mean-field fixed point for gamma, started differently (here at
+        alpha + n_d / K, scikit-learn at 1, gensim at random), and stop at a mean absolute change
+        of gamma below ``tol``. Because the bound is stationary in gamma at the fixed point,
+        their numbers agree to second order in that residual. The topics' term is a fixed cost
+        spread over the held-out words: the number depends on how many words are held out.
+        """
+        bags = self.bags_of(docs)
+        n_words = float(bags.counts.sum())
+        if n_words == 0:
+            raise ValueError("per_word_bound: no document has a word in the vocabulary")
+        ratio = 1.0
+        if total_docs is not None:
+            if isinstance(total_docs, bool) or not isinstance(total_docs, (int, np.integer)) \
+                    or total_docs < len(docs):
+                raise ValueError(f"total_docs: must be an integer >= the {len(docs)} documents given, "
+                                 f"got {total_docs!r}")
+            ratio = int(total_docs) / len(docs)
+        return (ratio * self._documents_bound(bags) + self.topics_bound()) / (ratio * n_words)
+
+    def held_out_perplexity(self, docs: Sequence[Any], total_docs: int | None = None) -> float:
+        """exp(-:meth:`per_word_bound`): scikit-learn's ``LatentDirichletAllocation.perplexity``
+        on the same topics (lower is better)."""
+        return float(np.exp(-self.per_word_bound(docs, total_docs)))
+
+    def topics_bound(self) -> float:
+        """E_q[log p(beta | eta) - log q(beta | lambda)] = -KL(q(beta) || p(beta)) <= 0, summed over
+        the K topics (0 exactly when lambda = eta: the posterior is the prior)."""
+        lam, eta = self._lambda, self.eta
+        V = lam.shape[1]
+        return float(((eta - lam) * dirichlet_expectation(lam)).sum() + (gammaln(lam) - gammaln(eta)).sum()
+                     + (gammaln(V * eta) - gammaln(lam.sum(axis=1))).sum())
+
+    def _documents_bound(self, bags: Bags) -> float:
+        """sum_d ELBO_d of :meth:`perplexity` (theta inferred per document, topics fixed)."""
         K, a = self.n_topics, self.alpha
         elbo = 0.0
         for blk in e_step(bags, self._exp_elog_beta_t, a, self.max_iter, self.tol, self.block_size):
@@ -758,4 +828,4 @@ class LDA(Model):
             elbo += float((blk.counts * np.log(blk.phinorm)).sum())
             elbo += float(((a - blk.gamma) * elog_theta + gammaln(blk.gamma)).sum())
             elbo += float((gammaln(K * a) - K * gammaln(a) - gammaln(blk.gamma.sum(axis=1))).sum())
-        return float(np.exp(-elbo / n_words))
+        return elbo

@@ -246,7 +246,11 @@ class SigmoidBeliefNetwork(Model):
       between latent units;
     - ``floor_factor``: scales the eigenvalue floor of the averaged noisy ``xi_zz``;
     - ``damping``: the step in (0, 1] of the parallel q(z) updates (module docstring);
-    - ``seed``: the initial mean of W (public randomness);
+    - ``seed``: the initial mean of W (public randomness: no record enters it); None (the
+      default): in a seeded run (``privacy.seed``, ``fit``'s ``seed=``, an estimator's
+      ``random_state``) a seed derived from the run's (:func:`stream_vips.core.build.model_seed`),
+      else 0. Messages do not carry it (the state replaces the initial W; a derived seed is a
+      function of the noise seed);
     - ``dtype``: ``"float32"`` runs the E-step products in single precision (about twice the
       throughput); the E-step outputs are clipped in float64 afterwards, so the bounds hold exactly,
       and the M-step stays in float64;
@@ -313,7 +317,7 @@ class SigmoidBeliefNetwork(Model):
         init_scale: float = 0.1,
         floor_factor: float = 1.0,
         damping: float = 0.5,
-        seed: int = 0,
+        seed: int | None = None,
         dtype: str = "float64",
         clip_units: float | None = None,
         clip_omega: float | None = None,
@@ -330,7 +334,7 @@ class SigmoidBeliefNetwork(Model):
         self.damping = positive("damping", damping)
         if self.damping > 1.0:
             raise ValueError(f"damping must be in (0, 1], got {damping!r}")
-        self.seed = integer("seed", seed, minimum=0)
+        self.seed = 0 if seed is None else integer("seed", seed, minimum=0)
         given = {"clip_units": clip_units, "clip_omega": clip_omega, "clip_pixels": clip_pixels}
         for name, value in given.items():
             value = RULE_CLIP[name] if value is None else positive(name, value)
@@ -663,7 +667,6 @@ class SigmoidBeliefNetwork(Model):
             "n_visible": self.n_visible, "n_latent": self.n_latent, "dataset_size": self.dataset_size,
             "inner_iterations": self.inner_iterations, "nu_b": self.nu_b, "nu_c": self.nu_c,
             "init_scale": self.init_scale, "floor_factor": self.floor_factor, "damping": self.damping,
-            "seed": self.seed,
             "xi_zz_noise_std": self.xi_zz_noise_std, "dtype": self.dtype.name, "clip_units": self.clip_units,
             "clip_omega": self.clip_omega, "clip_pixels": self.clip_pixels,
         }
