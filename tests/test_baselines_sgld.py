@@ -148,3 +148,20 @@ def test_runs_through_the_engine_clipped_and_accounted():
     assert len(monitor.ledger.events()) == 400
     p = m.predict_proba(X)
     assert np.mean((p > 0.5) == (y == 1)) > 0.8  # the samples carry the signal
+
+
+def test_fit_runs_the_accountant_noise_and_refuses_the_paper_noise_before_spending():
+    """fit's sgld rule: full-batch steps at eta = 1 / z^2 for the calibrated z, the budget spent;
+    noise: paper would spend a small part of it, which fit's contract does not allow."""
+    from stream_vips import fit
+    from stream_vips.errors import FitError
+
+    X, y = _data(500)
+    result = fit((X, y), "sgld", seed=0)
+    z = result.report["budget"]["noise_multiplier"]
+    assert result.report["budget"]["fraction_spent"] > 0.99
+    assert result.posterior.model.noise == "accountant" and result.settings.steps == 100
+    assert np.mean((result.posterior.model.predict_proba(X) > 0.5) == (y == 1)) > 0.8
+    assert 1.0 / z**2 <= stable_step(500, 1.0)  # the rule's T makes the Langevin step stable
+    with pytest.raises(FitError, match=r"noise: paper .* fit spends the whole budget"):
+        fit((X, y), "sgld", noise="paper", seed=0)

@@ -181,7 +181,8 @@ class DPSGLD(LogisticRecords):
 
     - ``noise``: who sets the engine's noise multiplier: ``"accountant"`` (calibrated to the
       budget, the Langevin step follows from it) or ``"paper"`` (Algorithm 2's formula with the
-      budget as its target; the accountant certifies far less, which the start warns about);
+      budget as its target; the accountant certifies far less, which the start warns about; fit
+      refuses it, since fit spends the whole budget);
     - ``step_size``: the constant eta (``None``: the Langevin step of the noise, at most the stable
       step 1 / (N/4 + alpha); Langevin noise the privacy noise does not cover is added);
     - ``lipschitz``: L, the clip of every per-record gradient;
@@ -244,7 +245,13 @@ class DPSGLD(LogisticRecords):
 
     @classmethod
     def fit_complete(cls, settings: Settings, params: Mapping[str, Any]) -> Settings:
-        """A step count other than the rule's burns in and keeps its own halves (:func:`sample_params`)."""
+        """A step count other than the rule's burns in and keeps its own halves (:func:`sample_params`);
+        ``noise: paper`` is refused (fit spends the whole budget, and the paper's noise spends a small
+        percent of it under the accountant: a PrivateLearner or a stream runs it, with a warning)."""
+        if params.get("noise", "accountant") == "paper" and settings.epsilon is not None:
+            raise ValueError("noise: paper sets z by Algorithm 2's formula, which spends a small part of the "
+                             "budget under the accountant, while fit spends the whole budget; run it with "
+                             "PrivateLearner or a stream (which warn what it spends), or keep noise: accountant")
         fresh = sample_params(settings.steps)
         if all(settings.model_params.get(k) == v for k, v in fresh.items()):
             return settings
