@@ -57,7 +57,7 @@ from stream_vips.core.data.sampling import FixedSizeSampler, PoissonSampler
 from stream_vips.core.engine import PrivateEngine
 from stream_vips.models.baselines.dpvi import DPVI
 from stream_vips.models.baselines.ops import OPS, UNCERTIFIED_REASON, AssumeExactSampling
-from stream_vips.models.baselines.sgld import DPSGLD
+from stream_vips.models.baselines.sgld import DPSGLD, PaperNoise
 from stream_vips.models.logistic import BayesianLogisticRegression, roc_auc
 from stream_vips.models.sep.probit import ProbitSEP
 from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, StrongCompositionAccountant
@@ -184,19 +184,19 @@ def claim_logistic() -> dict:
     rows = []
     for eps in EPSILONS:
         t0 = time.perf_counter()
-        probe = dict(dim=d, dataset_size=N, batch_size=tau, step_size=c["step_size"], epsilon=eps, delta=DELTA)
         need = eps**2 * N / (32.0 * tau * math.log(2.0 / DELTA))
         passes = float(max(c["min_passes"], math.ceil(need)))
+        iterations = PaperNoise(N, tau, passes, eps, DELTA, c["step_size"]).iterations
         vals, accounted = [], None
         for s in SEEDS:
-            model = DPSGLD(**probe, passes=passes, burn_in=0)
-            model.burn_in = int(c["burn_in_fraction"] * model.iterations)
-            z = model.paper_noise_multiplier()
+            model = DPSGLD(dim=d, dataset_size=N, noise="paper", step_size=c["step_size"],
+                           burn_in=int(c["burn_in_fraction"] * iterations), seed=s)
+            z = model.own_noise_multiplier(eps, DELTA, tau, iterations)
             model.check_noise_multiplier(z)
-            engine = run_engine(model, res_xy, FixedSizeSampler(tau), z, model.iterations, eps, rdp, s, 1.0, 0.7)
+            engine = run_engine(model, res_xy, FixedSizeSampler(tau), z, iterations, eps, rdp, s, 1.0, 0.7)
             accounted = engine.epsilon_spent()
             vals.append(auc(model))
-        rows.append({"epsilon": eps, "passes_T": passes, "theorem4_min_passes": need, "iterations": model.iterations,
+        rows.append({"epsilon": eps, "passes_T": passes, "theorem4_min_passes": need, "iterations": iterations,
                      "noise_multiplier_z": z, "epsilon_by_our_accountant": accounted, "auc": summary(vals),
                      "seconds": time.perf_counter() - t0})
         print("sgld", eps, round(z, 3), accounted, round(float(np.mean(vals)), 4), flush=True)
@@ -334,8 +334,8 @@ def claim_accounting() -> dict:
     for eps in (0.5, 1.0, 4.0):
         N, tau = 26048, 260
         passes = float(max(2.0, math.ceil(eps**2 * N / (32.0 * tau * math.log(2.0 / DELTA)))))
-        m = DPSGLD(dim=2, dataset_size=N, batch_size=tau, step_size=2e-5, epsilon=eps, delta=DELTA, passes=passes)
-        z = m.paper_noise_multiplier()
+        m = PaperNoise(N, tau, passes, eps, DELTA, 2e-5)
+        z = m.noise_multiplier()
         ev = SubsampledGaussianEvent(z, tau / N, "fixed", count=m.iterations)
         rows.append({"setting": f"DP-SGLD Theorem 4 (Adult-sized: N={N}, tau={tau}, T={passes:g} passes)",
                      "printed_epsilon": eps, "delta": DELTA, "steps": m.iterations, "noise_multiplier_z": z,

@@ -238,7 +238,7 @@ def test_sizes_the_arrays_do_not_show_are_refused_too():
     from stream_vips.models.baselines.sgld import DPSGLD
     from stream_vips.models.lda import LDA
 
-    sgld = DPSGLD(dim=2, dataset_size=100, batch_size=10, step_size=0.01, epsilon=1.0, delta=1e-5, passes=1.0)
+    sgld = DPSGLD(dim=2, dataset_size=100, step_size=0.01)
     state = {**sgld.state(), "counters": np.array([0.0, 1e9])}
     hostile = messages.build_message("m", "sgld", {**sgld.hyperparameters(), "keep": 10**8}, 1, state, _report())
     with pytest.raises(ValueError, match="holds 1 samples but counts 1000000000"):
@@ -261,7 +261,7 @@ def test_an_sgld_message_with_a_huge_keep_is_read_with_memory_for_the_rows_it_ho
 
     from stream_vips.models.baselines.sgld import DPSGLD
 
-    sgld = DPSGLD(dim=3, dataset_size=100, batch_size=10, step_size=0.01, epsilon=1.0, delta=1e-5, passes=1.0)
+    sgld = DPSGLD(dim=3, dataset_size=100, step_size=0.01)
     for _ in range(3):
         sgld.update({"grad": np.full(3, 0.01)}, rho=1.0)
     msg = messages.build_message("m", "sgld", {**sgld.hyperparameters(), "keep": 10**9}, 1, sgld.state(), _report())

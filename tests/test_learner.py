@@ -77,7 +77,9 @@ def test_finite_data_smaller_than_the_reservoir_gives_no_model_and_says_what_to_
 def test_a_full_reservoir_before_its_first_trigger_says_to_feed_more_or_step():
     lrn = learner(every_records=1000)
     with pytest.warns(UserWarning, match=r"the reservoir is full and the next step is due after 400 more arrivals "
-                                         r"\(every_records=1000\): feed more records or call step\(\)"):
+                                         r"\(every_records=1000\): feed more records, or call step\(\) to take "
+                                         r"one now; a finite table is fitted whole, with every planned step, by "
+                                         r"stream_vips\.fit"):
         lrn.learn_many(linreg_data(600))
     assert lrn.step() is not None  # explicitly: the reservoir is full, so this is a release
     assert lrn.posterior.model.predictive(np.zeros((1, 3)))[0].shape == (1,)

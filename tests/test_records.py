@@ -154,7 +154,7 @@ def test_booleans_are_wrong_type_wherever_numbers_are_expected(batch_size):
 
 FAMILY_PARAMS = {
     "linreg": {"dim": 2}, "logistic": {"dim": 2}, "dpvi": {"dim": 2}, "ops": {"dim": 2, "epsilon": 1.0},
-    "sgld": {"dim": 2, "batch_size": 10, "step_size": 0.01, "epsilon": 1.0, "delta": 1e-5, "passes": 1.0},
+    "sgld": {"dim": 2, "step_size": 0.01},
     "sep_probit": {"dim": 2, "clip": 1.0}, "sep_mixture": {"n_components": 2, "dim": 2, "clip": 1.0},
     "lda": {"vocabulary": ["apple", "pear"], "doc_length": 4},
     "sbn": {"n_visible": 2, "n_latent": 2}, "sep_bnn": {"dim": 2, "clip": 1.0},

@@ -85,7 +85,7 @@ def test_rank_one_clipped_sum_equals_dense_clipped_sites():
 
 
 def test_parse_batch_labels_intercept_and_clipping():
-    model = ProbitSEP(dim=2, dataset_size=10, clip=1.0, x_clip=5.0)
+    model = ProbitSEP(dim=2, dataset_size=10, clip=1.0, x_clip=5.0, intercept=True)
     parsed = model.parse_batch([
         {"x": [3.0, 4.0], "y": 1}, {"x": [30.0, 40.0], "y": 0}, {"x": [1.0, 1.0], "y": 2},
         {"x": [1.0, 1.0]}, {"x": [1.0, 1.0], "y": "1"}, {"x": [1.0, 1.0], "y": 0.5},
@@ -104,7 +104,7 @@ def test_non_private_sep_learns_a_probit_classifier():
     X = rng.normal(size=(N, d))
     p_true = norm.cdf(X @ w_true[:d] + w_true[d])
     y = (rng.random(N) < p_true).astype(int)
-    model = ProbitSEP(dim=d, dataset_size=N, clip=None, prior_var=10.0)
+    model = ProbitSEP(dim=d, dataset_size=N, clip=None, prior_var=10.0, intercept=True)
     rows = model.parse_batch([{"x": X[i].tolist(), "y": int(y[i])} for i in range(N)]).rows
     for t in range(60):
         idx = rng.choice(N, 200, replace=False)
@@ -113,3 +113,47 @@ def test_non_private_sep_learns_a_probit_classifier():
     sd = np.sqrt(np.diag(cov[0]))
     assert np.all(np.abs(mean[0] - w_true) < 5 * sd + 0.1), (mean[0], w_true, sd)
     assert np.mean(np.abs(model.predict_proba(X) - p_true)) < 0.05
+
+
+def test_defaults_add_no_second_intercept_to_records_that_carry_their_bias_column():
+    """Records of the logistic-style format carry their bias column: the defaults append nothing,
+    so one constant column means exactly one intercept weight (fit, the learner, the rule)."""
+    from stream_vips import PrivateLearner, fit
+    from stream_vips.fitting import fit_settings
+
+    model = ProbitSEP(dim=3, dataset_size=10)
+    assert model.intercept is False and model.clip == 1.0
+    rows = model.parse_batch([{"x": [0.3, -0.2, 1.0], "y": 1}]).rows
+    np.testing.assert_allclose(rows["x"], [[0.3, -0.2, 1.0]])
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.normal(size=(300, 2)) / 2, np.ones(300)])  # the last column: the bias
+    y = (rng.random(300) < norm.cdf(X @ [1.0, -1.0, 0.5])).astype(int)
+    posterior = fit((X, y), "sep_probit", seed=0, steps=3).posterior
+    assert posterior.model.intercept is False and posterior.model.posterior()[0][0].shape == (3,)
+    assert posterior.message["hyperparameters"]["dim"] == 3
+    assert "intercept" not in fit_settings("sep_probit", 300, 3, 1.0, 1e-5).model_params  # the default applies
+    with PrivateLearner("sep_probit", dim=3, reservoir=100, batch_size=20) as lrn:
+        assert lrn.model.posterior()[0][0].shape == (3,)
+
+
+def test_the_estimator_adds_exactly_one_intercept():
+    """PrivateProbitClassifier's fit_intercept is the family's own intercept, passed explicitly: rows
+    of X without a bias column get one constant, and the weights have d + 1 entries."""
+    from stream_vips.estimators import PrivateProbitClassifier
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(400, 2))
+    y = (X @ [1.0, -1.0] + 0.3 + rng.normal(size=400) > 0).astype(int)
+    clf = PrivateProbitClassifier(epsilon=1.0, random_state=0, steps=3).fit(X, y)
+    assert clf.model_.intercept is True and clf.model_.posterior()[0][0].shape == (3,)
+    assert clf.n_features_in_ == 2
+    plain = PrivateProbitClassifier(epsilon=1.0, random_state=0, steps=3, fit_intercept=False).fit(X, y)
+    assert plain.model_.intercept is False and plain.model_.posterior()[0][0].shape == (2,)
+
+
+def test_the_default_clip_leaves_a_typical_unit_scale_site_whole():
+    """The numbers the clip's docstring states: at the prior's cavity (s2 = ||x||^2 = 1) a site's
+    norm is 0.95 at x^T m = 0, 0.44 at t x^T m = 2 and 1.10 at -2."""
+    for mu, want in ((0.0, 0.95), (2.0, 0.44), (-2.0, 1.10)):
+        nu, tau = site_coefficients(np.array(mu), np.array(1.0), np.array(1.0))
+        assert float(np.hypot(nu, tau)) == pytest.approx(want, abs=0.005)

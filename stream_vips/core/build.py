@@ -12,6 +12,7 @@ before anything is spent.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,10 @@ def model_params(cfg: Config) -> dict[str, Any]:
     family's ``seed_param`` left at ``None`` becomes :func:`model_seed` of ``privacy.seed`` (the
     family's public randomness is then reproducible too; it never reads a record)."""
     cls = family_class(cfg.model.family)
+    for name in cfg.model.params:
+        if name in cls.retired_params:
+            raise ConfigError(f"model.params.{name}: the {cfg.model.family} family no longer takes {name}; "
+                              f"{cls.retired_params[name]}")
     params = {**cls.default_params, **cfg.model.params}
     signature = inspect.signature(cls.__init__).parameters
     if "dataset_size" in signature:
@@ -132,16 +137,42 @@ def accountant(cfg: Config, s: Sampler, q: float, d: float) -> Accountant:
     return acct
 
 
-def noise_multiplier(cfg: Config, acct: Accountant, s: Sampler, q: float, d: float, steps: int) -> float:
-    """``privacy.noise_multiplier``, or the one calibrated to spend epsilon in ``steps`` steps."""
+def noise_multiplier(cfg: Config, acct: Accountant, s: Sampler, q: float, d: float, steps: int,
+                     m: Model | None = None) -> float:
+    """``privacy.noise_multiplier``, else the model's own (:meth:`Model.own_noise_multiplier`, asked
+    always, so that the model can check a given z against it; a warning names the epsilon the
+    accountant certifies for it over ``steps`` steps), else the one calibrated to spend epsilon in
+    ``steps`` steps."""
     z = cfg.privacy.noise_multiplier
+    own = None
+    if m is not None:
+        try:
+            own = m.own_noise_multiplier(cfg.privacy.epsilon, cfg.privacy.delta, s.normaliser(cfg.sampling.reservoir),
+                                         steps)
+        except ValueError as exc:
+            raise ConfigError(f"model.params: {exc}") from exc
     if z is not None:
         return float(z)
+    if own is not None:
+        _warn_own_noise(cfg, acct, s.name, q, d, steps, own)
+        return float(own)
     try:
         return calibrate_noise_multiplier(cfg.privacy.epsilon, cfg.privacy.delta, q, steps, s.name, accountant=acct,
                                           diameter=d, rtol=cfg.privacy.calibration_rtol)
     except (ValueError, ArithmeticError) as exc:
         raise ConfigError(f"privacy.noise_multiplier: cannot calibrate: {exc}") from exc
+
+
+def _warn_own_noise(cfg: Config, acct: Accountant, sampling: str, q: float, d: float, steps: int, z: float) -> None:
+    """Tell the user what a family's own noise rule spends, as the accountant certifies it."""
+    event = SubsampledGaussianEvent(z, q, sampling, diameter=d, count=steps)
+    spent = acct.epsilon([event], cfg.privacy.delta)
+    budget = cfg.privacy.epsilon
+    warnings.warn(f"{cfg.model.family}: the family's own noise rule (model.params.noise) sets z = {z:.4g}; the "
+                  f"{acct.name} accountant certifies epsilon {spent:.3g} of the budget {budget:g} for the {steps} "
+                  "planned steps" + (" (the rest stays unspent; the default noise: accountant spends it)"
+                                     if spent < budget else " (steps past the budget are refused)"),
+                  UserWarning, stacklevel=3)
 
 
 def ledger(cfg: Config) -> Ledger:
@@ -203,7 +234,7 @@ def parts(cfg: Config, given_ledger: Ledger | None = None) -> Parts:
         q = smp.rate(res.capacity)
         acct = accountant(cfg, smp, q, d)
         accountant_name = acct.name
-        z = noise_multiplier(cfg, acct, smp, q, d, steps_in_window or cfg.privacy.planned_steps)
+        z = noise_multiplier(cfg, acct, smp, q, d, steps_in_window or cfg.privacy.planned_steps, m)
         led, owns = (given_ledger, False) if given_ledger is not None else (ledger(cfg), True)
         try:
             mon = monitor(cfg, acct, led, steps_in_window, cfg.privacy.unit)

@@ -215,10 +215,12 @@ class PrivateLearner(Publishing):
                 parts.append(f"the reservoir is full and the next step is due after "
                              f"{max(1, trigger.every_records - trigger.pending)} more arrivals (every_records="
                              f"{trigger.every_records}): feed more records"
-                             + ("" if self._window_every else " or call step()"))
+                             + ("" if self._window_every else ", or call step() to take one now")
+                             + "; a finite table is fitted whole, with every planned step, by stream_vips.fit")
             else:
                 parts.append(f"the reservoir is full and the next step is due every_seconds={trigger.every_seconds}: "
-                             "feed more records or call step()")
+                             "feed more records or call step(); a finite table is fitted whole, with every "
+                             "planned step, by stream_vips.fit")
         if "dim" in self.defaulted_params and self.rejected.get("wrong_shape"):
             parts.append(f"no dim= was given, so the {self.model.family} default dim={self.defaulted_params['dim']} "
                          "applies: pass dim= (the length of your records' x)")
@@ -611,8 +613,11 @@ def _check_options(family: str, options: Mapping[str, object]) -> None:
     from stream_vips.models import model_class
 
     learner = {n for names in LEARNER_OPTIONS.values() for n in names}
-    params = [n for n in inspect.signature(model_class(family).__init__).parameters if n != "self"]
+    cls = model_class(family)
+    params = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
     for name in options:
+        if name not in learner and name in cls.retired_params:
+            raise ConfigError(f"{name}: the {family} family no longer takes {name}; {cls.retired_params[name]}")
         if name not in learner and name not in params:
             hint = close_match(name, {"learner option": sorted(learner), f"{family} model parameter": params})
             raise ConfigError(f"{name}: neither a learner option nor a {family} model parameter{hint}")

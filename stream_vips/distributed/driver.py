@@ -140,7 +140,8 @@ class ShardedLearner(Publishing):
             q = self.sampler.rate(self.slices.capacity)
             acct = build.accountant(cfg, self.sampler, q, d)
             accountant_name = acct.name
-            z = build.noise_multiplier(cfg, acct, self.sampler, q, d, self.window_steps or cfg.privacy.planned_steps)
+            z = build.noise_multiplier(cfg, acct, self.sampler, q, d, self.window_steps or cfg.privacy.planned_steps,
+                                      self.model)
             self.ledger, self._owns_ledger = (ledger, False) if ledger is not None else (build.ledger(cfg), True)
             try:
                 self.monitor = build.monitor(cfg, acct, self.ledger, self.window_steps, self.unit)

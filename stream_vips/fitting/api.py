@@ -86,12 +86,15 @@ def check_param_names(family: str, params: Mapping[str, Any], names: Mapping[str
     from stream_vips.config import close_match
     from stream_vips.core.learner import LEARNER_OPTIONS
 
-    known = [n for n in inspect.signature(model_class(family).__init__).parameters if n != "self"]
+    cls = model_class(family)
+    known = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
     learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - {"epsilon", "delta", "seed"})
     for key in params:
         if key in known:
             continue
         given = names["give"].format(key)
+        if key in cls.retired_params and key not in learner:
+            raise FitError(f"{given}: the {family} family no longer takes {key}; {cls.retired_params[key]}")
         if key in learner:
             raise FitError(f"{given}: {key} is a learner option, which fit sets by its rule (docs/fit.md); pass "
                            "settings= (fit_settings) to replace the rule")

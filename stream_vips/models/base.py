@@ -91,6 +91,9 @@ class Model(ABC):
     #: Per rejection reason, what a user whose records are rejected for it most likely got wrong
     #: (``fit`` adds it to its warning about rejected records).
     rejection_hints: ClassVar[Mapping[str, str]] = {}
+    #: Constructor parameters the family no longer takes, each with what to set instead: a
+    #: configuration naming one is refused with one line (``model.params.<name>: ...``).
+    retired_params: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
@@ -177,6 +180,15 @@ class Model(ABC):
 
         The engine calls this once before any step; the default accepts every z > 0.
         """
+
+    def own_noise_multiplier(self, epsilon: float, delta: float, batch: float, steps: int) -> float | None:
+        """The noise multiplier z the family's own analysis sets for the budget (``epsilon``,
+        ``delta``), the expected batch ``batch`` and ``steps`` planned steps, all public
+        configuration; ``None`` (the default): the accountant calibrates z to the budget. The
+        learner's build calls it once, before the engine, unless the configuration gives z; the
+        accountant still accounts every step, and the start warns with the epsilon it certifies
+        for the planned steps (sgld's ``noise: paper``)."""
+        return None
 
     def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:  # noqa: B027 (optional hook)
         """Learn the public noise std on each entry of every released block mean.

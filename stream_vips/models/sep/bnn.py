@@ -280,7 +280,10 @@ class BNNSEP(DampedSite, Model):
 
     - ``dim``: d, the length of a record's ``x``;
     - ``dataset_size``: N in theta_q = theta_0 + N theta_f (the reservoir capacity; fit's N);
-    - ``clip``: C, the L2 bound on every site (``None``: plain SEP, non-private only);
+    - ``clip``: C, the L2 bound on every site (default 1, the fit rule's and the DP-SEP paper's
+      choice, whose Appendix E found larger C worse at epsilon 1; ``None``: plain SEP, non-private
+      only). It is stated for inputs and targets on the unit scale the public standardisation
+      below gives; whatever a raw record holds, C bounds its packed site;
     - ``hidden``: H (50 by default; the paper uses 100 for its largest sets);
     - ``damping``: gamma, the SEP step is s = min(1, gamma * rho_t);
     - ``x_mean``, ``x_std``, ``y_mean``, ``y_std``: the public standardisation (a number or one per
@@ -344,7 +347,7 @@ class BNNSEP(DampedSite, Model):
         *,
         dim: int,
         dataset_size: int,
-        clip: float | None,
+        clip: float | None = RULE_CLIP,
         hidden: int = 50,
         damping: float = 1.0,
         x_mean: float | Sequence[float] = 0.0,
