@@ -411,7 +411,7 @@ class DPSGLD(LogisticRecords):
     def hyperparameters(self) -> dict[str, Any]:
         return {"dim": self.dim, "dataset_size": self.dataset_size, "noise": self.noise, "step_size": self.step_size,
                 "lipschitz": self.lipschitz, "prior_precision": self.prior_precision, "burn_in": self.burn_in,
-                "keep": self.keep, "seed": self.seed}
+                "keep": self.keep}  # not seed: in a seeded run it is derived from the noise seed
 
     # ------------------------------------------------------------------ prediction
     def summary(self) -> dict[str, Any]:
