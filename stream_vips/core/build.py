@@ -72,10 +72,10 @@ def model_params(cfg: Config) -> dict[str, Any]:
     signature = inspect.signature(cls.__init__).parameters
     if "dataset_size" in signature:
         params.setdefault("dataset_size", cfg.sampling.reservoir)
-    name = cls.seed_param
-    if cfg.privacy.seed is not None and name is not None and name in signature \
-            and params.get(name, signature[name].default) is None:
-        params[name] = model_seed(cfg.privacy.seed)
+    seed_name = cls.seed_param
+    if cfg.privacy.seed is not None and seed_name is not None and seed_name in signature \
+            and params.get(seed_name, signature[seed_name].default) is None:
+        params[seed_name] = model_seed(cfg.privacy.seed)
     params = check_kwargs(cls, params, "model.params")
     if cfg.privacy.unit == "key" and not cls.supports_key_unit:
         raise ConfigError(f"privacy.unit: key is not supported by the {cfg.model.family} family: {cls.key_unit_note}")
