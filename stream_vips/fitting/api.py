@@ -87,7 +87,7 @@ def check_param_names(family: str, params: Mapping[str, Any], names: Mapping[str
     from stream_vips.core.learner import LEARNER_OPTIONS
 
     known = [n for n in inspect.signature(model_class(family).__init__).parameters if n != "self"]
-    learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - {"epsilon", "delta", "seed"})
+    learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - {"epsilon", "delta", "seed", "non_private"})
     for key in params:
         if key in known:
             continue
