@@ -193,6 +193,11 @@ def test_bounds_are_public_and_reported():
     reg = PrivateLinearRegression(y_bound=2.5, random_state=0).fit(X, y)
     assert reg.privacy_report_["bounds"] == {"x_bound": 1.0, "y_bound": 2.5}
     assert "bound y_bound = 2.5" in reg.report()
+    # how far the model moved: the same line from the fit's report and from the message alone
+    moved = [line for line in reg.report().splitlines() if line.startswith("  moved: the posterior mean moved")]
+    assert len(moved) == 1
+    again = type(reg).from_message(reg.model_message_)
+    assert moved[0] in again.report().splitlines()
 
 
 def test_public_classes_reject_other_labels_as_records():

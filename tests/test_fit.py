@@ -1099,3 +1099,34 @@ def test_no_neighbour_of_the_centred_default_beat_it_on_the_tuning_sets():
     assert len(rows) == 13 and stage["centred_default_holds"]
     assert all(r["paired_diff"] >= -2 * r["paired_diff_se"] and not r["adopt"] for r in rows)
     assert result["rule"] == fitmod.RULE_VERSION
+
+
+# -- regime warnings: public quantities only, thresholds from the family's benchmark ------------
+
+
+def test_sbn_warns_in_the_regime_its_benchmark_measured_and_only_there():
+    from stream_vips.models import model_class
+
+    sbn = model_class("sbn")
+    assert "sbn_figure8.json" in sbn.regime_warning(60_000, 784, 1.0)  # the benchmark's own regime
+    assert sbn.regime_warning(60_000, 784, 1.01) is None  # no benchmark measured a larger epsilon
+    assert sbn.regime_warning(60_000 + 784, 784, 1.0) is None  # nor more records per pixel
+    assert sbn.regime_warning(1_400, 784, 0.5) is not None
+    for family in ("logistic", "linreg", "sep_probit", "dpvi", "sgld", "sep_mixture"):
+        assert model_class(family).regime_warning(100, 1_000, 0.01) is None, family
+
+
+def test_fit_warns_once_for_a_weak_regime_and_reports_the_line_and_the_movement():
+    FitWarning, summary = fitmod.FitWarning, fitmod.api.summary
+
+    Y = (np.random.default_rng(0).random((200, 10)) < 0.3).astype(float)
+    with pytest.warns(FitWarning, match="sbn_figure8.json") as caught:
+        result = fit(Y, "sbn", epsilon=1.0, seed=0)
+    assert sum("sbn_figure8" in str(w.message) for w in caught) == 1
+    assert result.report["regime"] == result.report["warnings"][0]
+    assert result.report["movement"]["known"] is False  # a network summary has no coefficient means
+    base = fit(Y, "sbn", non_private=True, seed=0)  # no noise: the regime does not apply
+    assert base.report["regime"] is None
+    r = fit(logistic_data(), "logistic", epsilon=1.0, seed=0)
+    assert r.report["regime"] is None and r.report["movement"]["known"] is True
+    assert "  moved: the posterior mean moved" in summary(r)
