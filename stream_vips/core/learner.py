@@ -565,13 +565,15 @@ class PrivateLearner(Publishing):
     def _budget(self) -> BudgetMonitor:
         """The budget monitor of a private learner (a non-private one has none)."""
         if self.monitor is None:
-            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no privacy budget")
+            raise StreamVipsError("a non-private learner (non_private=True; a file's privacy.mode: non_private) has "
+                                  "no privacy budget")
         return self.monitor
 
     def _paying_ledger(self) -> Ledger:
         """The ledger that pays for a private learner's steps (a non-private one has none)."""
         if self.ledger is None:
-            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no ledger")
+            raise StreamVipsError("a non-private learner (non_private=True; a file's privacy.mode: non_private) has "
+                                  "no ledger")
         return self.ledger
 
     def _records(self) -> RecordReservoir:
