@@ -1130,3 +1130,19 @@ def test_fit_warns_once_for_a_weak_regime_and_reports_the_line_and_the_movement(
     r = fit(logistic_data(), "logistic", epsilon=1.0, seed=0)
     assert r.report["regime"] is None and r.report["movement"]["known"] is True
     assert "  moved: the posterior mean moved" in summary(r)
+
+
+def test_the_command_prints_the_regime_warning_and_how_far_the_model_moved(tmp_path, capsys):
+    Y = (np.random.default_rng(2).random((200, 10)) < 0.3).astype(int)
+    data = tmp_path / "images.jsonl"
+    data.write_text("".join(json.dumps({"y": row.tolist()}) + "\n" for row in Y))
+    code, _, err = cli(capsys, "--family", "sbn", "--dim", "10", "--epsilon", "1", "--seed", "0",
+                       "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 0
+    assert sum(line.startswith("stream-vips fit: warning: sbn at epsilon 1") for line in err.splitlines()) == 1
+    assert "  moved: how far the model moved from its prior cannot be said" in err
+    X, y = logistic_data(300)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(yi)}) + "\n" for xi, yi in zip(X, y)))
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(tmp_path / "l.json"), str(rows))
+    assert code == 0 and "warning" not in err and "  moved: the posterior mean moved" in err
