@@ -649,7 +649,8 @@ def test_sbn_fits_a_numpy_array_of_images():
     """A lone array is the family's vector: images (the ``y`` field) for sbn, with d its columns;
     it was sent as ``x`` and every image was rejected."""
     Y = (np.random.default_rng(7).random((500, 9)) < 0.3).astype(np.uint8)
-    res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
+    with pytest.warns(fitmod.FitWarning, match="sbn_figure8"):  # 500 images of 9 pixels at epsilon 1
+        res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
     assert res.report["accepted"] == 500 and res.message["hyperparameters"]["n_visible"] == 9
 
 
