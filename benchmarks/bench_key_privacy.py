@@ -92,7 +92,7 @@ def run(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, yt: np.ndarray, keys: np.n
     if unit == "key":
         opts.update(unit="key", max_records_per_key=per_key)
     if non_private:
-        opts.update(mode="non_private")
+        opts.update(non_private=True)
         opts.pop("epsilon")
     learner = PrivateLearner("logistic", **opts)
     recs = [{"x": a, "y": int(b)} for a, b in zip(X.tolist(), y.tolist())]

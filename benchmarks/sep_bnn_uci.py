@@ -149,7 +149,7 @@ def fit_bnn(method: str, Xtr, ytr, sc: dict, seed: int, rule: dict | None = None
     opts = dict(reservoir=n, batch_size=batch, every_records=n, planned_steps=rule["steps"], seed=seed,
                 tau0=rule["tau0"], kappa=rule["kappa"], epsilon=EPSILON, delta=DELTA)
     if not private:
-        opts["mode"] = "non_private"
+        opts["non_private"] = True
     learner = PrivateLearner("sep_bnn", **opts, **params)
     learner.learn_many((Xtr, ytr))
     while learner.steps_taken < rule["steps"] and not learner.halted:

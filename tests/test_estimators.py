@@ -213,6 +213,11 @@ def test_bounds_are_public_and_reported():
     reg = PrivateLinearRegression(y_bound=2.5, random_state=0).fit(X, y)
     assert reg.privacy_report_["bounds"] == {"x_bound": 1.0, "y_bound": 2.5}
     assert "bound y_bound = 2.5" in reg.report()
+    # how far the model moved: the same line from the fit's report and from the message alone
+    moved = [line for line in reg.report().splitlines() if line.startswith("  moved: the posterior mean moved")]
+    assert len(moved) == 1
+    again = type(reg).from_message(reg.model_message_)
+    assert moved[0] in again.report().splitlines()
 
 
 def test_public_classes_reject_other_labels_as_records():
@@ -236,3 +241,13 @@ def test_linreg_fit_clips_y_at_three_and_says_so():
     assert "why y_bound: y is clipped to [-3, 3]" in summary(result)
     mine = fit((X, y), "linreg", seed=0, y_bound=2.0)
     assert "why y_bound: set by the caller (y_bound = 2.0)" in summary(mine)
+
+
+def test_an_estimator_warns_like_fit_in_a_regime_its_family_learns_little_in():
+    from stream_vips.estimators import PrivateSigmoidBeliefNetwork
+    from stream_vips.fitting import FitWarning
+
+    Y = (np.random.default_rng(0).random((200, 10)) < 0.3).astype(float)
+    with pytest.warns(FitWarning, match="sbn_figure8.json"):
+        est = PrivateSigmoidBeliefNetwork(epsilon=1.0, random_state=0).fit(Y)
+    assert sum(line.startswith("  warning: sbn at epsilon 1") for line in est.report().splitlines()) == 1

@@ -649,7 +649,8 @@ def test_sbn_fits_a_numpy_array_of_images():
     """A lone array is the family's vector: images (the ``y`` field) for sbn, with d its columns;
     it was sent as ``x`` and every image was rejected."""
     Y = (np.random.default_rng(7).random((500, 9)) < 0.3).astype(np.uint8)
-    res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
+    with pytest.warns(fitmod.FitWarning, match="sbn_figure8"):  # 500 images of 9 pixels at epsilon 1
+        res = fit(Y, "sbn", epsilon=1.0, delta=1e-5, seed=3)
     assert res.report["accepted"] == 500 and res.message["hyperparameters"]["n_visible"] == 9
 
 
@@ -1099,3 +1100,50 @@ def test_no_neighbour_of_the_centred_default_beat_it_on_the_tuning_sets():
     assert len(rows) == 13 and stage["centred_default_holds"]
     assert all(r["paired_diff"] >= -2 * r["paired_diff_se"] and not r["adopt"] for r in rows)
     assert result["rule"] == fitmod.RULE_VERSION
+
+
+# -- regime warnings: public quantities only, thresholds from the family's benchmark ------------
+
+
+def test_sbn_warns_in_the_regime_its_benchmark_measured_and_only_there():
+    from stream_vips.models import model_class
+
+    sbn = model_class("sbn")
+    assert "sbn_figure8.json" in sbn.regime_warning(60_000, 784, 1.0)  # the benchmark's own regime
+    assert sbn.regime_warning(60_000, 784, 1.01) is None  # no benchmark measured a larger epsilon
+    assert sbn.regime_warning(60_000 + 784, 784, 1.0) is None  # nor more records per pixel
+    assert sbn.regime_warning(1_400, 784, 0.5) is not None
+    for family in ("logistic", "linreg", "sep_probit", "dpvi", "sgld", "sep_mixture"):
+        assert model_class(family).regime_warning(100, 1_000, 0.01) is None, family
+
+
+def test_fit_warns_once_for_a_weak_regime_and_reports_the_line_and_the_movement():
+    FitWarning, summary = fitmod.FitWarning, fitmod.api.summary
+
+    Y = (np.random.default_rng(0).random((200, 10)) < 0.3).astype(float)
+    with pytest.warns(FitWarning, match="sbn_figure8.json") as caught:
+        result = fit(Y, "sbn", epsilon=1.0, seed=0)
+    assert sum("sbn_figure8" in str(w.message) for w in caught) == 1
+    assert result.report["regime"] == result.report["warnings"][0]
+    assert result.report["movement"]["known"] is False  # a network summary has no coefficient means
+    base = fit(Y, "sbn", non_private=True, seed=0)  # no noise: the regime does not apply
+    assert base.report["regime"] is None
+    r = fit(logistic_data(), "logistic", epsilon=1.0, seed=0)
+    assert r.report["regime"] is None and r.report["movement"]["known"] is True
+    assert "  moved: the posterior mean moved" in summary(r)
+
+
+def test_the_command_prints_the_regime_warning_and_how_far_the_model_moved(tmp_path, capsys):
+    Y = (np.random.default_rng(2).random((200, 10)) < 0.3).astype(int)
+    data = tmp_path / "images.jsonl"
+    data.write_text("".join(json.dumps({"y": row.tolist()}) + "\n" for row in Y))
+    code, _, err = cli(capsys, "--family", "sbn", "--dim", "10", "--epsilon", "1", "--seed", "0",
+                       "--out", str(tmp_path / "m.json"), str(data))
+    assert code == 0
+    assert sum(line.startswith("stream-vips fit: warning: sbn at epsilon 1") for line in err.splitlines()) == 1
+    assert "  moved: how far the model moved from its prior cannot be said" in err
+    X, y = logistic_data(300)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"x": xi.tolist(), "y": int(yi)}) + "\n" for xi, yi in zip(X, y)))
+    code, _, err = cli(capsys, "--seed", "0", "--out", str(tmp_path / "l.json"), str(rows))
+    assert code == 0 and "warning" not in err and "  moved: the posterior mean moved" in err

@@ -227,3 +227,27 @@ def test_a_ledger_path_that_cannot_be_created_is_a_config_error(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(ConfigError, match=r"^privacy\.ledger\.path: cannot open .*file/ledger\.jsonl"):
         PrivateLearner("linreg", dim=2, ledger_path=tmp_path / "file" / "ledger.jsonl")
+
+
+def test_non_private_is_the_python_spelling_and_mode_is_deprecated_with_what_to_write():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new spelling warns about nothing
+        new = learner(non_private=True)
+    assert new.engine.non_private and new.ledger is None
+    assert new.config.privacy.mode == "non_private"
+    assert not learner(non_private=False).engine.non_private
+    with pytest.warns(DeprecationWarning, match=r"write non_private=True \(privacy.mode stays"):
+        old = learner(mode="non_private")
+    assert old.engine.non_private
+    with pytest.warns(DeprecationWarning, match="write non_private=False"):
+        assert not learner(mode="private").engine.non_private
+
+
+@pytest.mark.parametrize("kw", [dict(non_private=True, mode="private"), dict(non_private=False, mode="non_private"),
+                                dict(non_private="yes")])
+def test_non_private_and_mode_that_disagree_are_one_line_naming_the_key(kw):
+    with pytest.raises(ConfigError, match="^non_private") as info:
+        learner(**kw)
+    assert "\n" not in str(info.value)

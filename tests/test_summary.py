@@ -213,3 +213,43 @@ def test_a_summary_that_fails_still_lets_the_release_out(monkeypatch):
     model = LinearRegression(dim=2, dataset_size=10)
     msg = with_summary(messages.build_message("m", "linreg", model.hyperparameters(), 0, model.state(), report()))
     assert msg["summary"]["kind"] == "none" and "LinAlgError: Singular matrix" in msg["summary"]["notes"][0]
+
+
+# -- how far the model moved from its prior (post-processing of the released model) --------------
+
+
+def test_movement_is_the_mean_distance_from_the_prior_mean_in_prior_sds():
+    from stream_vips.models.summaries import movement
+
+    m = movement({"kind": "coefficients", "mean": [1.0, -0.5, 0.0]}, (np.zeros(3), np.asarray(0.5)))
+    # |m - 0| / 0.5 = (2, 1, 0): rms sqrt(5/3), largest 2, only 2 is beyond 1 sd
+    assert m["known"] and m["count"] == 3 and m["beyond_one_sd"] == 1
+    assert m["rms"] == pytest.approx(math.sqrt(5 / 3)) and m["max"] == pytest.approx(2.0)
+    mix = movement({"kind": "mixture", "means": [[1.0, 1.0], [-1.0, 3.0]]}, (np.asarray([0.0, 1.0]), np.asarray(2.0)))
+    # (means - (0, 1)) / 2 = ((0.5, 0), (-0.5, 1)): rms sqrt(1.5 / 4), largest 1, none beyond 1
+    assert mix["max"] == pytest.approx(1.0) and mix["rms"] == pytest.approx(math.sqrt(1.5 / 4))
+    assert mix["beyond_one_sd"] == 0
+    for summary, prior in [({"kind": "topics"}, (np.zeros(1), np.ones(1))),
+                           ({"kind": "coefficients", "mean": [1.0, 2.0]}, (np.zeros(3), np.asarray(1.0))),
+                           ({"kind": "coefficients", "mean": [1.0]}, "no prior")]:
+        out = movement(summary, prior)
+        assert out["known"] is False and out["line"].startswith("how far the model moved from its prior cannot be said")
+
+
+def test_each_family_s_prior_location_is_its_stated_prior():
+    linreg = model_class("linreg")(dim=2, dataset_size=10, prior_precision=4.0, prior_mean=[1.0, -1.0])
+    mean, sd = linreg.prior_location()
+    assert mean.tolist() == [1.0, -1.0] and float(sd) == pytest.approx(0.5)
+    gamma = model_class("linreg")(dim=2, dataset_size=10, prior_precision=4.0, noise="gamma", a0=2.0, b0=8.0)
+    # the Student t marginal's scale sqrt(b0 / (a0 alpha))
+    assert float(gamma.prior_location()[1]) == pytest.approx(math.sqrt(8.0 / (2.0 * 4.0)))
+    logistic = model_class("logistic")(dim=3, dataset_size=10, a0=2.0, b0=8.0)
+    assert float(logistic.prior_location()[1]) == pytest.approx(2.0)
+    # an untrained model sits at its prior mean: it moved 0
+    assert model_class("linreg")(dim=2, dataset_size=10, prior_mean=[1.0, -1.0]).movement()["max"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("family", ["lda", "sbn"])
+def test_families_without_coefficient_means_say_movement_cannot_be_said(family):
+    model, _ = build(family)
+    assert model.movement()["known"] is False

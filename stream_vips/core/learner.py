@@ -89,7 +89,9 @@ class PrivateLearner(Publishing):
     flattened: ``epsilon``, ``delta``, ``reservoir``, ``batch_size``, ``sampling``,
     ``every_records``, ``every_seconds``, ``planned_steps``, ``noise_multiplier``, ``seed``,
     ``ledger_path``, ``model_id`` and the family's own parameters), or from a validated
-    configuration with :meth:`from_config`.
+    configuration with :meth:`from_config`. ``non_private=True`` runs with z = 0 and no guarantee
+    (the spelling :func:`stream_vips.fit` and the estimators use; a configuration file says
+    ``privacy.mode: non_private``, and ``mode=`` here is deprecated).
     """
 
     def __init__(self, family: str | None = None, *, config: Config | None = None, ledger: Ledger | None = None,
@@ -102,6 +104,7 @@ class PrivateLearner(Publishing):
         if config is None:
             if family is None:
                 raise ConfigError("model.family: required")
+            options = _privacy_mode(options)
             _check_options(family, options)
             config = config_from_dict(_notebook_config(family, options), env={})
             defaults = model_class(family).default_params
@@ -564,13 +567,15 @@ class PrivateLearner(Publishing):
     def _budget(self) -> BudgetMonitor:
         """The budget monitor of a private learner (a non-private one has none)."""
         if self.monitor is None:
-            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no privacy budget")
+            raise StreamVipsError("a non-private learner (non_private=True; a file's privacy.mode: non_private) has "
+                                  "no privacy budget")
         return self.monitor
 
     def _paying_ledger(self) -> Ledger:
         """The ledger that pays for a private learner's steps (a non-private one has none)."""
         if self.ledger is None:
-            raise StreamVipsError("a non-private learner (privacy.mode: non_private) has no ledger")
+            raise StreamVipsError("a non-private learner (non_private=True; a file's privacy.mode: non_private) has "
+                                  "no ledger")
         return self.ledger
 
     def _records(self) -> RecordReservoir:
@@ -596,12 +601,40 @@ class PrivateLearner(Publishing):
 #: The keyword options of a notebook learner that are not model parameters, by section.
 LEARNER_OPTIONS: dict[str, tuple[str, ...]] = {
     "privacy": ("epsilon", "delta", "planned_steps", "noise_multiplier", "seed", "accountant", "accounting",
-                "block_weights", "mode", "unit", "key_field", "max_records_per_key", "ledger_path"),
+                "block_weights", "non_private", "mode", "unit", "key_field", "max_records_per_key", "ledger_path"),
     "sampling": ("reservoir", "batch_size", "max_rejected_fraction", "reservoir_policy", "window_rate", "validation",
                  "sampling"),
     "schedule": ("every_records", "every_seconds", "tau0", "kappa", "rho_min"),
     "model": ("model_id",),
 }
+
+
+def _privacy_mode(options: Mapping[str, object]) -> dict[str, object]:
+    """The options with Python's ``non_private`` turned into the configuration's ``mode``.
+
+    ``non_private=True`` is the one Python spelling (as in :func:`stream_vips.fit`, the estimators
+    and the command's ``--non-private``); ``privacy.mode`` is the configuration file's key. The
+    older keyword ``mode=`` still works with a DeprecationWarning; both given and disagreeing is
+    a one-line error, so a run never silently takes the private or the non-private reading."""
+    from stream_vips.config import ConfigError
+
+    o = dict(options)
+    if "non_private" in o:
+        flag = o.pop("non_private")
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ConfigError(f"non_private: expected True or False, got {flag!r}")
+        wanted = "non_private" if flag else "private"
+        if "mode" in o and o["mode"] != wanted:
+            raise ConfigError(f"non_private={bool(flag)} and mode={o['mode']!r} disagree; give only "
+                              "non_private= (mode= is deprecated)")
+        if "mode" not in o:
+            o["mode"] = wanted
+            return o
+    if "mode" in o:
+        instead = "non_private=True" if o["mode"] == "non_private" else "non_private=False (the default)"
+        warnings.warn(f"PrivateLearner(mode={o['mode']!r}) is deprecated; write {instead} "
+                      "(privacy.mode stays the configuration file's key)", DeprecationWarning, stacklevel=3)
+    return o
 
 
 def _check_options(family: str, options: Mapping[str, object]) -> None:

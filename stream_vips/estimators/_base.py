@@ -203,7 +203,9 @@ class PrivateEstimator(BaseEstimator):
         self.n_features_in_ = int(message["hyperparameters"]["dim"])
 
     def report(self) -> str:
-        """A few lines: the family, the budget spent and the public bounds used (why each was chosen)."""
+        """A few lines: the family, the budget spent, the public bounds used (why each was chosen),
+        how far the model moved from its prior (or why that cannot be said) and fit's warnings
+        (e.g. a regime where the family's benchmark found it learns little)."""
         check_is_fitted(self, "posterior_")
         r = self.privacy_report_
         p = r["privacy"]
@@ -213,6 +215,9 @@ class PrivateEstimator(BaseEstimator):
         why = r.get("why", {})
         for name, value in r.get("bounds", {}).items():
             lines.append(f"  bound {name} = {value}" + (f" ({why[name]})" if name in why else ""))
+        moved = r.get("movement") or self.posterior_.model.movement()  # from the message: post-processing
+        lines.append(f"  moved: {moved['line']}")
+        lines.extend(f"  warning: {line}" for line in r.get("warnings", []))
         return "\n".join(lines)
 
 

@@ -88,7 +88,8 @@ def check_param_names(family: str, params: Mapping[str, Any], names: Mapping[str
 
     cls = model_class(family)
     known = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
-    learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - {"epsilon", "delta", "seed"})
+    own = {"epsilon", "delta", "seed", "non_private"}  # fit's own keywords
+    learner = sorted({n for group in LEARNER_OPTIONS.values() for n in group} - own)
     for key in params:
         if key in known:
             continue
@@ -235,7 +236,10 @@ def fit(data: DataSet, family: str, epsilon: float = 1.0, delta: float = 1e-5, *
     before anything is spent, and when no model comes out; :class:`SpentError` (a FitError) when
     it fails once a step was paid, with ``.message`` the model of the last paid step; warns
     (:class:`FitWarning`, also in ``report["warnings"]``) when more than 10% of the records were
-    rejected.
+    rejected, and when the family's benchmark found it learns little at this N, d and epsilon
+    (``report["regime"]``: the family's ``regime_warning``, from public quantities only).
+    ``report["movement"]`` says how far the released model moved from its public prior (the
+    family's ``movement``: post-processing, no budget), or why that cannot be said.
     """
     result = _fit(data, family, epsilon, delta, dim=dim, non_private=non_private, seed=seed, steps=steps,
                   x_columns=x_columns, y_column=y_column, ledger_path=ledger_path, settings=settings,
@@ -361,6 +365,12 @@ def execute(plan: _Plan) -> FitResult:
         posterior = posterior_from_message(message)
         report = _report(settings, message, stats, n, plan.non_private, plan.rtol, time.perf_counter() - plan.started)
         report["warnings"] = fit_warnings(family, n, stats, settings.steps)
+        regime = None if plan.non_private or settings.epsilon is None else \
+            model_class(family).regime_warning(n, settings.d, settings.epsilon)
+        report["regime"] = regime
+        if regime is not None:
+            report["warnings"].insert(0, regime)
+        report["movement"] = posterior.model.movement()
     except Exception as exc:  # the budget is spent: the message must not be lost with the error
         raise SpentError(error_text(exc), message, plan.non_private) from exc
     return FitResult(posterior=posterior, message=message, report=report, settings=settings)
@@ -453,6 +463,8 @@ def summary(result: FitResult) -> str:
         lines.append("  NON-PRIVATE baseline: no noise, no privacy guarantee (epsilon_spent: null)")
     if r["rejected"]:
         lines.append(f"  rejected records: {r['rejected']}")
+    if "movement" in r:
+        lines.append(f"  moved: {r['movement']['line']}")
     for key, why in r["why"].items():
         lines.append(f"  why {key}: {why}")
     return "\n".join(lines)

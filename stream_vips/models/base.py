@@ -216,6 +216,41 @@ class Model(ABC):
         ``{}`` says nothing; every registered family states its own (tests/test_summary.py asks)."""
         return {}
 
+    @classmethod
+    def regime_warning(cls, n: int, d: int, epsilon: float) -> str | None:
+        """Why a private fit of ``n`` records of dimension ``d`` at ``epsilon`` is known to learn
+        little, as one line citing the family's benchmark, or ``None``. Public quantities only
+        (N, d and epsilon are public, privacy rule 1), so saying it costs nothing. A family returns
+        a reason only for regimes its benchmark measured (the docstring names the JSON file and
+        row and the threshold drawn from it); where no benchmark measured the regime it says
+        nothing, and the default says nothing."""
+        return None
+
+    def prior_location(self) -> tuple[np.ndarray, np.ndarray] | str:
+        """The public prior's mean and standard deviation per coefficient of :meth:`summary`
+        (``mean`` of a ``coefficients`` summary, or each row of a mixture's ``means``), for
+        :meth:`movement`; or, as a string, why the family has none. The default reads the
+        hyperparameters ``prior_mean`` (0 when absent) with ``prior_var`` or
+        ``prior_precision`` (a Gaussian prior N(m0, s^2 I)); a family whose prior is shaped
+        otherwise states its own."""
+        h = self.hyperparameters()
+        if "prior_var" in h:
+            sd = np.sqrt(float(h["prior_var"]))
+        elif "prior_precision" in h:
+            sd = 1.0 / np.sqrt(float(h["prior_precision"]))
+        else:
+            return f"the {self.family} family states no Gaussian prior over what its summary reports"
+        return np.asarray(h.get("prior_mean", 0.0), dtype=float), np.asarray(sd)
+
+    def movement(self) -> dict[str, Any]:
+        """How far the released model moved from its public prior: the posterior mean's distance
+        from the prior mean in prior standard deviations (:func:`summaries.movement`), or why that
+        cannot be said. Computed from the state and the public prior alone: post-processing, no
+        budget (never from the data)."""
+        from stream_vips.models import summaries
+
+        return summaries.movement(self.summary(), self.prior_location())
+
     def joint_bound(self) -> float:
         """L2 bound on one record's contribution to all blocks together."""
         return float(np.sqrt(sum(b.bound**2 for b in self.blocks())))

@@ -309,6 +309,16 @@ class LinearRegression(Model):
     def gamma(self) -> bool:
         return self.noise == "gamma"
 
+    def prior_location(self) -> tuple[np.ndarray, np.ndarray]:
+        """The prior of w: N(m0, alpha^-1 I) with known noise; with ``noise="gamma"``,
+        w | lam ~ N(m0, (alpha lam)^-1 I) under lam ~ Gamma(a0, rate b0), whose marginal is a
+        Student t with 2 a0 degrees of freedom, centre m0 and scale sqrt(b0 / (a0 alpha)), used
+        as the prior sd by :meth:`movement`."""
+        var = 1.0 / self.prior_precision
+        if self.noise == "gamma":
+            var *= self.b0 / self.a0
+        return np.asarray(self.prior_mean, dtype=float), np.asarray(np.sqrt(var))
+
     def hyperparameters(self) -> dict[str, Any]:
         return {
             "dim": self.dim,

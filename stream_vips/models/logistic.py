@@ -713,6 +713,12 @@ class BayesianLogisticRegression(Model):
             notes=("Polya-Gamma variational posterior q(w) = N(mu, Sigma)",),
             x_clip=1.0, probit_scale=summaries.PROBIT_SCALE)
 
+    def prior_location(self) -> tuple[np.ndarray, np.ndarray]:
+        """The prior w | alpha ~ N(0, alpha^-1 I) under alpha ~ Gamma(a0, rate b0): its marginal
+        is a Student t with 2 a0 degrees of freedom, centre 0 and scale sqrt(b0 / a0), which
+        :meth:`movement` uses as the prior sd (1 at the defaults a0 = b0 = 1)."""
+        return np.zeros(self.dim), np.asarray(np.sqrt(self.b0 / self.a0))
+
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """P(y = 1 | x) by the probit approximation sigmoid(mu^T x / sqrt(1 + pi s^2 / 8)),
         s^2 = x^T Sigma x; inputs get the training preprocessing (clip to norm 1)."""

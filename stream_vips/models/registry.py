@@ -155,7 +155,18 @@ def _support(cls: type[Model]) -> list[str]:
             f"{'yes' if engine is None else 'no: ' + engine}",
             f"- **Key-level privacy** (`privacy.unit: key`): {key}",
             f"- **Demo** (`stream-vips demo --family {cls.family}`): {cls.demo.about if cls.demo else 'none'}",
-            f"- **Audit**: {_markdown(audited)}"]
+            f"- **Audit**: {_markdown(audited)}",
+            f"- **Regime warning** (`fit`, the estimators): {_regime(cls)}"]
+
+
+def _regime(cls: type[Model]) -> str:
+    """The family's ``regime_warning`` rule (its docstring's first paragraph), or that it has none."""
+    from stream_vips.models.base import Model as Base
+
+    if cls.regime_warning.__func__ is Base.regime_warning.__func__:  # type: ignore[attr-defined]
+        return ("none stated: the family's module names no regime where a benchmark found it learns little "
+                "(docs/fit.md lists the evidence per family), so `fit` says nothing (the hook returns None)")
+    return _markdown(_first_paragraph(cls.regime_warning), sys.modules[cls.__module__])
 
 
 def _fit_rule(cls: type[Model]) -> list[str]:

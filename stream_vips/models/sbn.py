@@ -290,6 +290,29 @@ class SigmoidBeliefNetwork(Model):
                                   {**r, "model_params": {**r["model_params"], "n_visible": d}})
 
     @classmethod
+    def regime_warning(cls, n: int, d: int, epsilon: float) -> str | None:
+        """Warn at epsilon <= :data:`WEAK_EPSILON` when N / d is at most MNIST's 60,000 / 784.
+
+        Evidence: benchmarks/results/sbn_figure8.json, ``rows`` K = 50, S = 400 (its only
+        setting at epsilon <= 1: 0.95 by the RDP accountant; ``epsilons`` row S = 400), 10 seeds
+        on MNIST's 60,000 training images of 784 pixels: held-out pixel accuracy 0.889 private,
+        0.867 for predicting every pixel off and 0.959 without noise, so the private model keeps
+        a quarter of the non-private one's gain over the all-off predictor. The fit's rule takes
+        S = N / 20 instead, but with the noise calibrated to a fixed epsilon the averaged noise
+        barely depends on S (the rule's own reason), and ``fit`` accounts a step at diameter 2
+        where the benchmark used sqrt(2), so it gets no less noise. Fewer images or more pixels
+        leave less signal per released entry against that noise (the noise on a released mean
+        falls as 1 / N), so the warning extends to N / d below the benchmark's. Above it, or at a
+        larger epsilon, no benchmark measured the fit's regime, and the hook says nothing."""
+        if epsilon <= WEAK_EPSILON and n / d <= WEAK_RECORDS_PER_PIXEL:
+            return (f"sbn at epsilon {epsilon:g} with N / d = {n / d:.3g} records per pixel (at most MNIST's "
+                    f"60,000 / 784): in benchmarks/results/sbn_figure8.json (K = 50, S = 400, epsilon 0.95) the "
+                    "private model kept only a quarter of the non-private model's gain over predicting every pixel "
+                    "off (held-out accuracy 0.889 against 0.867 all-off and 0.959 non-private): expect it to "
+                    "learn little")
+        return None
+
+    @classmethod
     def audit(cls) -> FamilyAudit:
         """The two halves of the pixels, each owned by one latent unit of a confident public state
         (:func:`_audit_model`), against all-off and all-on images."""
@@ -763,6 +786,10 @@ def _audit_model(capacity: int) -> SigmoidBeliefNetwork:
 
 
 #: Fit-rule constants, chosen on synthetic SBN data (benchmarks/sbn_figure8.py ``--select``).
+#: The regime :meth:`SigmoidBeliefNetwork.regime_warning` warns about (benchmarks/results/sbn_figure8.json,
+#: K = 50, S = 400): epsilon at most 1 with at most 60,000 / 784 records per pixel.
+WEAK_EPSILON = 1.0
+WEAK_RECORDS_PER_PIXEL = 60_000 / 784
 RULE_PRIVATE_STEPS = 20
 RULE_NON_PRIVATE_BATCH = 400
 RULE_TAU0 = 1.0
