@@ -1113,6 +1113,16 @@ def test_sbn_warns_in_the_regime_its_benchmark_measured_and_only_there():
     assert sbn.regime_warning(60_000, 784, 1.01) is None  # no benchmark measured a larger epsilon
     assert sbn.regime_warning(60_000 + 784, 784, 1.0) is None  # nor more records per pixel
     assert sbn.regime_warning(1_400, 784, 0.5) is not None
+
+
+def test_lda_warns_in_the_regime_its_benchmark_measured_and_only_there():
+    from stream_vips.models import model_class
+
+    lda = model_class("lda")
+    assert "lda_eval.json" in lda.regime_warning(2_677, 1_000, 4.0)  # the news corpus at its largest epsilon
+    assert lda.regime_warning(2_677, 1_000, 4.01) is None  # no benchmark measured a larger epsilon
+    assert lda.regime_warning(2_678, 1_000, 1.0) is None  # nor more documents per word
+    assert lda.regime_warning(1_000, 2_000, 0.5) is not None
     for family in ("logistic", "linreg", "sep_probit", "dpvi", "sgld", "sep_mixture"):
         assert model_class(family).regime_warning(100, 1_000, 0.01) is None, family
 

@@ -128,6 +128,10 @@ RULE_DOC_LENGTH = 100
 RULE_CLIP_FRACTION = 0.1
 #: Passes over the corpus of a non-private fit.
 RULE_NON_PRIVATE_PASSES = 3
+#: The regime benchmarks/results/lda_eval.json measured as learning little (:meth:`LDA.regime_warning`):
+#: its news corpus, D = 2,677 documents over V = 1,000 words, at epsilon up to 4.
+WEAK_DOCS_PER_WORD = 2_677 / 1_000
+WEAK_EPSILON = 4.0
 
 def dirichlet_expectation(x: np.ndarray) -> np.ndarray:
     """E[log theta] under Dirichlet(x), along the last axis."""
@@ -502,6 +506,25 @@ class LDA(Model):
         return Settings("lda", n, d, epsilon, delta, q, steps, 1.0, RULE_KAPPA, None,
                         model_params={"doc_length": RULE_DOC_LENGTH, "clip_fraction": RULE_CLIP_FRACTION},
                         why=why, accountant=accountant_for(q))
+
+    @classmethod
+    def regime_warning(cls, n: int, d: int, epsilon: float) -> str | None:
+        """Warn at epsilon <= :data:`WEAK_EPSILON` when N / V is at most the news corpus's 2,677 / 1,000.
+
+        Evidence: benchmarks/results/lda_eval.json, ``news`` (D = 2,677 documents, V = 1,000
+        words, K = 10, 2 seeds): held-out perplexity 954, 854, 794 and 741 at epsilon 0.5, 1, 2
+        and 4, every one above the unigram model's 716 (non-private 560), so the private topics
+        predict held-out words worse than word frequencies alone. The noise on each released
+        word-topic entry does not shrink with V while a document's clipped contribution is spread
+        over more entries, so fewer documents per vocabulary word leave less signal per entry
+        against the same noise, and the warning extends below the benchmark's N / V. Above it,
+        or at a larger epsilon, no benchmark measured the fit's regime, and the hook says nothing."""
+        if epsilon <= WEAK_EPSILON and n / d <= WEAK_DOCS_PER_WORD:
+            return (f"lda at epsilon {epsilon:g} with N / V = {n / d:.3g} documents per vocabulary word (at most "
+                    "2,677 / 1,000): in benchmarks/results/lda_eval.json (news, K = 10) the private topics' held-out "
+                    "perplexity was above the unigram model's at every epsilon up to 4 (741 to 954 against 716; "
+                    "560 non-private): expect it to learn little")
+        return None
 
     @classmethod
     def audit(cls) -> FamilyAudit:
