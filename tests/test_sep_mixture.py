@@ -15,7 +15,8 @@ def test_local_site_gives_the_moments_of_the_tilted_distribution():
     # J = 2 components in 1-d: the tilted density over (mu1, mu2) is integrated on a tensor
     # Gauss-Hermite grid of the cavity; the projected marginals must match cavity + site.
     sd = 0.7
-    model = MixtureSEP(n_components=2, dim=1, dataset_size=5, clip=None, noise_sd=sd, prior_var=2.0)
+    model = MixtureSEP(n_components=2, dim=1, dataset_size=5, clip=None, noise_sd=sd, prior_var=2.0,
+                       learn_spreads=False)
     model.load_state({"eta": np.array([[-1.0], [1.5]]), "prec": np.array([[[3.0]], [[2.0]]])})
     x = np.array([[0.4]])
     eta_c, prec_c = model.cavity()
@@ -55,7 +56,8 @@ def test_non_private_sep_recovers_well_separated_cluster_means():
     true = np.array([[-3.0, 0.0], [3.0, 0.0], [0.0, 4.0]])
     h = rng.integers(0, J, N)
     X = true[h] + 0.5 * rng.normal(size=(N, d))
-    model = MixtureSEP(n_components=J, dim=d, dataset_size=N, clip=None, noise_sd=0.5, prior_var=10.0, init_seed=1)
+    model = MixtureSEP(n_components=J, dim=d, dataset_size=N, clip=None, noise_sd=0.5, prior_var=10.0, init_seed=1,
+                       learn_spreads=False)
     for t in range(80):
         idx = rng.choice(N, 100, replace=False)
         model.update({SITE: model.clipped_sum({"x": X[idx]})[SITE] / 100}, (2.0 + t) ** -0.7)
