@@ -53,12 +53,19 @@ statistics blocks the share ``spread_share`` of sum a_k^2, equally.
 
 Update (post-processing). The averaged statistics follow the site's damped step s:
 n_j <- (1 - s) n_j + s n~_j and S_ji <- (1 - s) S_ji + s S~_ji (n~, S~ the engine's noisy batch
-means), starting at n_j = 1/J, S_ji = noise_sd^2 / J. With N the configured dataset size and
-nu = ``prior_count`` pseudo-records at variance noise_sd^2 (a conjugate inverse-Gamma prior's
-shrinkage),
+means), starting at n_j = 1/J, S_ji = noise_sd^2 / J. The engine's public noise level gives the
+std of the noise these averages carry, e_n and e_q per coordinate (the damped sum of the steps'
+noise, as for the site's eigenvalue floor). With N the configured dataset size, the prior's
+pseudo-records (a conjugate inverse-Gamma prior's shrinkage) are at least ``prior_count`` and at
+least enough that the prior's pseudo-sum is :data:`NOISE_SHRINK` times the noise on the data's:
 
-    v_ji = max(sd_floor^2, (N max(S_ji, 0) + nu noise_sd^2) / (N max(n_j, 0) + nu))
-    pi_j ∝ N max(n_j, 0) + nu.
+    nu_n = max(prior_count, NOISE_SHRINK N e_n),  nu_q = max(prior_count, NOISE_SHRINK N e_q / noise_sd^2)
+    v_ji = min(b^2, max(sd_floor^2, (N max(S_ji, 0) + nu_q noise_sd^2) / (N max(n_j, 0) + nu_q)))
+    pi_j ∝ N max(n_j, 0) + nu_n
+
+(S_ji / n_j is a weighted mean of values in [0, b^2], hence the cap). So a small or heavily
+noised data set falls back to the prior's spreads and equal weights, the known-sd model; the noise
+levels are public and travel in the state (``stat_noise``) with the statistics.
 
 Residuals beyond b are clipped, so v underestimates a component whose sd is near b (by 8% at
 sd = b / 2 for Gaussian residuals, under 1% at sd = b / 3).
@@ -97,7 +104,9 @@ from stream_vips.privacy.mechanisms import clip_factors
 if TYPE_CHECKING:
     from stream_vips.models.auditing import FamilyAudit
 
-COUNT, SQUARE = "count", "square"
+COUNT, SQUARE, STAT_NOISE = "count", "square", "stat_noise"
+#: The prior's pseudo-sum is at least this many noise stds of the released sum (module docstring).
+NOISE_SHRINK = 2.0
 
 
 class MixtureData(SyntheticData):
@@ -225,6 +234,8 @@ class MixtureSEP(SEPModel):
         K, d = self.n_factors, self.dim
         self._count = np.full(K, 1.0 / K)
         self._square = np.full((K, d), self.noise_sd**2 / K)
+        self._stat_noise = np.zeros(2)  # noise std on one coordinate of the averaged count, square
+        self._stat_step_std = np.zeros(2)  # the engine's noise std on one coordinate of a step's mean
         draws = np.random.default_rng(self.init_seed).standard_normal((K, d))
         start = self.prior_mean + np.sqrt(self.prior_var) * draws
         self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
@@ -299,6 +310,15 @@ class MixtureSEP(SEPModel):
             sums[COUNT], sums[SQUARE] = count.sum(axis=0), sq.sum(axis=0)
         return sums
 
+    def set_noise_scale(self, mean_stds: Mapping[str, float]) -> None:
+        """The site's public noise level (SEP core) and the statistics blocks'."""
+        super().set_noise_scale(mean_stds)
+        if self.learn_spreads:
+            stds = np.array([float(mean_stds[COUNT]), float(mean_stds[SQUARE])])
+            if not (np.all(np.isfinite(stds)) and np.all(stds >= 0)):
+                raise ValueError(f"statistics noise std must be finite and >= 0, got {stds.tolist()}")
+            self._stat_step_std = stds
+
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
         """The SEP site update, then the statistics' damped averages (same step s); the spreads and
         weights follow from them (:meth:`variances`, :meth:`weights`)."""
@@ -314,21 +334,28 @@ class MixtureSEP(SEPModel):
             s = self.step_fraction(rho)
             self._count = (1.0 - s) * self._count + s * stats[COUNT]
             self._square = (1.0 - s) * self._square + s * stats[SQUARE]
+            self._stat_noise = np.sqrt((1.0 - s) ** 2 * self._stat_noise**2 + s**2 * self._stat_step_std**2)
+
+    def prior_counts(self) -> tuple[float, float]:
+        """(nu_n, nu_q): the pseudo-records of the weights and of the spreads (module docstring)."""
+        N = self.dataset_size
+        return (max(self.prior_count, NOISE_SHRINK * N * float(self._stat_noise[0])),
+                max(self.prior_count, NOISE_SHRINK * N * float(self._stat_noise[1]) / self.noise_sd**2))
 
     def variances(self) -> np.ndarray:
         """Diagonal spreads v (K, d): shrunk noisy averages, floored at sd_floor^2 (module docstring)."""
         if not self.learn_spreads:
             return np.full((self.n_factors, self.dim), self.noise_sd**2)
-        N, nu = self.dataset_size, self.prior_count
+        N, nu = self.dataset_size, self.prior_counts()[1]
         v = ((N * np.maximum(self._square, 0.0) + nu * self.noise_sd**2)
              / (N * np.maximum(self._count, 0.0) + nu)[:, None])
-        return np.maximum(v, self.sd_floor**2)
+        return np.clip(v, min(self.sd_floor, self.spread_bound) ** 2, self.spread_bound**2)
 
     def weights(self) -> np.ndarray:
         """Mixture weights pi (K,): shrunk noisy counts (uniform without learnt spreads)."""
         if not self.learn_spreads:
             return np.full(self.n_factors, 1.0 / self.n_factors)
-        w = self.dataset_size * np.maximum(self._count, 0.0) + self.prior_count
+        w = self.dataset_size * np.maximum(self._count, 0.0) + self.prior_counts()[0]
         return w / w.sum()
 
     # -- the SEP site -------------------------------------------------------------------------
@@ -398,15 +425,15 @@ class MixtureSEP(SEPModel):
         k, d = integer("n_components", hyperparameters["n_components"]), integer("dim", hyperparameters["dim"])
         shapes: dict[str, tuple[int | None, ...]] = {"eta": (k, d), "prec": (k, d, d)}
         if hyperparameters.get("learn_spreads", False):  # absent: a message from before
-            shapes.update({COUNT: (k,), SQUARE: (k, d)})
+            shapes.update({COUNT: (k,), SQUARE: (k, d), STAT_NOISE: (2,)})
         return shapes
 
     def state(self) -> dict[str, np.ndarray]:
         """Posterior natural parameters ``eta``, ``prec``; with learnt spreads the averaged
-        statistics ``count`` (K,) and ``square`` (K, d)."""
+        statistics ``count`` (K,) and ``square`` (K, d) and their public noise stds ``stat_noise`` (2,)."""
         out = super().state()
         if self.learn_spreads:
-            out.update({COUNT: self._count.copy(), SQUARE: self._square.copy()})
+            out.update({COUNT: self._count.copy(), SQUARE: self._square.copy(), STAT_NOISE: self._stat_noise.copy()})
         return out
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
@@ -415,7 +442,7 @@ class MixtureSEP(SEPModel):
         spreads are exactly noise_sd^2 and weights uniform: that message's own predictive rule."""
         stats = {}
         if self.learn_spreads and (COUNT in state or SQUARE in state):
-            for name, ref in ((COUNT, self._count), (SQUARE, self._square)):
+            for name, ref in ((COUNT, self._count), (SQUARE, self._square), (STAT_NOISE, self._stat_noise)):
                 if name not in state:
                     raise ValueError(f"state is missing natural parameter {name!r}")
                 value = np.asarray(state[name], dtype=float)
@@ -424,7 +451,10 @@ class MixtureSEP(SEPModel):
                 stats[name] = value
         super().load_state(state)
         if stats:
+            if np.any(stats[STAT_NOISE] < 0):
+                raise ValueError("state 'stat_noise' must be >= 0")
             self._count, self._square = stats[COUNT].copy(), stats[SQUARE].copy()
+            self._stat_noise = stats[STAT_NOISE].copy()
 
     def hyperparameters(self) -> dict[str, Any]:
         return {
