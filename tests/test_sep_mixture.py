@@ -85,7 +85,7 @@ def test_initial_means_are_public_and_seeded():
 # -- learnt spreads: the statistics, their bounds, the update ------------------------------------
 
 from stream_vips.core.engine import allocation_weights  # noqa: E402
-from stream_vips.models.sep.mixture import COUNT, SQUARE, STAT_NOISE  # noqa: E402
+from stream_vips.models.sep.mixture import COUNT, NOISE_SHRINK, SQUARE, STAT_NOISE  # noqa: E402
 
 
 def _spread_model(**kw):
@@ -156,14 +156,14 @@ def test_the_update_averages_the_statistics_and_shrinks_them_with_the_noise_leve
     assert model.weights() == pytest.approx(np.full(3, 1 / 3))
     m_count, m_square = np.array([0.5, 0.3, 0.2]), np.array([[0.02, 0.08], [0.05, 0.05], [0.3, 0.01]])
     site = model.clipped_sum({"x": np.zeros((0, 2))})["site"]
-    model.set_noise_scale({"site": 0.0, COUNT: 0.01, SQUARE: 0.02})
+    model.set_noise_scale({"site": 0.0, COUNT: 0.4, SQUARE: 0.2})
     model.update({"site": site, COUNT: m_count, SQUARE: m_square}, 0.25)  # s = 0.25
     count = 0.75 * count0 + 0.25 * m_count
     square = 0.75 * square0 + 0.25 * m_square
     np.testing.assert_allclose(model.state()[COUNT], count, rtol=1e-12)
-    np.testing.assert_allclose(model.state()[STAT_NOISE], [0.25 * 0.01, 0.25 * 0.02], rtol=1e-12)
-    nu_n = max(4.0, 2.0 * 100 * 0.25 * 0.01)
-    nu_q = max(4.0, 2.0 * 100 * 0.25 * 0.02 / 0.25)
+    np.testing.assert_allclose(model.state()[STAT_NOISE], [0.25 * 0.4, 0.25 * 0.2], rtol=1e-12)
+    nu_n, nu_q = NOISE_SHRINK * 100 * 0.25 * 0.4, NOISE_SHRINK * 100 * 0.25 * 0.2 / 0.25
+    assert model.prior_counts() == pytest.approx((nu_n, nu_q)) and min(nu_n, nu_q) > 4.0  # the noise decides
     np.testing.assert_allclose(model.weights(), (100 * count + nu_n) / (100 * count + nu_n).sum(), rtol=1e-12)
     expected = np.clip((100 * square + nu_q * 0.25) / (100 * count + nu_q)[:, None], 0.01**2, 1.5**2)
     np.testing.assert_allclose(model.variances(), expected, rtol=1e-12)
