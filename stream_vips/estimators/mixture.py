@@ -49,10 +49,11 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     """
 
     family: ClassVar[str] = "sep_mixture"
-    bound_params: ClassVar[tuple[str, ...]] = ("clip", "x_clip")
+    bound_params: ClassVar[tuple[str, ...]] = ("clip", "x_clip", "spread_bound")
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-5, n_components: int = 3, noise_sd: float = 0.5,
-                 learn_spreads: bool = True, spread_bound: float = 2.0, prior_var: float = 1.0, clip: float | None = None, x_bound: float | None = None,
+                 learn_spreads: bool = True, spread_bound: float = 2.0, prior_var: float = 1.0,
+                 clip: float | None = None, x_bound: float | None = None,
                  steps: int | None = None, non_private: bool = False, random_state: Any = None) -> None:
         self.epsilon = epsilon
         self.delta = delta

@@ -251,8 +251,9 @@ class MixtureSEP(SEPModel):
             lambda capacity: MixtureSEP(n_components=2, dim=1, dataset_size=capacity, clip=0.25, init_seed=0,
                                         spread_bound=0.5),
             tuple({"x": [v]} for v in (-8.0, -3.0, -1.0, 0.0, 1.0, 3.0, 8.0)),
-            ratio_floor=0.92, floor_reason="the best pair (-1, 3) reaches 0.933: its sites share part of their precision "
-                                        "direction and its responsibilities are not exactly one-hot",
+            ratio_floor=0.92,
+            floor_reason="the best pair (-1, 3) reaches 0.933: its sites share part of their precision "
+                         "direction and its responsibilities are not exactly one-hot",
             note="clip 0.25 clips every site to C; points far apart fall in different components (count and "
                  "square at sqrt(2) of their bounds, as claimed); sites of different points share part of "
                  "their precision part, so ||u - u'|| stays just under 2C")
