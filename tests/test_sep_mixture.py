@@ -150,24 +150,25 @@ def test_the_diameter_is_the_closed_form_and_bounds_every_neighbouring_pair():
 
 
 def test_the_update_averages_the_statistics_and_shrinks_them_with_the_noise_level():
-    model = _spread_model(dataset_size=100, prior_count=4.0, noise_sd=0.5, sd_floor=0.01)
+    model = _spread_model(dataset_size=100, prior_count=4.0, noise_sd=0.5, sd_floor=0.01, spread_damping=1.5)
     count0, square0 = model.state()[COUNT], model.state()[SQUARE]
     assert model.variances() == pytest.approx(np.full((3, 2), 0.25))  # the prior's spreads exactly
     assert model.weights() == pytest.approx(np.full(3, 1 / 3))
     m_count, m_square = np.array([0.5, 0.3, 0.2]), np.array([[0.02, 0.08], [0.05, 0.05], [0.3, 0.01]])
     site = model.clipped_sum({"x": np.zeros((0, 2))})["site"]
     model.set_noise_scale({"site": 0.0, COUNT: 0.4, SQUARE: 0.2})
-    model.update({"site": site, COUNT: m_count, SQUARE: m_square}, 0.25)  # s = 0.25
-    count = 0.75 * count0 + 0.25 * m_count
-    square = 0.75 * square0 + 0.25 * m_square
+    model.update({"site": site, COUNT: m_count, SQUARE: m_square}, 0.25)  # s = 0.25, u = 1.5 s
+    u = 0.375
+    count = (1 - u) * count0 + u * m_count
+    square = (1 - u) * square0 + u * m_square
     np.testing.assert_allclose(model.state()[COUNT], count, rtol=1e-12)
-    np.testing.assert_allclose(model.state()[STAT_NOISE], [0.25 * 0.4, 0.25 * 0.2], rtol=1e-12)
-    nu_n, nu_q = NOISE_SHRINK * 100 * 0.25 * 0.4, NOISE_SHRINK * 100 * 0.25 * 0.2 / 0.25
+    np.testing.assert_allclose(model.state()[STAT_NOISE], [u * 0.4, u * 0.2], rtol=1e-12)
+    nu_n, nu_q = NOISE_SHRINK * 100 * u * 0.4, NOISE_SHRINK * 100 * u * 0.2 / 0.25
     assert model.prior_counts() == pytest.approx((nu_n, nu_q)) and min(nu_n, nu_q) > 4.0  # the noise decides
     np.testing.assert_allclose(model.weights(), (100 * count + nu_n) / (100 * count + nu_n).sum(), rtol=1e-12)
     expected = np.clip((100 * square + nu_q * 0.25) / (100 * count + nu_q)[:, None], 0.01**2, 1.5**2)
     np.testing.assert_allclose(model.variances(), expected, rtol=1e-12)
-    rebuilt = _spread_model(dataset_size=100, prior_count=4.0, noise_sd=0.5, sd_floor=0.01)
+    rebuilt = _spread_model(dataset_size=100, prior_count=4.0, noise_sd=0.5, sd_floor=0.01, spread_damping=1.5)
     rebuilt.load_state(model.state())
     np.testing.assert_allclose(rebuilt.variances(), model.variances(), rtol=1e-12)
     with pytest.raises(ValueError, match="count"):
@@ -217,7 +218,7 @@ def test_the_site_with_diagonal_spreads_and_weights_gives_the_tilted_moments():
 
 def test_bad_spread_settings_fail_naming_the_key():
     for key, value in (("spread_share", 1.0), ("spread_share", 0.0), ("spread_bound", -1.0), ("prior_count", 0.0),
-                       ("sd_floor", -0.1), ("learn_spreads", "yes")):
+                       ("sd_floor", -0.1), ("learn_spreads", "yes"), ("spread_damping", 0.0)):
         with pytest.raises(ValueError, match=key):
             _spread_model(**{key: value})
 

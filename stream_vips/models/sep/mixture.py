@@ -51,10 +51,12 @@ sum a_k^2 = 1), the neighbouring sums differ by at most, in units of the joint b
 worst case). The default allocation (:meth:`MixtureSEP.default_block_weights`) gives the two
 statistics blocks the share ``spread_share`` of sum a_k^2, equally.
 
-Update (post-processing). The averaged statistics follow the site's damped step s:
-n_j <- (1 - s) n_j + s n~_j and S_ji <- (1 - s) S_ji + s S~_ji (n~, S~ the engine's noisy batch
-means), starting at n_j = 1/J, S_ji = noise_sd^2 / J. The engine's public noise level gives the
-std of the noise these averages carry, e_n and e_q per coordinate (the damped sum of the steps'
+Update (post-processing). The averaged statistics take the step u = min(1, spread_damping * s),
+s the site's damped step: n_j <- (1 - u) n_j + u n~_j and S_ji <- (1 - u) S_ji + u S~_ji (n~, S~
+the engine's noisy batch means; a larger u forgets the start and the early, misassigned steps
+faster at the price of more noise, which the shrinkage below then follows), starting at
+n_j = 1/J, S_ji = noise_sd^2 / J. The engine's public noise level gives the std of the noise
+these averages carry, e_n and e_q per coordinate (the damped sum of the steps'
 noise, as for the site's eigenvalue floor). With N the configured dataset size, the prior's
 pseudo-records (a conjugate inverse-Gamma prior's shrinkage) are at least ``prior_count`` and at
 least enough that the prior's pseudo-sum is :data:`NOISE_SHRINK` times the noise on the data's:
@@ -172,6 +174,8 @@ class MixtureSEP(SEPModel):
     - ``prior_count``: nu, pseudo-records at variance noise_sd^2 that every spread and weight is
       shrunk with (default 10);
     - ``sd_floor``: the least learnt sd (default noise_sd / 10);
+    - ``spread_damping``: the statistics' averages step min(1, spread_damping * s), s the site's step
+      (default 2: chosen on synthetic blobs among 1, 2 and 3);
     - ``init_seed``: the public draw of the initial component means from the prior (default 0).
     """
 
@@ -205,6 +209,7 @@ class MixtureSEP(SEPModel):
         spread_bound: float = 2.0,
         spread_share: float = 0.2,
         prior_count: float = 10.0,
+        spread_damping: float = 2.0,
         sd_floor: float | None = None,
         damping: float = 1.0,
         prior_mean: float | Sequence[float] = 0.0,
@@ -229,6 +234,7 @@ class MixtureSEP(SEPModel):
         if not self.spread_share < 1:
             raise ValueError(f"spread_share must be in (0, 1), got {spread_share!r}")
         self.prior_count = positive("prior_count", prior_count)
+        self.spread_damping = positive("spread_damping", spread_damping)
         floor = optional_positive("sd_floor", sd_floor)
         self.sd_floor = self.noise_sd / 10.0 if floor is None else floor
         self.init_seed = integer("init_seed", init_seed, minimum=0)
@@ -322,7 +328,7 @@ class MixtureSEP(SEPModel):
             self._stat_step_std = stds
 
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
-        """The SEP site update, then the statistics' damped averages (same step s); the spreads and
+        """The SEP site update, then the statistics' damped averages (step u); the spreads and
         weights follow from them (:meth:`variances`, :meth:`weights`)."""
         if self.learn_spreads:
             stats = {}
@@ -333,7 +339,7 @@ class MixtureSEP(SEPModel):
                 stats[name] = m
         super().update(noisy_mean, rho)
         if self.learn_spreads:
-            s = self.step_fraction(rho)
+            s = min(1.0, self.spread_damping * self.step_fraction(rho))
             self._count = (1.0 - s) * self._count + s * stats[COUNT]
             self._square = (1.0 - s) * self._square + s * stats[SQUARE]
             self._stat_noise = np.sqrt((1.0 - s) ** 2 * self._stat_noise**2 + s**2 * self._stat_step_std**2)
@@ -463,5 +469,6 @@ class MixtureSEP(SEPModel):
             "n_components": self.n_factors, "dim": self.dim, "noise_sd": self.noise_sd,
             "learn_spreads": self.learn_spreads, "spread_bound": self.spread_bound,
             "spread_share": self.spread_share, "prior_count": self.prior_count, "sd_floor": self.sd_floor,
+            "spread_damping": self.spread_damping,
             "init_seed": self.init_seed, **super().hyperparameters(),
         }
