@@ -27,7 +27,7 @@ Targets (issue 37):
 - private within 0.1 ARI of ours non-private at N >= 1,000 (epsilon 1 and 3; the synthetic sets;
   the tables are smaller and their rows say "not applicable").
 
-Run: ``python benchmarks/sep_mixture_spreads.py`` (about 4 minutes on one core; writes
+Run: ``python benchmarks/sep_mixture_spreads.py`` (about 3 minutes on one core; writes
 benchmarks/results/sep_mixture_spreads.json).
 """
 
