@@ -94,7 +94,8 @@ def gibbs_reference(X: np.ndarray, labels: np.ndarray, seed: int) -> tuple[np.nd
 
 def run_sep(X: np.ndarray, clip: float | None, z: float, epsilon: float | None, seed: int,
             accountant: PldAccountant | None = None) -> tuple[np.ndarray, np.ndarray]:
-    model = MixtureSEP(n_components=J, dim=D, dataset_size=N, clip=clip, noise_sd=SD, prior_var=1.0, init_seed=seed)
+    model = MixtureSEP(n_components=J, dim=D, dataset_size=N, clip=clip, noise_sd=SD, prior_var=1.0, init_seed=seed,
+                       learn_spreads=False)  # the paper's model: known sd and weights
     reservoir = Reservoir(model.row_layout(), capacity=N, rng=np.random.default_rng(seed))
     reservoir.add_batch(model.parse_batch([{"x": row} for row in X.tolist()]).rows)
     private = z > 0

@@ -155,6 +155,12 @@ def test_mixture_finds_separated_clusters():
     # clusters 4-5 sds apart: a fit at epsilon 1 with N = 3,000 should separate them almost fully
     assert adjusted_rand_score(labels, gm.labels_) > 0.9
     assert gm.predict_proba(X).sum(axis=1) == pytest.approx(1.0)
+    assert gm.weights_.shape == (3,) and gm.covariances_.shape == (3, 2)
+    assert gm.weights_.sum() == pytest.approx(1.0) and np.all(gm.covariances_ > 0)
+    # predictions follow the learnt spreads: the known-sd model (learn_spreads=False) predicts differently
+    known = gm.model_.__class__(**{**gm.model_.hyperparameters(), "learn_spreads": False})
+    known.load_state({k: v for k, v in gm.model_.state().items() if k in ("eta", "prec")})
+    assert not np.allclose(known.responsibilities(X[:50]), gm.predict_proba(X[:50]))
 
 
 def test_lda_transform_and_message():

@@ -311,8 +311,10 @@ def test_hyperparameters_rebuild_the_model_for_a_reader(idx):
 def test_an_empty_poisson_batch_still_releases(idx):
     model, draw = _families(1.0)[idx]
     empty = {k: v[:0] for k, v in draw(np.random.default_rng(0), 3).items()}
-    total = model.clipped_sum(empty)[SITE]
+    sums = model.clipped_sum(empty)
+    total = sums[SITE]
     assert total.shape == model.blocks()[0].shape and not total.any()
+    assert all(not v.any() for v in sums.values())
     before = model.site
-    model.update({SITE: total + 0.01}, 0.5)  # the noise alone still moves the release
+    model.update({k: v + 0.01 for k, v in sums.items()}, 0.5)  # the noise alone still moves the release
     assert not np.allclose(model.site, before)

@@ -153,8 +153,8 @@ def test_the_mixture_rule_gives_the_model_responsibilities():
     s, model = msg["summary"], posterior_from_message(msg).model
     X = _x(model.dim)
     logp = []
-    for w, m, c in zip(s["weights"], s["means"], s["covariances"], strict=True):
-        S = np.asarray(c) + s["noise_sd"] ** 2 * np.eye(model.dim)
+    for w, m, c, v in zip(s["weights"], s["means"], s["covariances"], s["variances"], strict=True):
+        S = np.asarray(c) + np.diag(v)
         diff = X - np.asarray(m)
         maha = np.einsum("ij,jk,ik->i", diff, np.linalg.inv(S), diff)
         logp.append(math.log(w) - 0.5 * (maha + np.linalg.slogdet(S)[1] + model.dim * math.log(2 * math.pi)))

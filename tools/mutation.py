@@ -106,6 +106,7 @@ TARGETS: dict[str, Target] = {
     "stream_vips/models/sep/core.py": Target(("tests/test_sep_core.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
     "stream_vips/models/sep/bnn.py": Target(("tests/test_sep_bnn.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
     "stream_vips/models/sep/probit.py": Target(("tests/test_sep_probit.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
+    "stream_vips/models/sep/mixture.py": Target(("tests/test_sep_mixture.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
     "stream_vips/models/baselines/dpvi.py": Target(("tests/test_baselines_dpvi.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
     "stream_vips/models/baselines/sgld.py": Target(("tests/test_baselines_sgld.py",) + _MODEL_TESTS, MODEL_FUNCTIONS),
 }

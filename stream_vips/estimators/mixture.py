@@ -13,14 +13,19 @@ from stream_vips.estimators._base import PrivateEstimator
 
 
 class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
-    """A mixture of ``n_components`` spherical Gaussians of known sd ``noise_sd`` and equal weights,
-    with (epsilon, delta)-differential privacy: the posterior over the component means, learnt by
-    DP-SEP (one full-covariance Gaussian factor per component).
+    """A mixture of ``n_components`` Gaussians with diagonal spreads and weights, with
+    (epsilon, delta)-differential privacy: the posterior over the component means, learnt by DP-SEP
+    (one full-covariance Gaussian factor per component), and each component's spreads and weight
+    from privately released responsibility-weighted statistics in the same steps.
 
     - ``epsilon``, ``delta``: the budget one ``fit`` spends (cross-validation spends it per fit);
     - ``n_components``: K (default 3, the fit rule's);
-    - ``noise_sd``: the known sd of every component in the data's units (a public modelling
-      choice; default 0.5, suited to standardised data with a few separated clusters);
+    - ``noise_sd``: the prior guess of every component's sd in the data's units (a public modelling
+      choice; default 0.5, suited to standardised data); with ``learn_spreads=False`` the known sd;
+    - ``learn_spreads``: learn diagonal spreads and weights (default true; false: known sd
+      ``noise_sd`` and equal weights, the means alone are learnt);
+    - ``spread_bound``: b, the bound each squared residual coordinate is clipped to (as b^2; default
+      2, for standardised data);
     - ``prior_var``: the variance of the isotropic prior of every mean (default 1: standardised
       data);
     - ``clip``: C, the public L2 bound on every site (``None``: the fit rule's, 1);
@@ -44,15 +49,18 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     """
 
     family: ClassVar[str] = "sep_mixture"
-    bound_params: ClassVar[tuple[str, ...]] = ("clip", "x_clip")
+    bound_params: ClassVar[tuple[str, ...]] = ("clip", "x_clip", "spread_bound")
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-5, n_components: int = 3, noise_sd: float = 0.5,
-                 prior_var: float = 1.0, clip: float | None = None, x_bound: float | None = None,
+                 learn_spreads: bool = True, spread_bound: float = 2.0, prior_var: float = 1.0,
+                 clip: float | None = None, x_bound: float | None = None,
                  steps: int | None = None, non_private: bool = False, random_state: Any = None) -> None:
         self.epsilon = epsilon
         self.delta = delta
         self.n_components = n_components
         self.noise_sd = noise_sd
+        self.learn_spreads = learn_spreads
+        self.spread_bound = spread_bound
         self.prior_var = prior_var
         self.clip = clip
         self.x_bound = x_bound
@@ -62,6 +70,7 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
 
     def _model_params(self, n_features: int) -> dict[str, Any]:
         params: dict[str, Any] = {"n_components": self.n_components, "noise_sd": self.noise_sd,
+                                  "learn_spreads": self.learn_spreads, "spread_bound": self.spread_bound,
                                   "prior_var": self.prior_var, "x_clip": self.x_bound}
         if self.random_state is not None:
             params["init_seed"] = int(check_random_state(self.random_state).randint(0, 2**31 - 1))
@@ -80,6 +89,18 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     def means_(self) -> np.ndarray:
         """The posterior means of the component means, shape (K, d)."""
         return np.asarray(self.model_.posterior()[0], dtype=float)
+
+    @property
+    def weights_(self) -> np.ndarray:
+        """The mixture weights, shape (K,) (uniform with ``learn_spreads=False``)."""
+        check_is_fitted(self, "posterior_")
+        return np.asarray(self.model_.weights(), dtype=float)
+
+    @property
+    def covariances_(self) -> np.ndarray:
+        """Each component's diagonal spread (variances), shape (K, d), as scikit-learn's "diag"."""
+        check_is_fitted(self, "posterior_")
+        return np.asarray(self.model_.variances(), dtype=float)
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """p(component | x) under the posterior predictive, shape (n, K)."""
