@@ -363,3 +363,251 @@ def test_a_torn_first_event_of_a_ledger_written_before_geneses_is_cut_and_agrees
     assert starts_like_ledger(torn)
     with FileLedger(path) as led:
         assert led.events() == []
+
+
+# --- Pinned by the mutation pass of ledger.py (tools/mutation.py) ------------------------------
+
+#: Lines as this release writes them: a ledger written by an earlier run must still read, and
+#: this release must write byte for byte the same lines (the checksum covers the canonical form).
+GOLDEN_GENESIS = (b'{"genesis":{"created_at":"2024-01-01T00:00:00+00:00","ledger_id":"00000000000000000000000000000000",'
+                  b'"supersedes":[]},"sha256":"4200a103ec4e9146a81196124601c02498ad6da1865a09b41b43f31189020dec"}\n')
+GOLDEN_EVENT = (b'{"at":5,"event":{"adjacency":"replace_one","count":1,"diameter":2.0,"noise_multiplier":1.0,'
+                b'"sampling":"poisson","sampling_rate":0.1,"type":"subsampled_gaussian","version":1},'
+                b'"sha256":"e48b1e4875a733e63d98b963f16880d6e691d157416658c0e183420108abfe10","step":0,"window":3}\n')
+
+
+def test_lines_are_written_and_read_in_the_recorded_format(tmp_path):
+    genesis = {"ledger_id": "0" * 32, "created_at": "2024-01-01T00:00:00+00:00", "supersedes": []}
+    assert encode_genesis(genesis) == GOLDEN_GENESIS
+    assert encode_line(0, ev(0), 5, 3) == GOLDEN_EVENT
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + GOLDEN_EVENT)
+    with FileLedger(path) as led:
+        assert led.ledger_id == "0" * 32 and led.events() == [ev(0)]
+        assert led.last_position == 5 and led.windows() == [3]
+
+
+def test_a_line_in_another_json_form_is_checked_canonically(tmp_path, monkeypatch):
+    """Lines not in the canonical form (spaces, another key order) are checked by re-serializing
+    their body; canonical lines are checked by the fast path, without a second parse."""
+    import json
+
+    import stream_vips.privacy.ledger as ledger_mod
+
+    spaced = json.dumps({"step": 0, "event": ev(0).to_dict(), "at": 5, "window": 3,
+                         "sha256": "e48b1e4875a733e63d98b963f16880d6e691d157416658c0e183420108abfe10"}).encode()
+    path = tmp_path / "spaced.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + spaced + b"\n")
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0)] and led.windows() == [3]
+    path.write_bytes(GOLDEN_GENESIS + spaced.replace(b'"at": 5', b'"at": 6') + b"\n")
+    with pytest.raises(LedgerCorrupt, match="line 2 is corrupt: checksum mismatch"):
+        FileLedger(path)
+
+    class NoSlowPath:
+        dumps = staticmethod(json.dumps)
+
+        @staticmethod
+        def loads(*args, **kwargs):
+            raise AssertionError("a canonical line took the slow path")
+
+    monkeypatch.setattr(ledger_mod, "json", NoSlowPath)
+    path.write_bytes(GOLDEN_GENESIS + GOLDEN_EVENT + encode_line(1, ev(1), 7, 3))
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0), ev(1)]
+
+
+def test_a_line_that_is_not_json_is_refused_even_with_a_matching_checksum(tmp_path):
+    body = GOLDEN_EVENT.replace(b',"sha256":"e48b1e4875a733e63d98b963f16880d6e691d157416658c0e183420108abfe10"', b"")
+    import hashlib
+
+    forged = b',"sha256":"' + hashlib.sha256(body.rstrip(b"\n")).hexdigest().encode() + b'"' + body
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + forged)
+    with pytest.raises(LedgerCorrupt, match="line 2 is corrupt: not JSON"):
+        FileLedger(path)
+
+
+def test_new_genesis_records_its_creation_time_in_utc():
+    from datetime import datetime, timedelta
+
+    genesis = new_genesis(["b", "a", "b"])
+    assert set(genesis) == {"ledger_id", "created_at", "supersedes"} and genesis["supersedes"] == ["a", "b"]
+    assert datetime.fromisoformat(genesis["created_at"]).utcoffset() == timedelta(0)
+
+
+def test_a_ledger_written_before_geneses_has_a_legacy_id_that_binds(tmp_path):
+    import hashlib
+
+    path = tmp_path / "old.jsonl"
+    first = encode_line(0, ev(0), 4)
+    path.write_bytes(first + encode_line(1, ev(1), 8))
+    with FileLedger(path) as led:
+        assert led.ledger_id == "legacy-" + hashlib.sha256(first.rstrip(b"\n")).hexdigest()[:24]
+        assert led.supersedes == () and led.events() == [ev(0), ev(1)]
+        check_binding(led, "checkpoint", None, 2)  # state written before ledger ids: the step still binds
+        with pytest.raises(LedgerMismatch, match="holds only 2: the ledger was rolled back"):
+            check_binding(led, "checkpoint", None, 3)
+        assert led.append(ev(2)) == 2
+    with FileLedger(path) as led:
+        assert led.events() == [ev(0), ev(1), ev(2)] and led.ledger_id.startswith("legacy-")
+
+
+def test_windows_and_positions_survive_a_restart(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        assert led.append_many([(ev(0), 0), (ev(1), 10), (ev(2), None)], window=1) == 0
+        assert led.append_many([(ev(3), 20)]) == 3
+        assert led.windows() == [1, 1, 1, None]
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 5 and all(line.startswith(b'{"') for line in lines)
+    with FileLedger(path) as led:
+        assert led.events() == [ev(i) for i in range(4)]
+        assert led.windows() == [1, 1, 1, None] and led.last_position == 20
+
+
+@pytest.mark.parametrize("field, value", [("at", True), ("at", 1.5), ("at", "5"), ("at", -1),
+                                          ("window", True), ("window", 2.5), ("window", "3"), ("window", 0),
+                                          ("extra", 1)])
+def test_a_bad_position_or_window_is_corruption(tmp_path, field, value):
+    import stream_vips.privacy.ledger as ledger_mod
+
+    line = ledger_mod._line({"step": 0, "event": ev(0).to_dict(), field: value})
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + line)
+    with pytest.raises(LedgerCorrupt, match="line 2 is corrupt"):
+        FileLedger(path)
+
+
+@pytest.mark.parametrize("genesis, why", [({"created_at": "x"}, "genesis without a ledger_id"),
+                                          (5, "genesis without a ledger_id"),
+                                          ({"ledger_id": 7}, "genesis without a ledger_id")])
+def test_a_genesis_without_an_id_is_corruption(tmp_path, genesis, why):
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(encode_genesis(genesis))
+    with pytest.raises(LedgerCorrupt, match=f"line 1 is corrupt: {why}"):
+        FileLedger(path)
+
+
+def test_an_event_field_of_the_wrong_kind_is_corruption(tmp_path):
+    import stream_vips.privacy.ledger as ledger_mod
+
+    data = ev(0).to_dict()
+    data["noise_multiplier"] = [1.0]  # unhashable: not cached, still checked
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + ledger_mod._line({"step": 0, "event": data}))
+    with pytest.raises(LedgerCorrupt, match="line 2 is corrupt: noise_multiplier must be"):
+        FileLedger(path)
+
+
+def test_replayed_identical_events_share_one_object(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with FileLedger(path) as led:
+        led.append_many([(ev(0), None)] * 3)
+    with FileLedger(path) as led:
+        a, b, c = led.events()
+        assert a == ev(0) and a is b is c
+
+
+@pytest.mark.parametrize("tail", [b'{"genesis":{', b"XX", b"X"])
+def test_a_partial_genesis_or_foreign_bytes_after_the_genesis_are_refused(tmp_path, tail):
+    """Only the first line can be a torn genesis; line 2 is checked like any later line."""
+    path = tmp_path / "ledger.jsonl"
+    FileLedger(path).close()
+    path.write_bytes(path.read_bytes() + tail)
+    before = path.read_bytes()
+    with pytest.raises(LedgerCorrupt, match=f"ledger {path} line 2 is incomplete and is not the start"):
+        FileLedger(path)
+    assert path.read_bytes() == before
+
+
+def test_a_corrupt_line_names_the_ledger_file(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(GOLDEN_GENESIS + b"{not json\n")
+    with pytest.raises(LedgerCorrupt, match=f"^ledger {path} line 2 is corrupt"):
+        FileLedger(path)
+
+
+def test_file_mode_and_directory_fsync_on_creation(tmp_path, monkeypatch):
+    import stream_vips.privacy.ledger as ledger_mod
+
+    synced = []
+    real = ledger_mod.fsync_dir
+    monkeypatch.setattr(ledger_mod, "fsync_dir", lambda d: (synced.append(Path(d)), real(d)))
+    path = tmp_path / "ledger.jsonl"
+    old = os.umask(0o022)
+    try:
+        FileLedger(path).close()
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o644
+    assert synced == [tmp_path]  # the new file's directory entry is made durable
+    FileLedger(path).close()
+    assert synced == [tmp_path]  # an existing file: nothing to make durable
+
+
+def test_close_is_idempotent_and_a_closed_ledger_refuses_appends(tmp_path):
+    led = FileLedger(tmp_path / "ledger.jsonl")
+    led.close()
+    led.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        led.append(ev(0))
+    with FileLedger(tmp_path / "ledger.jsonl") as again:
+        assert again.events() == []
+
+
+def test_a_ledger_on_file_descriptor_zero_works_and_is_released(tmp_path):
+    """A daemon started with stdin closed gets descriptor 0 for its ledger."""
+    path = tmp_path / "ledger.jsonl"
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        led = FileLedger(path)
+        try:
+            assert led._fd == 0
+            assert led.append(ev(0)) == 0
+        finally:
+            led.close()
+        with FileLedger(path) as again:  # the lock was released
+            assert again.events() == [ev(0)]
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+def test_a_closed_ledger_is_no_longer_named_as_held_by_this_process(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    FileLedger(path).close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LedgerLocked, match="in use by another process"):
+            FileLedger(path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_first_line_probes_agree_with_the_ledger(tmp_path):
+    from stream_vips.privacy.ledger import first_line_is_ledger, starts_like_ledger
+
+    cases = {
+        "empty": (b"", None, False),
+        "genesis": (GOLDEN_GENESIS + GOLDEN_EVENT, True, True),
+        "legacy": (encode_line(0, ev(0)), True, True),
+        "torn genesis": (GOLDEN_GENESIS[:5], True, True),
+        "nul": (b"\0" * 8, True, True),
+        "bad checksum": (GOLDEN_GENESIS.replace(b"2024", b"2025"), False, True),
+        "trailing bytes": (GOLDEN_GENESIS[:-1] + b"X\n", False, True),
+        "data": (b"age,income", False, False),
+        "model": (b'{"schema": "model-message.v1"}\n', False, False),
+    }
+    for name, (content, is_ledger, starts) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert first_line_is_ledger(path) is is_ledger, name
+        from stream_vips.privacy.ledger import read_first_line
+
+        first = read_first_line(path)
+        assert first == content.split(b"\n")[0] + (b"\n" if b"\n" in content else b""), name
+        assert starts_like_ledger(first) is starts, name
