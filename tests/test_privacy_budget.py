@@ -4,6 +4,7 @@ stays halted, replays its ledger on restart (privacy rule 7 in docs/privacy.md).
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
@@ -13,7 +14,7 @@ from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, Unsupp
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
-from stream_vips.privacy.ledger import FileLedger, LedgerMismatch, MemoryLedger
+from stream_vips.privacy.ledger import FileLedger, LedgerMismatch, LedgerWriteError, MemoryLedger
 
 DELTA = 1e-5
 RDP = RdpAccountant()
@@ -457,3 +458,153 @@ def test_window_accounting_admits_a_window_exactly_at_the_budget():
     event = E(5.0, 0.1, "fixed")
     monitor = BudgetMonitor(RDP.epsilon([event] * 2, DELTA), DELTA, RDP, MemoryLedger(), window=2)
     assert [monitor.admit(event, position=i) for i in range(5)] == [0, 1, 2, 3, 4]
+
+
+# -- check_room: a restart on a spent ledger halts before any step -------------------------------
+
+def _budget_for(steps, event):
+    """A budget that ``steps`` copies of ``event`` fit and ``steps + 1`` do not."""
+    return (RDP.epsilon([event] * steps, DELTA) + RDP.epsilon([event] * (steps + 1), DELTA)) / 2
+
+
+def test_check_room_halts_exactly_when_not_one_more_step_fits():
+    step = E(3.0, 0.1, "fixed")
+    budget = _budget_for(3, step)
+    one_left = BudgetMonitor(budget, DELTA, RDP, MemoryLedger([step] * 2))
+    assert one_left.check_room(step) is True  # exactly one more copy fits: no halt
+    assert not one_left.halted and one_left.halt_reason is None
+    spent = BudgetMonitor(budget, DELTA, RDP, MemoryLedger([step] * 3))
+    assert spent.check_room(step) is False  # none fits: halted now, before any step
+    assert spent.halted and "leave no room for another" in spent.halt_reason
+    assert spent.check_room(step) is False and spent.admit(step) is None
+    assert len(spent.ledger.events()) == 3
+
+
+def test_check_room_does_not_halt_while_prepaid_steps_are_left():
+    step = E(3.0, 0.1, "fixed")
+    m = BudgetMonitor(_budget_for(3, step), DELTA, RDP, MemoryLedger(), prepay=3, stride=10)
+    assert m.admit(step, position=0) == 0  # steps 1 and 2 are prepaid: nothing more fits
+    assert m.check_room(step) is True and not m.halted
+    assert [m.admit(step, position=p) for p in (10, 20, 30)] == [1, 2, None]
+
+
+# -- paying ahead: the next steps' write runs on the writer thread -------------------------------
+
+class _ThreadLedger(MemoryLedger):
+    """Records the thread of each write and how many entries it appended."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.writes = []
+
+    def append_many(self, entries, **kw):
+        self.writes.append((threading.current_thread().name, len(entries)))
+        return super().append_many(entries, **kw)
+
+
+def _ahead(prepay=1, budget=50.0, ledger=None, **kw):
+    ledger = _ThreadLedger() if ledger is None else ledger
+    return BudgetMonitor(budget, DELTA, RDP, ledger, prepay=prepay, stride=100, pay_ahead=True, **kw), ledger
+
+
+def test_start_paying_ahead_only_with_a_stride_and_without_window_accounting():
+    assert BudgetMonitor(50.0, DELTA, RDP, MemoryLedger(), stride=100).start_paying_ahead() is True
+    assert BudgetMonitor(50.0, DELTA, RDP, MemoryLedger()).start_paying_ahead() is False
+    windowed = BudgetMonitor(50.0, DELTA, RDP, MemoryLedger(), stride=100, window=5)
+    assert windowed.start_paying_ahead() is False
+    m = BudgetMonitor(50.0, DELTA, RDP, _ThreadLedger(), stride=100)
+    assert m.admit(E(3.0, 0.1, "fixed"), position=0) == 0
+    m.settle()
+    assert len(m.ledger.events()) == 1  # not paying ahead until turned on
+    assert m.start_paying_ahead()
+    assert m.admit(E(3.0, 0.1, "fixed"), position=100) == 1
+    m.settle()
+    assert m.ledger._positions == [0, 100, 200] and m.ledger.writes[-1][0].startswith("ledger-ahead")
+
+
+@pytest.mark.parametrize("prepay", [1, 3])
+def test_paying_ahead_writes_the_next_steps_in_the_background_and_counts_them_once_durable(prepay):
+    step = E(3.0, 0.1, "fixed")
+    m, ledger = _ahead(prepay=prepay)
+    spent = []
+    for i in range(8):
+        assert m.admit(step, position=1000 + 100 * i) == i  # step indices in ledger order
+        assert ledger._positions[i] == 1000 + 100 * i  # the step's own event, durable, at its position
+        assert len(ledger.events()) <= i + 1 + prepay  # a crash charges at most `prepay` unused steps
+        spent.append(m.spent())
+        if i == prepay - 1:  # the last prepaid step is used: the next `prepay` are paid ahead
+            m.settle()  # the write ahead has landed (and settle may be repeated)
+            m.settle()
+            assert len(ledger.events()) == 2 * prepay
+            assert ledger._positions[prepay:] == [1000 + 100 * (prepay + j) for j in range(prepay)]
+    assert all(b >= a for a, b in zip(spent, spent[1:]))  # epsilon never decreases
+    m.settle()
+    assert m.steps == len(ledger.events())
+    assert m.spent() == pytest.approx(RDP.epsilon(ledger.events(), DELTA))
+    assert ledger._positions == [1000 + 100 * i for i in range(len(ledger.events()))]  # nothing wasted
+    assert ledger.writes[0][0] == "MainThread"
+    assert all(name.startswith("ledger-ahead") for name, _ in ledger.writes[1:])  # the writer thread
+    assert all(n == prepay for _, n in ledger.writes)
+
+
+def test_paying_ahead_never_writes_past_the_budget_nor_past_the_source():
+    step = E(3.0, 0.1, "fixed")
+    budget = _budget_for(5, step)
+    m, ledger = _ahead(prepay=4, budget=budget)
+    steps = [m.admit(step, position=i * 100) for i in range(8)]
+    m.settle()
+    assert steps == [0, 1, 2, 3, 4, None, None, None] and m.halted
+    assert len(ledger.events()) == 5 and m.spent() <= budget
+    m, ledger = _ahead(prepay=2)
+    m.last_position = 300  # the source ends at position 300: its step is the last paid
+    assert m.admit(step, position=0) == 0  # pays 0 and 100
+    assert m.admit(step, position=100) == 1  # pays ahead 200 and 300 (the source's last position)
+    m.settle()
+    assert ledger._positions == [0, 100, 200, 300]
+    assert [m.admit(step, position=p) for p in (200, 300)] == [2, 3]
+    m.settle()
+    assert ledger._positions == [0, 100, 200, 300]  # nothing past the end
+
+
+def test_paying_ahead_needs_a_position():
+    step = E(3.0, 0.1, "fixed")
+    m, ledger = _ahead(prepay=2)
+    assert [m.admit(step) for _ in range(3)] == [0, 1, 2]  # no position: pays as it goes, none ahead
+    m.settle()
+    assert len(ledger.events()) == 4 and m.steps == 4  # 2 per write, the last one prepaid
+    assert all(name == "MainThread" for name, _ in ledger.writes)
+
+
+def test_steps_paid_ahead_for_another_event_stay_charged_and_the_step_pays_afresh():
+    step, other = E(3.0, 0.1, "fixed"), E(4.0, 0.1, "fixed")
+    m, ledger = _ahead(prepay=2)
+    assert m.admit(step, position=0) == 0  # steps 1 (prepaid) and 2, 3 (ahead)
+    assert m.admit(step, position=100) == 1
+    m.settle()
+    assert m.admit(other, position=200) == 4  # steps 2, 3 were paid for `step`: unused, charged
+    m.settle()
+    assert m.steps == len(ledger.events()) == 6  # 4, 5 paid for `other` (5 prepaid: none ahead yet)
+    assert m.spent() == pytest.approx(RDP.epsilon(ledger.events(), DELTA))
+
+
+def test_a_failed_write_ahead_raises_before_the_step_and_spends_nothing():
+    class Failing(_ThreadLedger):
+        fail = False
+
+        def append_many(self, entries, **kw):
+            if self.fail and threading.current_thread().name != "MainThread":  # the writes ahead fail
+                raise LedgerWriteError("disk full")
+            return super().append_many(entries, **kw)
+
+    step = E(3.0, 0.1, "fixed")
+    m, ledger = _ahead(prepay=1, ledger=Failing())
+    ledger.fail = True
+    assert m.admit(step, position=0) == 0
+    before = m.spent()
+    with pytest.raises(LedgerWriteError):
+        m.admit(step, position=100)
+    assert m.spent() == before and m.steps == 1 == len(ledger.events())
+    ledger.fail = False
+    assert m.admit(step, position=100) == 1  # pays afresh
+    m.settle()
+    assert m.steps == len(ledger.events()) and m.spent() == pytest.approx(RDP.epsilon(ledger.events(), DELTA))
