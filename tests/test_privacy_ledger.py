@@ -369,8 +369,8 @@ def test_a_torn_first_event_of_a_ledger_written_before_geneses_is_cut_and_agrees
 
 #: Lines as this release writes them: a ledger written by an earlier run must still read, and
 #: this release must write byte for byte the same lines (the checksum covers the canonical form).
-GOLDEN_GENESIS = (b'{"genesis":{"created_at":"2024-01-01T00:00:00+00:00","ledger_id":"00000000000000000000000000000000",'
-                  b'"supersedes":[]},"sha256":"4200a103ec4e9146a81196124601c02498ad6da1865a09b41b43f31189020dec"}\n')
+GOLDEN_GENESIS = (b'{"genesis":{"created_at":"2024-01-01T00:00:00+00:00",'
+                  b'"ledger_id":"00000000000000000000000000000000","supersedes":[]},"sha256":"4200a103ec4e9146a81196124601c02498ad6da1865a09b41b43f31189020dec"}\n')
 GOLDEN_EVENT = (b'{"at":5,"event":{"adjacency":"replace_one","count":1,"diameter":2.0,"noise_multiplier":1.0,'
                 b'"sampling":"poisson","sampling_rate":0.1,"type":"subsampled_gaussian","version":1},'
                 b'"sha256":"e48b1e4875a733e63d98b963f16880d6e691d157416658c0e183420108abfe10","step":0,"window":3}\n')
