@@ -301,8 +301,9 @@ func linregFull(a map[string]array, hyper map[string]any, xs [][]float64) map[st
 	return map[string]any{"mean": m, "variance": v}
 }
 
-// responsibilities: p(j | x) proportional to w_j N(x; m_j, C_j + noise_sd^2 I).
-func responsibilities(w []float64, means [][]float64, covs [][][]float64, noiseSD float64, xs [][]float64) map[string]any {
+// responsibilities: p(j | x) proportional to w_j N(x; m_j, C_j + diag(v_j)), v_j the component's
+// diagonal spreads.
+func responsibilities(w []float64, means [][]float64, covs [][][]float64, spreads [][]float64, xs [][]float64) map[string]any {
 	var resp [][]float64
 	var best []int
 	for _, x := range xs {
@@ -311,7 +312,7 @@ func responsibilities(w []float64, means [][]float64, covs [][][]float64, noiseS
 			S := make([][]float64, len(x))
 			for r := range S {
 				S[r] = append([]float64(nil), covs[j][r]...)
-				S[r][r] += noiseSD * noiseSD
+				S[r][r] += spreads[j][r]
 			}
 			L := cholesky(S)
 			diff := make([]float64, len(x))
@@ -345,23 +346,82 @@ func responsibilities(w []float64, means [][]float64, covs [][][]float64, noiseS
 	return map[string]any{"responsibilities": resp, "component": best}
 }
 
+// uniformSpreads: K x d spreads all noise_sd^2 (a message from before spreads were learnt).
+func uniformSpreads(K, d int, noiseSD float64) [][]float64 {
+	v := make([][]float64, K)
+	for j := range v {
+		v[j] = make([]float64, d)
+		for i := range v[j] {
+			v[j][i] = noiseSD * noiseSD
+		}
+	}
+	return v
+}
+
 func mixtureSummary(s map[string]any, xs [][]float64) map[string]any {
 	var covs [][][]float64
 	for _, c := range s["covariances"].([]any) {
 		covs = append(covs, mat(c))
 	}
-	return responsibilities(vec(s["weights"]), mat(s["means"]), covs, num(s["noise_sd"]), xs)
+	means := mat(s["means"])
+	spreads := uniformSpreads(len(means), len(means[0]), num(s["noise_sd"]))
+	if v, ok := s["variances"]; ok {
+		spreads = mat(v)
+	}
+	return responsibilities(vec(s["weights"]), means, covs, spreads, xs)
 }
 
-// mixtureFull: covariance_j = prec_j^-1, mean_j = covariance_j eta_j; equal weights.
+// noiseShrink: the model's NOISE_SHRINK, the pseudo-records per unit of public noise on the
+// averaged statistics (docs/model-topic.md, sep_mixture).
+const noiseShrink = 0.5
+
+// mixtureWeightsSpreads: the weights and diagonal spreads from the averaged statistics count (K),
+// square (K x d) and their public noise stds stat_noise (2), as docs/model-topic.md gives them:
+// nu_n = max(prior_count, 0.5 N stat_noise[0]), nu_q = max(prior_count, 0.5 N stat_noise[1] / noise_sd^2),
+// w_j proportional to N max(count_j, 0) + nu_n, v_ji = (N max(square_ji, 0) + nu_q noise_sd^2) /
+// (N max(count_j, 0) + nu_q) clipped to [min(sd_floor, spread_bound)^2, spread_bound^2].
+func mixtureWeightsSpreads(a map[string]array, hyper map[string]any, K, d int) ([]float64, [][]float64) {
+	noiseSD := num(hyper["noise_sd"])
+	w := make([]float64, K)
+	count, ok := a["count"]
+	if !ok { // before spreads were learnt, or learn_spreads: false
+		for j := range w {
+			w[j] = 1 / float64(K)
+		}
+		return w, uniformSpreads(K, d, noiseSD)
+	}
+	N, prior := num(hyper["dataset_size"]), num(hyper["prior_count"])
+	noise := a["stat_noise"].data
+	nuN := math.Max(prior, noiseShrink*N*noise[0])
+	nuQ := math.Max(prior, noiseShrink*N*noise[1]/(noiseSD*noiseSD))
+	lo := math.Pow(math.Min(num(hyper["sd_floor"]), num(hyper["spread_bound"])), 2)
+	hi := math.Pow(num(hyper["spread_bound"]), 2)
+	total := 0.0
+	v := make([][]float64, K)
+	for j := 0; j < K; j++ {
+		n := N * math.Max(count.data[j], 0)
+		w[j] = n + nuN
+		total += w[j]
+		v[j] = make([]float64, d)
+		for i := 0; i < d; i++ {
+			q := (N*math.Max(a["square"].data[j*d+i], 0) + nuQ*noiseSD*noiseSD) / (n + nuQ)
+			v[j][i] = math.Min(math.Max(q, lo), hi)
+		}
+	}
+	for j := range w {
+		w[j] /= total
+	}
+	return w, v
+}
+
+// mixtureFull: covariance_j = prec_j^-1, mean_j = covariance_j eta_j; weights and spreads from the
+// averaged statistics.
 func mixtureFull(a map[string]array, hyper map[string]any, xs [][]float64) map[string]any {
 	etas := a["eta"].rows()
 	K, d := len(etas), len(etas[0])
-	w := make([]float64, K)
 	var means [][]float64
 	var covs [][][]float64
 	for j := 0; j < K; j++ {
-		w[j] = 1 / float64(K)
 		P := make([][]float64, d)
 		for r := 0; r < d; r++ {
 			P[r] = a["prec"].data[(j*d+r)*d : (j*d+r+1)*d]
@@ -370,7 +430,8 @@ func mixtureFull(a map[string]array, hyper map[string]any, xs [][]float64) map[s
 		means = append(means, cholSolve(L, etas[j]))
 		covs = append(covs, inverse(L))
 	}
-	return responsibilities(w, means, covs, num(hyper["noise_sd"]), xs)
+	w, spreads := mixtureWeightsSpreads(a, hyper, K, d)
+	return responsibilities(w, means, covs, spreads, xs)
 }
 
 // ldaTopWords: each topic's n most probable words (lambda normalised per row; ties by index).
