@@ -94,7 +94,12 @@ def test_end_to_end_publishes_every_update_and_halting_stops_consumption(e2e):
     # reservoir of 5,000 full at record 5,000, then a step every 5,000 records: 20 steps fit the
     # budget (planned_steps = 20); the 21st, due at record 105,000, is refused and halts.
     assert stats.updates == 20 and stats.halted
-    assert stats.accepted == 105_000
+    # the 21st step is refused inside the poll batch that holds record 105,000; the rest of that
+    # batch was consumed (and is committed) with it, so accepted ends at that batch's end, which
+    # depends on how the client split the stream into polls (at most poll_max_records = 5,000):
+    # 105,000 when the polls fall on the 5,000-record steps, more when a loaded broker returns
+    # shorter fetches
+    assert 105_000 <= stats.accepted < 105_000 + 5_000
     assert 105_000 <= stats.records < 110_000
     assert _committed_total(bs, names["g"]) == stats.records  # nothing consumed after the halt
 
