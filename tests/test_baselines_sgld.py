@@ -165,3 +165,13 @@ def test_fit_runs_the_accountant_noise_and_refuses_the_paper_noise_before_spendi
     assert 1.0 / z**2 <= stable_step(500, 1.0)  # the rule's T makes the Langevin step stable
     with pytest.raises(FitError, match=r"noise: paper .* fit spends the whole budget"):
         fit((X, y), "sgld", noise="paper", seed=0)
+
+
+def test_the_non_private_rule_runs_one_relaxation_time_of_the_flattest_direction():
+    """At the stable step eta = 1/(N/4 + alpha) a direction of curvature alpha (the prior's, the
+    least the posterior has) contracts by eta alpha per step: (N/4 + alpha) / alpha steps, bounded."""
+    from stream_vips.models.baselines.sgld import RULE_MAX_STEPS, RULE_MIN_STEPS
+
+    assert DPSGLD.fit_rule(26_049, 105, None, 1e-5, True).steps == math.ceil(26_049 / 4 + 1)
+    assert DPSGLD.fit_rule(100, 5, None, 1e-5, True).steps == RULE_MIN_STEPS
+    assert DPSGLD.fit_rule(10**7, 5, None, 1e-5, True).steps == RULE_MAX_STEPS
