@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from stream_vips.privacy.accountants import PldAccountant, RdpAccountant, UnsupportedEvent
+from stream_vips.privacy.accountants import Accountant, PldAccountant, RdpAccountant, UnsupportedEvent, check_delta
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
@@ -457,3 +457,107 @@ def test_window_accounting_admits_a_window_exactly_at_the_budget():
     event = E(5.0, 0.1, "fixed")
     monitor = BudgetMonitor(RDP.epsilon([event] * 2, DELTA), DELTA, RDP, MemoryLedger(), window=2)
     assert [monitor.admit(event, position=i) for i in range(5)] == [0, 1, 2, 3, 4]
+
+
+# --- headroom's search against brute force, on cheap fake accountants (mutation pass of base.py) ---
+
+
+class _Curve(Accountant):
+    """An accountant whose epsilon is a known non-decreasing function of the total count."""
+
+    name = "curve"
+
+    def __init__(self, f):
+        self.f = f
+        self.calls = 0
+
+    def why_unsupported(self, event):
+        return None
+
+    def epsilon_of_counts(self, counts, delta):
+        self.calls += 1
+        return self.f(sum(counts.values()))
+
+
+_CURVES = {
+    "sqrt": lambda n: 1e-3 * n ** 0.5,
+    "linear": lambda n: 2e-5 * n,
+    "cube_root": lambda n: 0.01 * n ** 0.3,
+    "square": lambda n: 1e-10 * n * n,
+    "slow": lambda n: 1e-3 * n ** 0.05,
+    "steps_of_7": lambda n: 1e-3 * math.ceil(n / 7) ** 0.5,
+    "steps_of_1000": lambda n: float(math.ceil(n / 1000)),
+    "log2_floor": lambda n: float(math.floor(math.log2(n))),
+    "zero_then_linear": lambda n: 1e-3 * max(n - 40, 0),
+    "plateau_then_jump": lambda n: 1.0 if n < 5000 else 2.0 + 1e-6 * n,
+    "kinked": lambda n: 1e-4 * n if n < 3000 else 0.3 + 1e-2 * (n - 3000) ** 0.7,
+}
+_EVENT = E(2.0, 0.1, "fixed")
+_OTHER = E(3.0, 0.2, "fixed")
+
+
+def _largest_fitting(f, prior, budget, limit):
+    """Plain bisection over the monotone f: the largest n <= limit with f(prior + n) <= budget (or 0)."""
+    lo, hi = 0, limit + 1
+    while hi - lo > 1:
+        m = (lo + hi) // 2
+        lo, hi = (m, hi) if f(prior + m) <= budget else (lo, m)
+    return lo
+
+
+def _budgets(f, prior):
+    at = [f(prior + n) for n in (1, 2, 3, 5, 8, 40, 41, 99, 1000, 4999, 5000, 12345, 10**5, 3 * 10**5)]
+    return ([0.0, f(prior + 1) / 2, math.nextafter(f(prior + 1), 0.0)] + at
+            + [math.nextafter(b, 0.0) for b in at] + [math.nextafter(b, math.inf) for b in at])
+
+
+@pytest.mark.parametrize("curve", sorted(_CURVES))
+@pytest.mark.parametrize("prior", [0, 3, 777])
+def test_headroom_equals_brute_force_on_known_curves(curve, prior):
+    """Exact agreement with a plain bisection at budgets on, just below and just above epsilon(n)
+    (ties fit: <=), below epsilon(1) (0 fits), with limits that bind and that do not, and with
+    earlier counts of another event adding to the total."""
+    f = _CURVES[curve]
+    counts = {_OTHER: prior} if prior else {}
+    for budget in _budgets(f, prior):
+        for limit in (1, 2, 57, 4096, 10**5, 2**40):
+            want = _largest_fitting(f, prior, budget, limit)
+            got = _Curve(f).headroom(counts, _EVENT, DELTA, budget, limit=limit)
+            assert got == want, (budget, limit)
+
+
+@pytest.mark.parametrize("curve", ["sqrt", "linear", "cube_root", "square", "slow"])
+@pytest.mark.parametrize("n", [1000, 12345, 10**5, 314159, 10**6])
+@pytest.mark.parametrize("where", ["at", "below", "between"])
+def test_headroom_needs_few_evaluations_on_a_power_law(curve, n, where):
+    """The docstring's cost: about 10 evaluations at n ~ 10^5 (doubling plus bisection takes 34)."""
+    f = _CURVES[curve]
+    budget = {"at": f(n), "below": math.nextafter(f(n), 0.0), "between": (f(n) + f(n + 1)) / 2}[where]
+    acct = _Curve(f)
+    assert acct.headroom({}, _EVENT, DELTA, budget) == _largest_fitting(f, 0, budget, 2**40)
+    assert acct.calls <= 14
+
+
+@pytest.mark.parametrize("curve", ["steps_of_7", "steps_of_1000", "log2_floor", "plateau_then_jump", "kinked"])
+@pytest.mark.parametrize("n", [100, 12345, 10**5, 3 * 10**5])
+def test_headroom_evaluations_stay_logarithmic_on_plateaus_and_steps(curve, n):
+    """Where the power law misleads, the bisection fallback keeps the cost O(log n)."""
+    f = _CURVES[curve]
+    acct = _Curve(f)
+    got = acct.headroom({}, _EVENT, DELTA, f(n))
+    assert got == _largest_fitting(f, 0, f(n), 2**40)
+    assert acct.calls <= 3 * (got + 1).bit_length() + 10
+
+
+def test_headroom_reaches_a_far_limit_in_few_evaluations_on_a_slow_curve():
+    """A curve so flat that its root, about e^50, lies past the limit: the expansion jumps by up
+    to 64x toward the predicted root (doubling would take 40 evaluations)."""
+    acct = _Curve(_CURVES["slow"])
+    assert acct.headroom({}, _EVENT, DELTA, 1e-3 * math.exp(2.5), limit=2**40) == 2**40
+    assert acct.calls <= 12
+
+
+@pytest.mark.parametrize("delta", [0.0, -1e-9, 1.0, 1.5, math.nan])
+def test_check_delta_refuses_deltas_outside_0_1(delta):
+    with pytest.raises(ValueError, match="delta"):
+        check_delta(delta)
