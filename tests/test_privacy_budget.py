@@ -4,12 +4,14 @@ stays halted, replays its ledger on restart (privacy rule 7 in docs/privacy.md).
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from stream_vips.privacy.accountants import Accountant, PldAccountant, RdpAccountant, UnsupportedEvent, check_delta
+from stream_vips.privacy.accountants.base import _power_law_root
 from stream_vips.privacy.budget import BudgetMonitor
 from stream_vips.privacy.events import PureDpEvent
 from stream_vips.privacy.events import SubsampledGaussianEvent as E
@@ -476,6 +478,8 @@ class _Curve(Accountant):
 
     def epsilon_of_counts(self, counts, delta):
         self.calls += 1
+        if self.calls > 5000:  # a search degraded to a linear scan fails here, not by a timeout
+            raise AssertionError("headroom took more than 5000 evaluations")
         return self.f(sum(counts.values()))
 
 
@@ -555,6 +559,61 @@ def test_headroom_reaches_a_far_limit_in_few_evaluations_on_a_slow_curve():
     acct = _Curve(_CURVES["slow"])
     assert acct.headroom({}, _EVENT, DELTA, 1e-3 * math.exp(2.5), limit=2**40) == 2**40
     assert acct.calls <= 12
+
+
+def _random_curves(seed=20261128, size=300):
+    """Random non-decreasing curves: piecewise linear with kinks and jumps on a power-law base,
+    with a budget at, just above or just below epsilon at a random count up to ~1.5 10^6."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(size):
+        k, scale = rng.randint(1, 5), 10 ** rng.uniform(2, 6)
+        kinks = sorted(rng.uniform(0, 1.5 * scale) for _ in range(k))
+        slopes = [10 ** rng.uniform(-9, -1) for _ in range(k + 1)]
+        jumps = [rng.choice([0.0, 0.0, 10 ** rng.uniform(-4, 1)]) for _ in range(k)]
+        power = rng.choice([0.0, 0.5, 1.0])
+
+        def f(n, kinks=kinks, slopes=slopes, jumps=jumps, power=power):
+            value, x0 = 1e-3 * n ** power, 0.0
+            for kink, slope, jump in zip(kinks, slopes, jumps):
+                if n <= kink:
+                    return value + slope * (n - x0)
+                value, x0 = value + slope * (kink - x0) + jump, kink
+            return value + slopes[-1] * (n - x0)
+
+        n = int(rng.uniform(1, 1.5 * scale))
+        out.append((f, f(n) * (1 + rng.choice([0.0, 1e-9, -1e-9]))))
+    return out
+
+
+def test_headroom_on_random_kinked_curves_is_exact_and_its_cost_does_not_regress():
+    """Kinks and jumps mislead the power law; the bracket keeps the answer exact and the bisection
+    after two probes that fail to halve it keeps the cost bounded (without it one of these curves
+    takes over 10^6 evaluations). The cost is pinned as a regression bound: 3985 evaluations in all
+    and at most 51 on one curve when written; a change to the search that costs more than ~1.5%
+    more in all, or 55 on one curve, shows up here (re-measure after a deliberate change)."""
+    total = worst = 0
+    for f, budget in _random_curves():
+        acct = _Curve(f)
+        assert acct.headroom({}, _EVENT, DELTA, budget) == _largest_fitting(f, 0, budget, 2**40)
+        total, worst = total + acct.calls, max(worst, acct.calls)
+    assert total <= 4040
+    assert worst <= 55
+
+
+def test_power_law_root_is_the_root_of_the_power_law_through_two_points():
+    """headroom's predictor: n with c n^a = target for the c n^a through (n1, e1), (n2, e2)."""
+    assert _power_law_root(10, 1.0, 100, 10.0, 100.0) == pytest.approx(1000.0, rel=1e-12)  # slope 1
+    assert _power_law_root(4, 2.0, 16, 4.0, 3.0) == pytest.approx(9.0, rel=1e-12)  # slope 1/2
+    assert _power_law_root(4, 2.0, 16, 4.0, 1.0) == pytest.approx(1.0, rel=1e-12)  # a root below both
+    assert _power_law_root(1, 0.5, 2, 1.0, 0.75) == pytest.approx(1.5, rel=1e-12)  # e1 below 1
+    # undefined: a flat, decreasing or infinite pair, e1 = 0, one point twice
+    for args in [(1, 1.0, 2, 1.0), (1, 2.0, 2, 1.0), (1, 1.0, 2, math.inf), (1, 0.0, 2, 1.0), (3, 1.0, 3, 2.0)]:
+        assert _power_law_root(*args, 5.0) is None
+    # a root at e^60 or beyond is refused (slope 1 through (1, 1), (2, 2): log n = log target)
+    assert _power_law_root(1, 1.0, 2, 2.0, math.exp(59.5)) == pytest.approx(math.exp(59.5), rel=1e-9)
+    assert _power_law_root(1, 1.0, 2, 2.0, math.exp(60.0)) is None
+    assert _power_law_root(1, 1.0, 2, 2.0, math.exp(60.5)) is None
 
 
 @pytest.mark.parametrize("delta", [0.0, -1e-9, 1.0, 1.5, math.nan])
