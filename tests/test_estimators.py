@@ -226,6 +226,80 @@ def test_bounds_are_public_and_reported():
     assert moved[0] in again.report().splitlines()
 
 
+def _uncentred(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Features on [0, 1/2]^4 (far from centred), a standardised linear target with R^2 about
+    0.93, and a held-out split."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0.0, 0.5, (n + 2000, 4))
+    y = X @ np.array([3.0, -2.0, 1.0, 4.0]) + 0.3 * rng.normal(size=n + 2000)
+    y = (y - y[:n].mean()) / y[:n].std()
+    return X[:n], X[n:], np.clip(y[:n], -3, 3), y[n:]
+
+
+def test_feature_range_centres_on_public_midpoints_and_keeps_coefficients_in_x_units():
+    """With ``feature_range`` the design is [x - m, R] / sqrt(2) with m the range's midpoint and R
+    the centred rows' largest norm (0.5 here, not ``x_bound`` 1): the model is told that R, no
+    design row exceeds it, the intercept absorbs the shift (coef_ x + intercept_ is the prediction)
+    and the non-private fit is the conjugate posterior of the centred design (ordinary least squares
+    up to the prior's pull)."""
+    X, X_te, y, _ = _uncentred(4000, 0)
+    reg = PrivateLinearRegression(non_private=True, feature_range=(0.0, 0.5)).fit(X, y)
+    assert reg.model_message_["hyperparameters"]["x_bound"] == pytest.approx(0.5)
+    Z = reg._design(np.vstack([X, [[0.0] * 4, [0.5] * 4, [9.0, -9.0, 9.0, -9.0]]]))
+    assert np.linalg.norm(Z, axis=1).max() <= 0.5 + 1e-12
+    np.testing.assert_allclose(reg.predict(X_te), X_te @ reg.coef_ + reg.intercept_, atol=1e-10)
+    Z = reg._design(X)  # the conjugate posterior mean: ridge with the prior's alpha = 1 (lam = 1)
+    w = np.linalg.solve(np.eye(5) + Z.T @ Z, Z.T @ y)
+    np.testing.assert_allclose(reg.predict(X_te), reg._design(X_te) @ w, atol=1e-6)
+    ols, *_ = np.linalg.lstsq(np.hstack([X, np.ones((len(X), 1))]), y, rcond=None)
+    np.testing.assert_allclose(np.append(reg.coef_, reg.intercept_), ols, rtol=0.05)
+    assert reg.privacy_report_["bounds"]["feature_range"] == [[0.0] * 4, [0.5] * 4]
+    assert "bound x_bound = 0.5" in reg.report()
+    # a smaller x_bound wins; without an intercept nothing is centred and R is the larger end's norm
+    assert PrivateLinearRegression(non_private=True, feature_range=(0.0, 0.5), x_bound=0.3).fit(
+        X, y).model_message_["hyperparameters"]["x_bound"] == pytest.approx(0.3)
+    plain = PrivateLinearRegression(non_private=True, feature_range=(-0.25, 0.5), fit_intercept=False).fit(X, y)
+    assert plain._centre() is None and plain.model_message_["hyperparameters"]["x_bound"] == pytest.approx(1.0)
+
+
+def test_feature_range_clips_out_of_range_values_and_reads_back_from_the_message():
+    """A value outside the public range counts as its end (the same release, seed for seed), and
+    ``from_message`` with the same range predicts as the fitted estimator."""
+    X, X_te, y, _ = _uncentred(2000, 1)
+    wild = X.copy()
+    wild[0] = [7.0, -3.0, 0.25, 0.6]
+    clipped = X.copy()
+    clipped[0] = [0.5, 0.0, 0.25, 0.5]
+    a = PrivateLinearRegression(feature_range=(0.0, 0.5), random_state=3).fit(wild, y)
+    b = PrivateLinearRegression(feature_range=(0.0, 0.5), random_state=3).fit(clipped, y)
+    np.testing.assert_array_equal(a.predict(X_te), b.predict(X_te))
+    again = PrivateLinearRegression.from_message(a.model_message_, feature_range=(0.0, 0.5))
+    np.testing.assert_allclose(again.predict(X_te), a.predict(X_te))
+    assert again.privacy_report_["bounds"]["x_bound"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("bad", [(0.5, 0.0), (0.0, [0.5, 0.5, 0.5]), (0.0, np.inf), "0-1", (None, 1.0)])
+def test_feature_range_that_is_not_a_range_is_refused_naming_the_keyword(bad):
+    X, y, _ = _regression(200)
+    with pytest.raises(FitError, match="^feature_range: expected"):
+        PrivateLinearRegression(feature_range=bad).fit(X, y)
+
+
+def test_centring_on_the_public_range_beats_the_generic_bound_on_uncentred_features():
+    """The reason ``feature_range`` exists (docs/fit.md, "Centring linear regression"): on
+    features far from centred the generic bound leaves the design near collinear with its
+    intercept, and the released x x^T noise costs held-out error. Over 3 noise seeds at epsilon 1
+    the centred fit's mean RMSE is at least 15% lower and within 10% of the non-private fit (the
+    docs measured 0.28 against 0.38 without the range and 0.27 non-private)."""
+    X, X_te, y, y_te = _uncentred(7600, 2)
+    rmse = lambda reg: float(np.sqrt(np.mean((reg.predict(X_te) - y_te) ** 2)))  # noqa: E731
+    generic = np.mean([rmse(PrivateLinearRegression(random_state=s).fit(X, y)) for s in range(3)])
+    centred = np.mean([rmse(PrivateLinearRegression(feature_range=(0.0, 0.5), random_state=s).fit(X, y))
+                       for s in range(3)])
+    exact = rmse(PrivateLinearRegression(non_private=True, feature_range=(0.0, 0.5)).fit(X, y))
+    assert centred <= 0.85 * generic and centred <= 1.1 * exact
+
+
 def test_public_classes_reject_other_labels_as_records():
     X, y = _classification(1000)
     labels = np.where(y == 1, "yes", "no").astype(object)

@@ -193,9 +193,9 @@ class PrivateEstimator(BaseEstimator):
         private = privacy.get("private", True) is not False
         est = cls(**{"epsilon": float(privacy["epsilon_budget"]) if private else 1.0,
                      "delta": float(privacy["delta"]), "non_private": not private, **params})
+        est._from_message(msg)  # the message alone (its width may decide the public bounds)
         bounds = {**est._public_bounds(), **_bounds(msg, cls.bound_params)}
         est._set_fitted(msg, {"privacy": dict(privacy), "bounds": bounds})
-        est._from_message(msg)
         return est
 
     def _from_message(self, message: Mapping[str, Any]) -> None:

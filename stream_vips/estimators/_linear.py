@@ -19,15 +19,28 @@ from stream_vips.estimators._base import PrivateEstimator
 
 class LinearPosterior(PrivateEstimator):
     """A posterior over the weights w of a linear model in the design space Z (the family's
-    inputs), with ``coef_`` and ``intercept_`` in the space of X: Z = c [X, b] with an intercept
-    column of public value b (``fit_intercept``), or Z = c X; so w^T z = c w_x^T x + c b w_b."""
+    inputs), with ``coef_`` and ``intercept_`` in the space of X: Z = c [X - m, b] with an
+    intercept column of public value b (``fit_intercept``), or Z = c (X - m), for a public centre m
+    (zero unless the estimator has one); so w^T z = c w_x^T x + (c b w_b - c w_x^T m)."""
 
     def _design_scale(self) -> tuple[float, float]:
         """(c, b): the design's public scale and intercept column value."""
         return 1.0, 1.0
 
+    def _centre(self) -> np.ndarray | None:
+        """The public centre m subtracted from X's rows (``None``: none), after any public clip."""
+        return None
+
+    def _prepare(self, X: np.ndarray) -> np.ndarray:
+        """X as the design sees it before scaling: clipped to a public range (none here)."""
+        return X
+
     def _design(self, X: np.ndarray) -> np.ndarray:
         c, b = self._design_scale()
+        X = self._prepare(X)
+        m = self._centre()
+        if m is not None:
+            X = X - m
         if getattr(self, "fit_intercept", False) and not self._family_intercept():
             return c * np.hstack([X, np.full((len(X), 1), b)])
         return c * X
@@ -48,7 +61,11 @@ class LinearPosterior(PrivateEstimator):
         scale = np.full(d + 1 if getattr(self, "fit_intercept", False) else d, c)
         if len(scale) > d:
             scale[d] = c * b
-        return np.diag(scale)
+        A = np.diag(scale)
+        m = self._centre()
+        if m is not None and len(scale) > d:  # the intercept absorbs the centre: -c w_x^T m
+            A[d, :d] = -c * m
+        return A
 
     def _moments(self) -> tuple[np.ndarray, np.ndarray, float]:
         check_is_fitted(self, "posterior_")
