@@ -175,3 +175,38 @@ def test_a_ray_shards_source_failure_reaches_the_driver_whole_and_ends_the_run(r
             assert learner.ledger is not None and learner.ledger.events() == []
     finally:
         pool.close()
+
+
+def _refusing_sink() -> Any:
+    raise ConnectionRefusedError("dead-letter topic svips-dead: broker refused the connection")
+
+
+def _second_refuses(i: int) -> Any:
+    return _refusing_sink if i == 1 else None
+
+
+def test_a_shard_that_cannot_open_its_connectors_fails_the_start_in_one_line(ray_session: Any, tmp_path: Any) -> None:
+    """A shard's constructor that raises (here its dead-letter sink refuses) is final: the pool's
+    start says so in one line with the cause, not as a lost shard to wait for (Ray does not restart
+    an actor whose constructor failed), and nothing is built to spend."""
+    cfg = config_from_dict(settings(), env={})
+    started = time.monotonic()
+    with pytest.raises(ShardFailure) as info:
+        RayPool(cfg, 2, dead_letters=lambda i: _refusing_sink, start_timeout_s=60)
+    assert time.monotonic() - started < 30
+    assert info.value.cause == "error"
+    assert str(info.value) == ("a shard could not start: ConnectionRefusedError: dead-letter topic svips-dead: "
+                               "broker refused the connection")
+    # one shard refuses, the other started: the started one is closed too, not left running
+    with pytest.raises(ShardFailure, match="^a shard could not start: ConnectionRefusedError"):
+        RayPool(cfg, 2, dead_letters=_second_refuses, shard_class=_marking_shard(tmp_path), start_timeout_s=60)
+    assert (tmp_path / "closed-0").exists() and not (tmp_path / "closed-1").exists()
+
+
+def _marking_shard(folder: Any) -> type[Shard]:
+    class MarkingShard(Shard):
+        def close(self) -> None:
+            (folder / f"closed-{self.index}").touch()
+            super().close()
+
+    return MarkingShard

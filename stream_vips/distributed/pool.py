@@ -103,7 +103,11 @@ class RayPool:
         actor: Any = ray.remote(shard_class).options(max_restarts=max_restarts, max_task_retries=0, **options)
         self.actors: list[Any] = [actor.remote(cfg, i, shards, sources(i), dead_letters(i)) for i in range(shards)]
         # started (a worker process, the imports, the shard's connectors) before any timed call
-        self.call("status", [()] * shards, start_timeout_s)
+        try:
+            self.call("status", [()] * shards, start_timeout_s)
+        except ShardFailure:
+            self.close()  # the shards that did start hold connectors: none is left behind
+            raise
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each actor's ``method(*args[i])`` in parallel, all within ``timeout_s``."""
@@ -119,6 +123,8 @@ class RayPool:
             raise ShardFailure(f"a shard did not answer {method} within {timeout_s} s "
                                "(runtime.shard_timeout_s)", cause="timeout") from exc
         except rex.RayActorError as exc:
+            if exc.actor_init_failed:  # its constructor raised (e.g. a connector it could not open): final
+                raise ShardFailure(f"a shard could not start: {_last_line(exc)}") from exc
             raise ShardFailure(f"a shard died during {method}: {exc}", cause="lost") from exc
         except rex.RayTaskError as exc:
             cause = exc.as_instanceof_cause()
@@ -135,3 +141,10 @@ class RayPool:
             except Exception:  # noqa: BLE001 - a dead shard has nothing to close
                 pass
             ray.kill(actor, no_restart=True)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The raised exception's own line from a Ray error (its message ends with the remote traceback,
+    whose last line is ``Type: message``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
