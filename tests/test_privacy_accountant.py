@@ -748,3 +748,355 @@ def test_pld_default_accuracy_against_a_fine_fixed_grid_at_a_million_steps():
     fine = acct.get_epsilon(DELTA)
     ours = PLD.epsilon([unit.with_count(10**6)], DELTA)
     assert fine <= ours <= fine * (1 + 1e-3)
+
+
+# --- PLD accountant: pieces pinned against closed forms and dp_accounting's own objects ------
+
+from dp_accounting.pld import common as pld_common  # noqa: E402
+from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: E402
+
+from stream_vips.privacy.accountants import pld as pld_module  # noqa: E402
+from stream_vips.privacy.accountants import rebin  # noqa: E402
+
+
+def hockey_stick(lower, probs, interval, infinity_mass, eps):
+    """delta(eps) = inf_mass + sum_i p_i (1 - e^(eps - l_i))_+ of a discretized PLD, summed
+    directly (only losses above eps enter, so nothing overflows)."""
+    losses = (lower + np.arange(len(probs))) * interval
+    above = losses > eps
+    return infinity_mass + float(np.sum(probs[above] * -np.expm1(eps - losses[above])))
+
+
+def rounded_response_epsilon(e0, k, delta, up=None, down=None):
+    """Exact epsilon of k compositions of randomized response's PLD: loss ``up`` (default e0) with
+    probability 1 / (1 + e^-e0) and ``down`` (default -e0) otherwise, from the binomial law of
+    the number of ``up`` outcomes."""
+    up, down = (e0 if up is None else up), (-e0 if down is None else down)
+    i = np.arange(k + 1)
+    w = binom.pmf(i, k, 1.0 / (1.0 + math.exp(-e0)))
+    losses = i * up + (k - i) * down
+    def gap(eps):
+        return float(np.sum(w * np.maximum(0.0, -np.expm1(eps - losses)))) - delta
+    return 0.0 if gap(0.0) <= 0 else brentq(gap, 0.0, k * max(up, 0.0) + 1.0, xtol=1e-13, rtol=1e-14)
+
+
+def test_pld_settings_refuse_a_zero_interval_and_keep_the_measured_defaults():
+    """A zero interval would divide by zero later; the defaults are those the accuracy and memory
+    tests above were measured with (dp_accounting's 1e-4 grid, 2^18 points, accuracy 200)."""
+    for bad in (0.0, -1e-4, math.nan):
+        with pytest.raises(ValueError, match="value_discretization_interval"):
+            PldAccountant(bad)
+    acct = PldAccountant()
+    assert (acct.value_discretization_interval, acct.max_points, acct.accuracy) == (1e-4, 2**18, 200.0)
+    assert (acct.exact_counts, acct.grid_ratio) == (GRID_EXACT_COUNTS, GRID_RATIO)
+
+
+def test_pld_of_one_release_is_dp_accountings_own():
+    """``pld`` builds dp_accounting's PLD on the requested grid (default the finest): the Gaussian
+    with sensitivity 1 and std z under the event's relation, and randomized response for pure DP."""
+    def dense(pld):
+        pmf = pld._pmf_remove.to_dense_pmf()
+        return pmf._lower_loss, pmf._probs, pmf._infinity_mass
+    for event, h in [(E(1.5, 0.1, "poisson"), None), (E(1.5, 0.1, "poisson", "add_remove", 1.0), 1e-3)]:
+        rel = NR.REPLACE_ONE if event.adjacency == "replace_one" else NR.ADD_OR_REMOVE_ONE
+        theirs = pld_lib.from_gaussian_mechanism(1.5, sensitivity=1.0, sampling_prob=0.1, neighboring_relation=rel,
+                                                 value_discretization_interval=1e-4 if h is None else h)
+        ours = PLD.pld(event, h)
+        for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+            da, db = dense(pld_lib.PrivacyLossDistribution(a)), dense(pld_lib.PrivacyLossDistribution(b))
+            assert da[0] == db[0] and da[2] == db[2]
+            np.testing.assert_array_equal(da[1], db[1])
+    for h in (None, 1e-2):
+        lower, probs, inf_mass = dense(PLD.pld(PureDpEvent(0.5), h))
+        step = 1e-4 if h is None else h
+        theirs = dense(pld_lib.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(0.5, 0.0),
+                                                       value_discretization_interval=step))
+        assert (lower, inf_mass) == (theirs[0], theirs[2]) == (lower, 0.0)
+        np.testing.assert_array_equal(probs, theirs[1])
+
+
+@pytest.mark.parametrize("e0, k", [(1.0, 1), (0.5, 2), (0.3, 7), (0.1, 40), (0.05, 600), (0.02, 3000)])
+def test_pld_of_pure_dp_steps_is_the_randomized_response_composition(e0, k):
+    """k pure e0-DP releases are accounted by k compositions of randomized response (their
+    dominating pair), each loss rounded outward to the grid h: the report is the binomial closed
+    form at the rounded losses, and lies between the exact one and the one at e0 + h."""
+    acct = PldAccountant()
+    report = acct.epsilon_at({PureDpEvent(e0): k}, DELTA)
+    h = acct.interval({PureDpEvent(e0): k})
+    # dp_accounting rounds both losses up to the grid, keeping the probabilities
+    rounded = rounded_response_epsilon(e0, k, DELTA, math.ceil(e0 / h) * h, math.ceil(-e0 / h) * h)
+    assert report == pytest.approx(rounded, rel=1e-7, abs=1e-9)
+    exact = rounded_response_epsilon(e0, k, DELTA)
+    assert exact * (1 - 1e-9) <= report <= rounded_response_epsilon(e0, k, DELTA, e0 + h, -e0 + h) * (1 + 1e-9)
+    assert acct.epsilon_of_counts({PureDpEvent(e0): k}, DELTA) >= report
+
+
+class _ApproxDpPld(PldAccountant):
+    """Accounts each ``PureDpEvent(eps)`` as an (eps, DELTAS[eps])-DP release: dp_accounting's PLD
+    of that pair has an infinite loss with probability DELTAS[eps], which composition must carry."""
+
+    DELTAS = {0.5: 1e-4, 0.2: 2e-5}
+
+    def pld(self, event, interval=None):
+        h = self.value_discretization_interval if interval is None else float(interval)
+        params = pld_common.DifferentialPrivacyParameters(event.epsilon, self.DELTAS[event.epsilon])
+        return pld_lib.from_privacy_parameters(params, value_discretization_interval=h)
+
+
+def test_pld_composes_the_probability_of_an_infinite_loss():
+    """n releases with an infinite loss of probability d_i each have an infinite loss with
+    probability M = 1 - prod (1 - d_i)^n_i, so epsilon is infinite exactly for delta < M (up to
+    the 1e-15 tail cuts), in one- and two-level compositions and for mixed ledgers."""
+    acct = _ApproxDpPld()
+    a, b = PureDpEvent(0.5), PureDpEvent(0.2)
+    for counts in ({a: 700}, {a: 700, b: 1000}, {b: 3, a: 2}):
+        mass = 1 - math.prod((1 - acct.DELTAS[u.epsilon]) ** n for u, n in counts.items())
+        assert acct.epsilon_at(counts, mass * (1 - 1e-6)) == math.inf
+        assert math.isfinite(acct.epsilon_at(counts, mass * (1 + 1e-6)))
+    # the two-level composition (a grid coarser than the block's): block and remainder masses combine
+    h = 0.0064
+    assert acct.interval({a: 700 // pld_module.BLOCKS}) < h
+    lower, probs, inf_mass = acct._compose_side(a, acct._sides(a, h), 0, 700, h)
+    assert inf_mass == pytest.approx(1 - (1 - 1e-4) ** 700, rel=1e-9)
+    assert float(np.sum(probs)) == pytest.approx((1 - 1e-4) ** 700, rel=1e-9)
+
+
+def test_self_composition_matches_repeated_convolution_on_its_index_range():
+    """``_Pmf.self_compose``: the n-fold convolution restricted to ``bounds(n)`` (every point of
+    it, nothing beyond), the infinite loss 1 - (1 - d)^n plus the cut tail, and a probability."""
+    rng = np.random.default_rng(3)
+    probs = rng.random(7) ** 3
+    probs /= probs.sum() / (1 - 0.01)
+    pmf = pld_module._Pmf(-3, probs, 0.01)
+    full = probs
+    for n in range(2, 9):
+        full = np.convolve(full, probs)
+        lower, out, inf_mass = pmf.self_compose(n)
+        lo, hi = pmf.bounds(n)
+        assert lower == -3 * n + lo and len(out) == hi - lo + 1
+        np.testing.assert_allclose(out, full[lo:hi + 1], rtol=1e-9, atol=1e-15)
+        assert inf_mass == pytest.approx(pld_module.TAIL_MASS + 1 - 0.99**n, rel=1e-12)
+    # a wide one whose 20-fold tails are cut on both sides (lo > 0): the window starts at lo
+    wide = np.exp(-0.5 * ((np.arange(301) - 150) / 12.0) ** 2)
+    wide /= wide.sum()
+    pmf = pld_module._Pmf(10, wide, 0.0)
+    lo, hi = pmf.bounds(20)
+    assert 0 < lo and hi < 6000
+    lower, out, _ = pmf.self_compose(20)
+    full = wide
+    for _ in range(19):
+        full = np.convolve(full, wide)
+    assert lower == 200 + lo and len(out) == hi - lo + 1
+    np.testing.assert_allclose(out, full[lo:hi + 1], rtol=1e-9, atol=1e-14)  # FFT round-off
+    assert full[:lo].sum() + full[hi + 1:].sum() <= pld_module.TAIL_MASS
+    # a release that is almost surely infinite: the composed infinite loss is a probability
+    assert pld_module._Pmf(0, np.array([0.5]), 0.5).self_compose(100)[2] == 1.0
+
+
+def test_chernoff_bounds_of_a_self_composition():
+    """``_Pmf.bounds``: the exact index range of the n-fold support cut by the Chernoff bound
+    P[S >= t] <= E[e^{oS}] e^{-ot} at the orders +-1..20 / size, each side at TAIL_MASS / 2; the
+    mass of the true n-fold convolution outside it is below that."""
+    rng = np.random.default_rng(5)
+    probs = np.exp(-0.5 * ((np.arange(301) - 150) / 12.0) ** 2) * (1 + 0.1 * rng.random(301))
+    probs /= probs.sum()
+    pmf = pld_module._Pmf(0, probs, 0.0)
+    orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / len(probs)
+    idx = np.arange(len(probs))
+    log_mgf = np.log(np.exp(np.outer(orders, idx)) @ probs)
+    for n in (1, 2, 3, 50):
+        cut = (n * log_mgf + math.log(2 / pld_module.TAIL_MASS)) / orders
+        hi = min((len(probs) - 1) * n, math.ceil(cut[orders > 0].min()))
+        lo = max(0, math.floor(cut[orders < 0].max()))
+        assert pmf.bounds(n) == (lo, hi)
+    assert pmf.bounds(1) == (0, len(probs) - 1)  # one release: its whole support
+    two = np.convolve(probs, probs)
+    lo, hi = pmf.bounds(2)
+    assert two[:lo].sum() <= pld_module.TAIL_MASS / 2 and two[hi + 1:].sum() <= pld_module.TAIL_MASS / 2
+    # two spikes: the 2-fold support's both ends carry mass, and the bounds keep them
+    spikes = pld_module._Pmf(0, np.array([0.4] + [0.0] * 99 + [0.6]), 0.0)
+    assert spikes.bounds(2) == (0, 200) and spikes.bounds(1) == (0, 100)
+
+
+def test_rebin_spreads_each_mass_onto_the_two_coarse_neighbours_keeping_the_mass_and_e_minus_loss():
+    """``rebin``: brute force over the fine points (the mass at l in [a, a + c) goes to a and a + c
+    with weights keeping E[e^-L]); the result covers floor(first / r) .. floor(last / r) + 1."""
+    rng = np.random.default_rng(11)
+    fine, ratio = 0.01, 4
+    for lower, size in [(-37, 50), (-8, 8), (5, 13), (-12, 1)]:
+        probs = rng.random(size)
+        probs /= probs.sum()
+        base, out = rebin(lower, probs, fine, ratio * fine)
+        idx = lower + np.arange(size)
+        a = np.floor_divide(idx, ratio)
+        t = (idx - a * ratio) * fine
+        c = ratio * fine
+        beta = (np.exp(-t) - np.exp(-c)) / (1 - np.exp(-c))
+        ref = np.zeros(a[-1] - a[0] + 2)
+        np.add.at(ref, a - a[0], beta * probs)
+        np.add.at(ref, a - a[0] + 1, (1 - beta) * probs)
+        assert base == a[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-17)
+        losses = (base + np.arange(len(out))) * c
+        assert out.sum() == pytest.approx(1.0, rel=1e-12)
+        assert np.dot(out, np.exp(-losses)) == pytest.approx(np.dot(probs, np.exp(-idx * fine)), rel=1e-12)
+
+
+@pytest.mark.parametrize("lower, points, interval, infinity_mass, delta", [
+    (-1, {0: 1 / (1 + math.e**0.1), 2: 1 / (1 + math.e**-0.1)}, 0.1, 0.0, 0.1),  # delta(0) <= delta: 0
+    (1, {0: 1 - 1e-6, 1: 1e-6}, 5.0, 0.0, DELTA),  # below every loss, with mass missing: 5 - 9e-6
+    (1, {0: 1 - 1e-6, 24: 1e-6}, 30.0, 0.0, DELTA),  # the same 720 apart: e^720 overflows
+    (-3, {0: 0.5 - 1e-7, 4: 0.5, 75: 1e-7}, 10.0, 0.0, DELTA),  # losses -30, 10, 720
+    (5, {0: 1 - DELTA}, 0.1, DELTA, DELTA),  # infinite loss exactly delta: the largest loss
+    (-2, {0: 0.3, 1: 0.2, 3: 0.5 - 2e-6}, 0.5, 2e-6, DELTA),
+])
+def test_pmf_epsilon_is_the_smallest_epsilon_within_delta(lower, points, interval, infinity_mass, delta):
+    """``pmf_epsilon`` against the hockey-stick divergence summed directly: delta(eps) <= delta at
+    the answer and > delta just below it (or the answer is 0 and delta(0) <= delta), including
+    answers below every loss, an infinite loss of exactly delta and losses > 709 apart."""
+    probs = np.zeros(max(points) + 1)
+    probs[list(points)] = list(points.values())
+    eps = pmf_epsilon(lower, probs, interval, infinity_mass, delta)
+    assert math.isfinite(eps)
+    assert hockey_stick(lower, probs, interval, infinity_mass, eps) <= delta * (1 + 1e-9)
+    if eps == 0.0:
+        assert hockey_stick(lower, probs, interval, infinity_mass, 0.0) <= delta
+    else:
+        assert eps > 0 and hockey_stick(lower, probs, interval, infinity_mass, eps - 1e-9 * max(1.0, eps)) > delta
+    assert pmf_epsilon(lower, probs, interval, delta * 1.5, delta) == math.inf
+
+
+@pytest.mark.parametrize("exact, ratio", [(100, 1.015), (256, GRID_RATIO), (10, 1.5), (1, 2.0), (37, 1.1)])
+def test_grid_count_is_the_smallest_grid_point_at_or_above_n(exact, ratio):
+    """Against the grid listed by brute force: 1..exact, then ceil(exact * ratio^k), k >= 1; the
+    accountant's ``grid`` uses its own settings."""
+    geometric = np.ceil(exact * ratio ** np.arange(1, 400))
+    points = np.unique(np.concatenate([np.arange(1, exact + 1), geometric[geometric < 1e9].astype(np.int64)]))
+    n = np.arange(1, min(points[-1], 20_000) + 1)
+    expected = points[np.searchsorted(points, n)]
+    assert [grid_count(int(k), exact, ratio) for k in n] == expected.tolist()
+    acct = PldAccountant(exact_counts=exact, grid_ratio=ratio)
+    assert [acct.grid(int(k)) for k in n[::7]] == expected[::7].tolist()
+
+
+def test_pld_counts_its_evaluations_and_caches_each_rounded_composition():
+    """One evaluation per rounded composition and delta (counts in one grid cell share it), none
+    for an empty ledger (epsilon 0); the cache answers only its own key."""
+    acct = PldAccountant()
+    u = E(2.0, 0.1, "poisson")
+    assert acct.epsilon_at({}, DELTA) == 0.0 and acct.epsilon_of_counts({}, DELTA) == 0.0
+    assert acct.evaluations == 0
+    first = acct.epsilon_of_counts({u: 300}, DELTA)
+    assert acct.epsilon_of_counts({u: acct.grid(300)}, DELTA) == first and acct.evaluations == 1
+    other = acct.epsilon_of_counts({u: 300}, 1e-3)
+    assert acct.evaluations == 2 and other < first
+    assert acct.epsilon_of_counts({u: 300}, DELTA) == first and acct.evaluations == 2
+    more = acct.epsilon_of_counts({u: 400}, DELTA)
+    assert acct.evaluations == 3 and more > first
+    acct.epsilon_at({u: 300}, DELTA)
+    assert acct.evaluations == 4
+    assert "object" in acct.why_unsupported(object())
+
+
+def test_pld_takes_the_worse_side_of_an_asymmetric_distribution():
+    """epsilon is the max over the remove and add sides (dp_accounting's ``get_epsilon_for_delta``):
+    pinned with the add/remove Gaussian as is (remove side worse) and with its sides swapped."""
+    class Swapped(PldAccountant):
+        def pld(self, event, interval=None):
+            p = super().pld(event, interval)
+            return pld_lib.PrivacyLossDistribution(p._pmf_add, p._pmf_remove)
+
+    u = E(1.0, 0.1, "poisson", "add_remove", 1.0)
+    for acct in (PldAccountant(), Swapped()):
+        for counts in ({u: 10}, {u: 10, E(2.0, 0.2, "poisson", "add_remove", 1.0): 5}):
+            h = acct.interval(counts)
+            theirs = None
+            for unit, n in counts.items():
+                one = acct.pld(unit, h).self_compose(n)
+                theirs = one if theirs is None else theirs.compose(one)
+            assert acct.epsilon_at(counts, DELTA) == pytest.approx(theirs.get_epsilon_for_delta(DELTA), rel=1e-7)
+
+
+def test_pld_interval_follows_its_documented_rule():
+    """h = h0 2^k, k the largest of 0, floor(log2(sqrt(W / n) / accuracy / h0)) and
+    ceil(log2(W / h0 / max_points)), W the summed Chernoff widths of the composed sides (both
+    sides of an asymmetric pair) on the reference grid; that grid is the finest h0 2^j on which
+    the loss range 2 (20 / z + 2 / z^2) of a subsampled Gaussian spans at most 2^14 points."""
+    def rule(acct, counts):
+        h0, width, total = acct.value_discretization_interval, 0.0, 0
+        for unit, n in counts.items():
+            h, sides = acct._width_model(unit)
+            width += max((side.bounds(n)[1] - side.bounds(n)[0] + 1) * h for side in sides)
+            total += n
+        accurate = math.sqrt(width / total) / acct.accuracy
+        return h0 * 2 ** max(0, math.floor(math.log2(accurate / h0)) if accurate > h0 else 0,
+                             math.ceil(math.log2(width / h0 / acct.max_points)))
+
+    add_remove = E(1.0, 0.1, "poisson", "add_remove", 1.0)
+    cases = [(PldAccountant(), {E(0.3, 1.0, "poisson"): 1}), (PldAccountant(), {add_remove: 1}),
+             (PldAccountant(), {E(100.0, 1.0, "poisson"): 1}), (PldAccountant(), {E(30.0, 1.0, "poisson"): 2}),
+             (PldAccountant(), {E(0.8, 0.5, "poisson", "add_remove", 1.0): 5000}),
+             # W within a reference point of a power of 2
+             (PldAccountant(), {E(1.0, 0.01, "poisson"): 1472}), (PldAccountant(), {E(1.0, 0.01, "poisson"): 6602}),
+             (PldAccountant(1e-2), {add_remove: 7}), (PldAccountant(1e-2), {E(0.3, 1.0, "poisson"): 100}),
+             (PldAccountant(1e-3, max_points=256), {E(100.0, 1.0, "poisson"): 1}),
+             (PldAccountant(max_points=64), {E(2.0, 0.001, "poisson"): 2}),
+             (PldAccountant(), {E(2.0, 0.1, "poisson"): 40, PureDpEvent(0.3): 3, add_remove: 9})]
+    for acct, counts in cases:
+        assert acct.interval(counts) == rule(acct, counts)
+    h0 = 1e-4
+    for z in (0.05, 0.0626, 0.3, 1.0, 24.5866, 24.6):
+        expected = h0 * 2 ** max(0, math.ceil(math.log2(2 * (20 / z + 2 / z**2) / h0 / 2**14)))
+        assert PldAccountant()._width_model(E(z, 0.5, "poisson"))[0] == expected
+
+
+def test_pld_builds_long_compositions_in_two_levels_only_beyond_2_blocks():
+    """Up to 2 * BLOCKS releases, or when the block's own grid is not finer than h, one FFT
+    self-composition; beyond, a block of n // BLOCKS on its finer grid moved onto h by ``rebin``
+    (and the remainder likewise), which stays an upper bound and tightens the coarse-grid error."""
+    acct = PldAccountant()
+    u = E(1.0, 1.0, "poisson")
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return rebin(*args)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pld_module, "rebin", spy)
+    try:
+        h = 0.1024  # four times the blocks' own grid (0.0256 for 2 or 3 releases)
+        for n, expected in [(512, 0), (513, 2), (700, 2), (768, 1), (1000, 2)]:
+            calls.clear()
+            sides = acct._sides(u, h)
+            lower, probs, _ = acct._compose_side(u, sides, 0, n, h)
+            assert len(calls) == expected, n
+            if expected:
+                exact = gaussian_epsilon(1.0 / 2 / math.sqrt(n), DELTA)
+                one = sides[0].self_compose(n)
+                eps_two, eps_one = (pmf_epsilon(lo, p, h, m, DELTA) for lo, p, m in ((lower, probs, _), one))
+                assert exact <= eps_two < eps_one
+        calls.clear()
+        n = 600
+        h = acct.interval({u: n // pld_module.BLOCKS})  # the block's own grid is h: one level
+        np.testing.assert_array_equal(acct._compose_side(u, acct._sides(u, h), 0, n, h)[1],
+                                      acct._sides(u, h)[0].self_compose(n)[1])
+        assert not calls
+    finally:
+        mp.undo()
+
+
+def test_pld_accounts_more_distinct_events_than_it_keeps_width_models_for():
+    """A ledger of 70 distinct pure-DP events (more than the 64 width models kept) is accounted,
+    and equals randomized response composed by dp_accounting on the same grid."""
+    acct = PldAccountant()
+    counts = {PureDpEvent(0.01 + 0.001 * i): 1 for i in range(70)}
+    eps = acct.epsilon_at(counts, DELTA)
+    h = acct.interval(counts)
+    theirs = None
+    for unit in counts:
+        one = pld_lib.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(unit.epsilon, 0.0),
+                                              value_discretization_interval=h)
+        theirs = one if theirs is None else theirs.compose(one)
+    assert eps == pytest.approx(theirs.get_epsilon_for_delta(DELTA), rel=1e-7)
+    assert len(acct._widths) <= 64
