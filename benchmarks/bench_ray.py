@@ -10,10 +10,11 @@ a K x V sum per shard, draws the noise and runs the M-step. Both reservoirs are 
 bounded by the cores: on a machine with fewer than 2 free cores it cannot reach 2x. An earlier
 recorded run shared the development machine's 2 cores with other work (load average about 2) and
 measured 0.82x, the machine rather than the runtime. On the same machine otherwise idle (load
-average 0.5 to 0.7, 2026-11-28) six runs gave 1.59x (3 reps of 2 steps), 1.55x and 1.65x (5 of
-3), 1.66x twice and 1.595x (9 of 3, the recorded setting; the last run is the recorded result, not
-met by 0.005x), against a ceiling of 1.75x to 1.80x measured as below: most of the way to 2x is
-lost to the machine, 0.1x to 0.15x to Ray. The target is at this machine's edge.
+average 0.5 to 0.9, 2026-11-28) six runs gave 1.59x (3 reps of 2 steps), 1.55x and 1.65x (5 of
+3), 1.66x twice and 1.595x (9 of 3, the recorded setting); then the driver put the model state in
+Ray's object store once per step instead of sending it to each shard, and two runs gave 1.64x and
+1.67x (the recorded result), against a ceiling of 1.75x to 1.80x measured as below: most of the way
+to 2x is lost to the machine, about 0.1x to Ray. The target is near this machine's edge.
 
 The same run also measures what the machine allows, without Ray: the two shards' contributions
 computed at the same time by two plain forked processes (the same slices, state and plans as the

@@ -439,7 +439,7 @@ class ShardedLearner(Publishing):
     def gather(self, plans: Sequence[Plan]) -> Contribution:
         """Every shard's contribution under the public model state, checked and added up. Only
         per-block sums of the declared shapes are accepted (a shard cannot hand over rows)."""
-        state = self.model.state()
+        state = self.pool.share(self.model.state())
         answers = self.pool.call("contribution", [(state, p) for p in plans], self.timeout_s)
         sums = {name: np.zeros(shape) for name, shape in self._shapes.items()}
         position = 0

@@ -49,6 +49,10 @@ class ShardPool(Protocol):
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]: ...
 
+    def share(self, value: Any) -> Any:
+        """``value`` as an argument every shard can take (sent once, not once per shard)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -69,6 +73,10 @@ class LocalPool:
         except BaseException:  # a shard that cannot open its connectors: close the ones opened
             self.close()
             raise
+
+    def share(self, value: Any) -> Any:
+        """In one process the value itself."""
+        return value
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each shard's ``method(*args[i])``; a shard's exception as :class:`ShardFailure`."""
@@ -108,6 +116,13 @@ class RayPool:
         except ShardFailure:
             self.close()  # the shards that did start hold connectors: none is left behind
             raise
+
+    def share(self, value: Any) -> Any:
+        """The value put in Ray's object store once: every actor called with the reference reads the
+        same copy (passed by value, the driver would serialise it once per shard)."""
+        import ray
+
+        return ray.put(value)
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float | None = None) -> list[Any]:
         """Each actor's ``method(*args[i])`` in parallel, all within ``timeout_s``."""
