@@ -93,6 +93,20 @@ def test_clipping_of_x_and_y():
     s = m.clipped_sum({"x": np.array([[30.0, 40.0]]), "y": np.array([100.0])})
     np.testing.assert_allclose(s["xx"], [[0.36, 0.48], [0.48, 0.64]])
     np.testing.assert_allclose(s["xy"], [1.2, 1.6])
+    # both ends of y, in both paths (the per-key path with the y^2 block too)
+    g = LinearRegression(2, 10, noise="gamma", y_bound=2.0, x_bound=1.0)
+    wild = {"x": np.array([[0.6, 0.8], [0.3, 0.4]]), "y": np.array([-100.0, 1.0])}
+    tame = {"x": wild["x"], "y": np.array([-2.0, 1.0])}
+    for one, other in ((g.clipped_sum(wild), g.clipped_sum(tame)),
+                       (g.group_clipped_sum(wild, np.array([0, 1]), 2), g.group_clipped_sum(tame, np.array([0, 1]), 2))):
+        assert set(one) == {"xx", "xy", "yy"}
+        for name in one:
+            np.testing.assert_allclose(one[name], other[name])
+    np.testing.assert_allclose(g.clipped_sum(tame)["xy"], [-2.0 * 0.6 + 0.3, -2.0 * 0.8 + 0.4])
+    # within the bounds no key is scaled: the per-key sums are the plain sums, y^2 included
+    per_key = g.group_clipped_sum(tame, np.array([0, 1]), 2)
+    assert float(per_key["yy"]) == pytest.approx(4.0 + 1.0)
+    np.testing.assert_allclose(per_key["xy"], g.clipped_sum(tame)["xy"])
 
 
 def test_block_bounds_match_closed_form_and_are_attained():
