@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import cmath
 import math
+import tracemalloc
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -414,6 +416,138 @@ def test_joint_diameter_bounds_real_neighbours_and_is_approached():
     M[1, 1] += 1e18  # diagonal, so exactly invertible: c(x) ~ 1e-5, c(x') = 1e9 sin(theta) ~ 1e6
     set_second_moment(model, M)
     assert scaled_difference(model, (x, 1.0), (xp, 0.0), default) == pytest.approx(D, rel=1e-6)
+
+
+def exact_squared_norm(v):
+    """||v||^2 of a float array in exact rational arithmetic (no rounding can hide an excess)."""
+    return sum(Fraction(float(t)) ** 2 for t in np.ravel(v))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_rows_at_the_norm_bound_are_clipped_to_it_exactly(dtype):
+    """Rows normalised to norm 1 in floating point have a computed norm up to a few ulps above 1:
+    the clip factor comes from the norm inflated by d eps, so every released s1 = f x / 2 has
+    exact squared norm <= C1^2 = 1/4, in float64 and in float32 (module docstring: the clipped
+    norm is <= 1 even in float32). A norm deflated instead lets about half of them through."""
+    rng = np.random.default_rng(31)
+    for d in (2, 5):
+        model = BayesianLogisticRegression(d, 10, dtype=dtype)
+        X = rng.normal(size=(120, d))
+        X = (X / np.linalg.norm(X, axis=1)[:, None]).astype(dtype)
+        for x in X:
+            s = model.clipped_sum({"x": x[None, :], "y": np.array([1.0])})
+            assert exact_squared_norm(s["s1"]) <= Fraction(1, 4), (d, x)
+
+
+def test_float32_e_step_allocates_no_float64_copy_of_the_batch():
+    """float32 storage is there to halve memory, and the E-step allocates no n x d temporary
+    (:meth:`_second_moment`): clipped_sum's peak allocation stays well below the size of the
+    float32 batch itself (it is a few length-n vectors and one row block; a float64 copy of X
+    would be twice the batch)."""
+    n, d = 50_000, 64
+    rng = np.random.default_rng(32)
+    X = (rng.normal(size=(n, d)) / 8).astype(np.float32)
+    y = (rng.random(n) < 0.5).astype(float)
+    model = BayesianLogisticRegression(d, n, dtype="float32")
+    model.clipped_sum({"x": X[:10], "y": y[:10]})  # first-call allocations (BLAS, caches) out of the way
+    tracemalloc.start()
+    try:
+        model.clipped_sum({"x": X, "y": y})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.5 * X.nbytes
+
+
+def key_level_reference(model, X, y, groups, n_groups, bound):
+    """Per key: the record-level sums of its records (clipped_sum), scaled by one factor
+    min(1, bound / ||vector sum||, C2 / ||S2 sum||_F), then added over keys (privacy rule 12)."""
+    first = model.blocks()[0].name
+    out = {first: np.zeros(model.dim), "s2": np.zeros((model.dim, model.dim))}
+    for k in range(n_groups):
+        part = model.clipped_sum({"x": X[groups == k], "y": y[groups == k]})
+        n1, n2 = np.linalg.norm(part[first]), np.linalg.norm(part["s2"])
+        scale = min(1.0, bound / n1 if n1 > bound else 1.0, C2 / n2 if n2 > C2 else 1.0)
+        for name in out:
+            out[name] += scale * part[name]
+    return out
+
+
+@pytest.mark.parametrize("release", ["sums", "centred"])
+def test_key_level_sums_equal_a_per_key_reference(release):
+    """group_clipped_sum against a brute-force per-key computation from clipped_sum: a key of one
+    record releases exactly that record's sums (its blocks are within their bounds already), and
+    random keys release the sum of their key sums, each scaled into both block bounds. Rows beyond
+    norm 1 and, for the centred release, an iterate far from 0 exercise the clip factor f inside
+    the residual (y - 1/2 - E[omega] f x^T m)."""
+    rng = np.random.default_rng(33)
+    d, n = 4, 60
+    if release == "centred":
+        model, bound = BayesianLogisticRegression(d, 10, release="centred", residual_clip=0.3), 0.3
+        mu = np.array([3.0, -2.0, 1.0, 0.5])
+    else:
+        model, bound, mu = BayesianLogisticRegression(d, 10), C1, np.zeros(d)
+    A = rng.normal(size=(d, d))
+    P = np.linalg.inv(A @ A.T / d + 0.1 * np.eye(d))
+    P = (P + P.T) / 2
+    state = {"h": P @ mu, "precision": P, "s2_blend": P - 1e-30 * np.eye(d),
+             "alpha": np.array([1.0, 1.0, 1e-30]), "noise_var": np.array([0.0])}
+    if release == "centred":  # the iterate is the centred release's linearisation point
+        state.update(iterate=mu, mean_sum=np.zeros(d), counts=np.zeros(3))
+    model.load_state(state)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.2, 2.0, size=(n, 1))
+    assert np.sum(np.linalg.norm(X, axis=1) > 1) > 10
+    y = (rng.random(n) < 0.5).astype(float)
+    first = model.blocks()[0].name
+    single = model.group_clipped_sum({"x": X, "y": y}, np.arange(n), n)
+    plain = model.clipped_sum({"x": X, "y": y})
+    for name in (first, "s2"):
+        np.testing.assert_allclose(single[name], plain[name], rtol=1e-12, atol=1e-14)
+    for x, t in zip(X[:5], y[:5]):  # and one record in one key is that record
+        one = model.group_clipped_sum({"x": x[None, :], "y": np.array([t])}, np.zeros(1, dtype=int), 1)
+        two = model.clipped_sum({"x": x[None, :], "y": np.array([t])})
+        np.testing.assert_allclose(one[first], two[first], rtol=1e-12, atol=1e-15)
+    groups = rng.integers(0, 5, n)
+    got = model.group_clipped_sum({"x": X, "y": y}, groups, 6)  # key 5 is empty
+    want = key_level_reference(model, X, y, groups, 6, bound)
+    for name in (first, "s2"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-14)
+
+
+def test_a_key_whose_labels_cancel_is_still_clipped_by_its_second_moment():
+    """40 records x = e1 with alternating labels: s1 cancels to 0 (within its bound), while S2 =
+    40 E[omega] e1 e1^T (E[omega] -> 1/4 at c -> 0) is 40 times C2; the key's one factor must bring
+    ||S2_g||_F to C2 = 1/4, the s2 bound the diameter assumes."""
+    d = 3
+    model = BayesianLogisticRegression(d, 10)
+    set_second_moment(model, 1e-12 * np.eye(d))
+    X = np.tile(np.eye(d)[0], (40, 1))
+    y = np.tile([0.0, 1.0], 20)
+    s = model.group_clipped_sum({"x": X, "y": y}, np.zeros(40, dtype=int), 1)
+    assert np.linalg.norm(s["s1"]) <= 1e-15
+    assert np.linalg.norm(s["s2"]) == pytest.approx(C2, rel=1e-9)
+    assert np.linalg.norm(s["s2"]) <= C2 * (1 + 1e-12)
+
+
+def test_key_level_diameter_closed_form_and_refusals():
+    """group_diameter is sqrt(4 a1^2 + 2 a2^2) for normalised weights (sqrt(3.6) for the default
+    a_k ~ C_k), never above 2, and 2 without weights (the value for every allocation); weights
+    that are zero, negative or not finite are refused as for the record-level diameter."""
+    model = BayesianLogisticRegression(4, 10)
+    assert model.group_diameter() == 2.0
+    default = {"s1": C1 / math.hypot(C1, C2), "s2": C2 / math.hypot(C1, C2)}
+    assert model.group_diameter(default) == pytest.approx(math.sqrt(3.6), rel=1e-12)
+    rng = np.random.default_rng(34)
+    for a1, a2 in rng.uniform(0.01, 3.0, size=(50, 2)):
+        u1 = a1 * a1 / (a1 * a1 + a2 * a2)
+        D = model.group_diameter({"s1": a1, "s2": a2})
+        assert D == pytest.approx(math.sqrt(4 * u1 + 2 * (1 - u1)), rel=1e-12)
+        assert model.diameter({"s1": a1, "s2": a2}) <= D <= 2.0
+    centred = BayesianLogisticRegression(4, 10, release="centred")
+    assert centred.group_diameter({"g": 1.0, "s2": 1.0}) == pytest.approx(math.sqrt(3.0), rel=1e-12)
+    for bad in ((0.0, 1.0), (1.0, 0.0), (-1.0, 1.0), (1.0, -0.5), (math.inf, 1.0), (1.0, math.nan)):
+        with pytest.raises(ValueError, match="positive"):
+            model.group_diameter({"s1": bad[0], "s2": bad[1]})
 
 
 # ------------------------------------------------------------------------------------- engine
