@@ -97,8 +97,9 @@ def test_clipping_of_x_and_y():
     g = LinearRegression(2, 10, noise="gamma", y_bound=2.0, x_bound=1.0)
     wild = {"x": np.array([[0.6, 0.8], [0.3, 0.4]]), "y": np.array([-100.0, 1.0])}
     tame = {"x": wild["x"], "y": np.array([-2.0, 1.0])}
+    keys = np.array([0, 1])
     for one, other in ((g.clipped_sum(wild), g.clipped_sum(tame)),
-                       (g.group_clipped_sum(wild, np.array([0, 1]), 2), g.group_clipped_sum(tame, np.array([0, 1]), 2))):
+                       (g.group_clipped_sum(wild, keys, 2), g.group_clipped_sum(tame, keys, 2))):
         assert set(one) == {"xx", "xy", "yy"}
         for name in one:
             np.testing.assert_allclose(one[name], other[name])
