@@ -108,6 +108,9 @@ def test_each_record_moves_the_sum_by_at_most_its_bound(clip):
     assert np.all(np.isfinite(s)) and np.linalg.norm(s) <= 3 * clip * (1 + 1e-12)
     total = m.clipped_sum(batch.rows)["site"]
     np.testing.assert_allclose(total, np.sum(singles, axis=0), atol=1e-9)
+    # an empty batch adds nothing: zeros of the site's shape, a float sum the engine can add noise to
+    empty = m.clipped_sum({k: v[:0] for k, v in batch.rows.items()})["site"]
+    assert empty.shape == total.shape and empty.dtype == np.float64 and not np.any(empty)
 
 
 def test_noise_the_engine_adds_is_bounded_and_blocks_are_one():
