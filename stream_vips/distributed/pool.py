@@ -113,7 +113,7 @@ class RayPool:
         # started (a worker process, the imports, the shard's connectors) before any timed call
         try:
             self.call("status", [()] * shards, start_timeout_s)
-        except ShardFailure:
+        except BaseException:  # a refused start, a shard's own error, an interrupt
             self.close()  # the shards that did start hold connectors: none is left behind
             raise
 
