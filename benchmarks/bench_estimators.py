@@ -73,7 +73,7 @@ SEEDS = (0, 1, 2, 3, 4)
 DELTA = 1e-5
 
 
-def FEATURE_RANGE(d: int) -> tuple[np.ndarray, np.ndarray]:  # noqa: N802 (a declared constant of d)
+def feature_range(d: int) -> tuple[np.ndarray, np.ndarray]:
     """The range the regression tables' preprocessing guarantees each feature, given to every method."""
     return np.zeros(d), np.full(d, 1 / np.sqrt(d))
 
@@ -180,10 +180,10 @@ def run_table(name: str, kind: str, eps: float, dp: types.ModuleType) -> dict:
             add("diffprivlib GaussianNB", roc_auc_score(y_te, nb.fit(X_tr, y_tr).predict_proba(X_te)[:, 1]))
         elif kind == "regression":
             rmse = lambda p: float(np.sqrt(np.mean((y_te - p) ** 2)))  # noqa: E731
-            ours_r = PrivateLinearRegression(epsilon=eps, delta=DELTA, feature_range=FEATURE_RANGE(d),
+            ours_r = PrivateLinearRegression(epsilon=eps, delta=DELTA, feature_range=feature_range(d),
                                              random_state=seed)
             add("ours", rmse(ours_r.fit(X_tr, y_tr).predict(X_te)))
-            lin = dp.LinearRegression(epsilon=eps, bounds_X=FEATURE_RANGE(d),
+            lin = dp.LinearRegression(epsilon=eps, bounds_X=feature_range(d),
                                       bounds_y=(-3.0, 3.0), random_state=seed)
             add("diffprivlib LinearRegression", rmse(lin.fit(X_tr, y_tr).predict(X_te)))
         else:
@@ -214,7 +214,7 @@ def reference(kind: str, X_tr: np.ndarray, X_te: np.ndarray, y_tr: np.ndarray, y
                 "scikit-learn LogisticRegression": roc_auc_score(y_te, sk.predict_proba(X_te)[:, 1])}
     if kind == "regression":
         rmse = lambda p: float(np.sqrt(np.mean((y_te - p) ** 2)))  # noqa: E731
-        ours_r = PrivateLinearRegression(non_private=True, feature_range=FEATURE_RANGE(X_tr.shape[1]),
+        ours_r = PrivateLinearRegression(non_private=True, feature_range=feature_range(X_tr.shape[1]),
                                          random_state=0).fit(X_tr, y_tr)
         return {"ours non-private": rmse(ours_r.predict(X_te)),
                 "scikit-learn LinearRegression": rmse(LinearRegression().fit(X_tr, y_tr).predict(X_te))}
