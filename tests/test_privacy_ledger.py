@@ -599,6 +599,9 @@ def test_the_first_line_probes_agree_with_the_ledger(tmp_path):
         "nul": (b"\0" * 8, True, True),
         "bad checksum": (GOLDEN_GENESIS.replace(b"2024", b"2025"), False, True),
         "trailing bytes": (GOLDEN_GENESIS[:-1] + b"X\n", False, True),
+        # JSON allows trailing spaces and CR but not a form feed: the probe answers as opening does
+        "trailing space": (GOLDEN_GENESIS[:-1] + b" \r\n", True, True),
+        "trailing form feed": (GOLDEN_GENESIS[:-1] + b"\x0c\n", False, True),
         "data": (b"age,income", False, False),
         "model": (b'{"schema": "model-message.v1"}\n', False, False),
     }
@@ -606,6 +609,13 @@ def test_the_first_line_probes_agree_with_the_ledger(tmp_path):
         path = tmp_path / name
         path.write_bytes(content)
         assert first_line_is_ledger(path) is is_ledger, name
+        if is_ledger is not None and content.endswith(b"\n"):
+            opened = True
+            try:
+                FileLedger(path).close()
+            except LedgerCorrupt:
+                opened = False
+            assert opened is is_ledger, name
         from stream_vips.privacy.ledger import read_first_line
 
         first = read_first_line(path)
