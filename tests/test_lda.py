@@ -259,6 +259,15 @@ def test_word_ids_outside_the_vocabulary_are_refused_behind_the_wall(bad):
         model.clipped_sum({"words": words})
 
 
+@pytest.mark.parametrize("shape", [(3, 6), (3, 4), (15,), (3, 5, 1)])
+def test_a_batch_of_the_wrong_shape_is_refused_behind_the_wall(shape):
+    """Documents are resampled to doc_length words: rows of any other length (or an array of
+    another rank, from a corrupt checkpoint) are refused before any E-step, naming the shape."""
+    model = LDA(VOCAB, dataset_size=10, n_topics=4, doc_length=5, seed=6)
+    with pytest.raises(ValueError, match=r"expected shape \(n, 5\)"):
+        model.clipped_sum({"words": np.zeros(shape, np.int32)})
+
+
 def test_replace_one_diameter_is_sqrt2_for_nonnegative_clipped_contributions():
     model = LDA(VOCAB, dataset_size=10, n_topics=3, doc_length=30, seed=7)
     assert model.diameter() == pytest.approx(math.sqrt(2), rel=1e-15)

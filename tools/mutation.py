@@ -292,7 +292,9 @@ def collect(repo: Path, path: str, globs: list[str]) -> dict:
     try:
         for name, code in sorted(codes.items()):
             status = status_by_exit_code[code]
-            bucket = status if status in counts else "killed" if status == "caught by type check" else "other"
+            # a mutant that kills the test process by a signal (it corrupted memory) did not pass the tests
+            failed = status in ("caught by type check", "segfault")
+            bucket = status if status in counts else "killed" if failed else "other"
             counts[bucket] += 1
             if bucket == "timeout":
                 timeouts.append(name)
