@@ -48,6 +48,7 @@ sep_probit's intercept, sep_mixture's spreads, lda's metric) need no change here
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -64,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 
 import datasets
-from common import machine, write_result
+from common import RESULTS, machine, write_result
 
 EPSILONS = (1.0, 3.0)
 DELTA = 1e-5
@@ -293,13 +294,16 @@ def run_lda(quick: bool, seeds: tuple[int, ...]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few hundred rows, one seed: checks the script runs")
+    parser.add_argument("--only", choices=sorted(RUNNERS), help="re-run one group and update its families in the "
+                        "recorded result (after a change that touches only them)")
     args = parser.parse_args(argv)
     seeds = SEEDS[:1] if args.quick else SEEDS
     started = time.perf_counter()
+    if args.only:
+        return rerun(args.only, seeds)
     families: dict[str, Any] = {}
-    families.update(run_classifiers(args.quick, seeds))
-    families.update(run_mixture(args.quick, seeds))
-    families.update(run_lda(args.quick, seeds))
+    for runner in RUNNERS.values():
+        families.update(runner(args.quick, seeds))
     result = {
         "benchmark": "bench_families",
         "quick": bool(args.quick),
@@ -317,6 +321,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["note"] = "quick run (--quick): a check that the script works, not results"
     path = write_result("bench_families", result)
     print(f"wrote {path} in {result['wall_s']:.0f} s; met: {result['met']}")
+    return result
+
+
+RUNNERS = {"classifiers": run_classifiers, "sep_mixture": run_mixture, "lda": run_lda}
+
+
+def rerun(group: str, seeds: tuple[int, ...]) -> dict[str, Any]:
+    """Re-run one group of families and replace them in the recorded (full) result."""
+    path = RESULTS / "bench_families.json"
+    result = json.loads(path.read_text())
+    if result.get("quick"):
+        raise SystemExit(f"{path} holds a quick run: run the whole benchmark first")
+    families = RUNNERS[group](False, seeds)
+    result["families"].update(families)
+    result["met"] = {f: result["families"][f]["met"] for f in FAMILIES}
+    result.setdefault("reruns", []).append({"group": group, "date": time.strftime("%Y-%m-%d"),
+                                            "seconds": sum(f["seconds"] for f in families.values())})
+    write_result("bench_families", result)
+    print(f"updated {group} in {path}; met: {result['met']}")
     return result
 
 

@@ -96,8 +96,9 @@ def _spread_model(**kw):
     return MixtureSEP(**(params | kw))
 
 
-def test_the_statistics_are_the_responsibility_weighted_counts_and_clipped_squares():
-    model = _spread_model()
+@pytest.mark.parametrize("spreads", ["diag", "spherical"])
+def test_the_statistics_are_the_responsibility_weighted_counts_and_clipped_squares(spreads):
+    model = _spread_model(spreads=spreads)
     X = np.array([[0.3, -0.2], [5.0, -7.0], [-1.0, 1.0]])
     eta_c, prec_c = model.cavity()
     C = np.linalg.inv(prec_c)
@@ -108,18 +109,21 @@ def test_the_statistics_are_the_responsibility_weighted_counts_and_clipped_squar
     dens = np.stack([w[j] * mvn(c[j], C[j] + np.diag(v[j])).pdf(X) for j in range(3)], 1)
     r = dens / dens.sum(1, keepdims=True)
     sq = r[..., None] * np.minimum((X[:, None, :] - c[None]) ** 2, 1.5**2)
+    if spreads == "spherical":  # the mean square over the coordinates
+        sq = sq.mean(axis=2)
     sums = model.clipped_sum({"x": X})
     np.testing.assert_allclose(sums[COUNT], r.sum(0), rtol=1e-10)
     np.testing.assert_allclose(sums[SQUARE], sq.sum(0), rtol=1e-10)
     assert sums[COUNT].sum() == pytest.approx(3.0)
 
 
-def test_no_record_exceeds_the_claimed_bounds_and_the_far_ones_reach_them():
-    model = _spread_model(dim=3, spread_bound=0.7)
+@pytest.mark.parametrize("spreads, factor", [("diag", np.sqrt(3)), ("spherical", 1.0)])
+def test_no_record_exceeds_the_claimed_bounds_and_the_far_ones_reach_them(spreads, factor):
+    model = _spread_model(dim=3, spread_bound=0.7, spreads=spreads)
     rng = np.random.default_rng(11)
     adversarial = np.array([[1e5, -1e5, 1e5], [0.0, 0.0, 0.0], [1e-300, 0, 0], [-3e5, 2.0, 0.5], [0.7, 0.7, 0.7]])
     X = np.vstack([adversarial, 50.0 * rng.standard_cauchy((200, 3))])
-    bound_q = np.sqrt(3) * 0.7**2
+    bound_q = factor * 0.7**2  # sqrt(d) b^2 per coordinate, b^2 for one spread per component
     assert model.square_bound == pytest.approx(bound_q)
     blocks = {b.name: b.bound for b in model.blocks()}
     assert blocks == {"site": 1.0, COUNT: 1.0, SQUARE: pytest.approx(bound_q)}
@@ -134,8 +138,9 @@ def test_no_record_exceeds_the_claimed_bounds_and_the_far_ones_reach_them():
     assert np.linalg.norm(far[SQUARE]) == pytest.approx(bound_q, rel=1e-9)
 
 
-def test_the_diameter_is_the_closed_form_and_bounds_every_neighbouring_pair():
-    model = _spread_model(spread_share=0.3)
+@pytest.mark.parametrize("spreads", ["diag", "spherical"])
+def test_the_diameter_is_the_closed_form_and_bounds_every_neighbouring_pair(spreads):
+    model = _spread_model(spread_share=0.3, spreads=spreads)
     weights = allocation_weights(model.blocks(), model.default_block_weights())
     assert weights["site"] ** 2 == pytest.approx(0.7) and weights[COUNT] ** 2 == pytest.approx(0.15)
     diameter = model.diameter(weights)
@@ -229,3 +234,66 @@ def test_a_seeded_private_fit_is_deterministic_and_learns_the_spreads():
     np.testing.assert_allclose(sd[row], sds[col], rtol=0.15)
     np.testing.assert_allclose(model.weights(), 1 / 3, atol=0.05)
     assert np.mean(model.predict(X) == row[np.argsort(col)][h]) > 0.97
+
+
+def test_diagonal_factors_match_the_full_projection_mean_and_marginal_variances():
+    # With a diagonal cavity the full projection's mean and the diagonal of its covariance are
+    # the tilted distribution's mean and marginal variances: the diagonal family keeps exactly those.
+    rng = np.random.default_rng(4)
+    K, d = 3, 4
+    state = {"eta": rng.normal(size=(K, d)), "prec": rng.uniform(0.5, 3.0, (K, d))[..., None] * np.eye(d),
+             COUNT: np.array([0.5, 0.3, 0.2]), SQUARE: rng.uniform(0.05, 0.3, (K, d)), STAT_NOISE: np.zeros(2)}
+    full, diag = (MixtureSEP(n_components=K, dim=d, dataset_size=50, clip=None, mean_covariance=c)
+                  for c in ("full", "diag"))
+    for model in (full, diag):
+        model.load_state(state)
+    X = rng.normal(size=(6, d))
+    eta_c, prec_c = full.cavity()
+    eta_s, prec_s = full.local_sites({"x": X})
+    cov = np.linalg.inv(prec_c + prec_s)
+    mean = np.einsum("bjde,bje->bjd", cov, eta_c + eta_s)
+    eta_cd, prec_cd = diag.cavity()
+    eta_sd, prec_sd = diag.local_sites({"x": X})
+    np.testing.assert_allclose(1 / (prec_cd + prec_sd), np.diagonal(cov, axis1=-2, axis2=-1), rtol=1e-9)
+    np.testing.assert_allclose((eta_cd + eta_sd) / (prec_cd + prec_sd), mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(diag.responsibilities(X), full.responsibilities(X), rtol=1e-10)
+    assert diag.blocks()[0].shape == (K * 2 * d,) and full.blocks()[0].shape == (K * (d + d * (d + 1) // 2),)
+
+
+def test_a_diagonal_model_round_trips_its_state_and_refuses_a_full_one():
+    model = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="diag", init_seed=4)
+    again = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="diag")
+    again.load_state(model.state())
+    np.testing.assert_allclose(again.site, model.site, atol=1e-15)
+    assert model.hyperparameters()["mean_covariance"] == "diag"
+    state = model.state()
+    state["prec"] = state["prec"] + 0.1 * (1 - np.eye(3))
+    with pytest.raises(ValueError, match="diagonal"):
+        again.load_state(state)
+    with pytest.raises(ValueError, match="mean_covariance"):
+        MixtureSEP(n_components=2, dim=3, dataset_size=20, mean_covariance="spherical")
+
+
+def test_the_fit_rule_takes_diagonal_factors_and_known_spreads_from_eight_features():
+    from stream_vips.models.sep.mixture import RULE_MANY_DIMENSIONS
+
+    assert RULE_MANY_DIMENSIONS == 8
+    few = MixtureSEP.fit_rule(3000, 7, 1.0, 1e-5, False).model_params
+    many = MixtureSEP.fit_rule(3000, 8, 1.0, 1e-5, False)
+    assert "mean_covariance" not in few and "learn_spreads" not in few
+    assert many.model_params["mean_covariance"] == "diag" and many.model_params["learn_spreads"] is False
+    assert "sep_mixture_covariance" in many.why["mean_covariance"]
+    model = MixtureSEP(**{**many.model_params, "dataset_size": 3000})
+    assert model.diagonal and not model.learn_spreads and model.blocks()[0].shape == (3 * 16,)
+
+
+def test_a_spherical_model_learns_one_spread_per_component():
+    model = _spread_model(spreads="spherical", dataset_size=100, prior_count=4.0, noise_sd=0.5)
+    assert model.state()[SQUARE].shape == (3,)
+    assert MixtureSEP.state_shapes(model.hyperparameters())[SQUARE] == (3,)
+    sums = model.clipped_sum({"x": np.random.default_rng(2).normal(size=(40, 2))})
+    model.update({k: v / 40 for k, v in sums.items()}, 0.5)
+    v = model.variances()
+    assert v.shape == (3, 2) and np.all(v[:, 0] == v[:, 1]) and not np.allclose(v, 0.25)
+    with pytest.raises(ValueError, match="spreads"):
+        _spread_model(spreads="full")

@@ -22,8 +22,9 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     - ``n_components``: K (default 3, the fit rule's);
     - ``noise_sd``: the prior guess of every component's sd in the data's units (a public modelling
       choice; default 0.5, suited to standardised data); with ``learn_spreads=False`` the known sd;
-    - ``learn_spreads``: learn diagonal spreads and weights (default true; false: known sd
-      ``noise_sd`` and equal weights, the means alone are learnt);
+    - ``learn_spreads``: learn spreads and weights (true), or take the known sd ``noise_sd`` and
+      equal weights, the means alone learnt (false); ``None``: the fit rule's (true below 8
+      features, false from 8, where learnt spreads lost the clusters privately on synthetic data);
     - ``spread_bound``: b, the bound each squared residual coordinate is clipped to (as b^2; default
       2, for standardised data);
     - ``prior_var``: the variance of the isotropic prior of every mean (default 1: standardised
@@ -31,6 +32,10 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     - ``clip``: C, the public L2 bound on every site (``None``: the fit rule's, 1);
     - ``x_bound``: the L2 bound rows of X are clipped to (``None``: none; the sites' clip bounds
       the sensitivity either way);
+    - ``mean_covariance``: each component mean's posterior factor, ``"full"`` or ``"diag"``
+      (``None``: the fit rule's);
+    - ``spreads``: ``"diag"`` (a variance per coordinate) or ``"spherical"`` (one per component;
+      ``None``: the fit rule's);
     - ``steps``, ``non_private``, ``random_state``: as in
       :class:`~stream_vips.estimators.PrivateLogisticRegression`.
 
@@ -52,8 +57,9 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     bound_params: ClassVar[tuple[str, ...]] = ("clip", "x_clip", "spread_bound")
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-5, n_components: int = 3, noise_sd: float = 0.5,
-                 learn_spreads: bool = True, spread_bound: float = 2.0, prior_var: float = 1.0,
+                 learn_spreads: bool | None = None, spread_bound: float = 2.0, prior_var: float = 1.0,
                  clip: float | None = None, x_bound: float | None = None,
+                 mean_covariance: str | None = None, spreads: str | None = None,
                  steps: int | None = None, non_private: bool = False, random_state: Any = None) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -64,18 +70,23 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
         self.prior_var = prior_var
         self.clip = clip
         self.x_bound = x_bound
+        self.mean_covariance = mean_covariance
+        self.spreads = spreads
         self.steps = steps
         self.non_private = non_private
         self.random_state = random_state
 
     def _model_params(self, n_features: int) -> dict[str, Any]:
         params: dict[str, Any] = {"n_components": self.n_components, "noise_sd": self.noise_sd,
-                                  "learn_spreads": self.learn_spreads, "spread_bound": self.spread_bound,
-                                  "prior_var": self.prior_var, "x_clip": self.x_bound}
+                                  "spread_bound": self.spread_bound, "prior_var": self.prior_var,
+                                  "x_clip": self.x_bound}
         if self.random_state is not None:
             params["init_seed"] = int(check_random_state(self.random_state).randint(0, 2**31 - 1))
         if self.clip is not None:
             params["clip"] = self.clip
+        for name in ("learn_spreads", "mean_covariance", "spreads"):
+            if getattr(self, name) is not None:
+                params[name] = getattr(self, name)
         return params
 
     def fit(self, X: Any, y: Any = None) -> PrivateGaussianMixture:
@@ -92,7 +103,7 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
 
     @property
     def weights_(self) -> np.ndarray:
-        """The mixture weights, shape (K,) (uniform with ``learn_spreads=False``)."""
+        """The mixture weights, shape (K,) (uniform with known spreads)."""
         check_is_fitted(self, "posterior_")
         return np.asarray(self.model_.weights(), dtype=float)
 

@@ -80,19 +80,24 @@ from stream_vips.records import FieldBatch
 SITE = "site"
 
 
-def packed_size(n_factors: int, dim: int) -> int:
-    """Length of the packed natural parameters of ``n_factors`` d-dimensional Gaussians."""
-    return n_factors * (dim + dim * (dim + 1) // 2)
+def packed_size(n_factors: int, dim: int, diagonal: bool = False) -> int:
+    """Length of the packed natural parameters of ``n_factors`` d-dimensional Gaussians (with
+    ``diagonal``, of Gaussians with diagonal precisions)."""
+    return n_factors * (2 * dim if diagonal else dim + dim * (dim + 1) // 2)
 
 
 def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
     """(..., K, d), (..., K, d, d) natural parameters -> (..., K * P) vectors with the norm of (eta, prec).
 
     Per factor: eta, then diag(prec), then sqrt(2) times the strict upper triangle (row-major), so
-    ||pack(eta, prec)||_2^2 = sum_k ||eta_k||^2 + ||prec_k||_F^2 for symmetric prec.
+    ||pack(eta, prec)||_2^2 = sum_k ||eta_k||^2 + ||prec_k||_F^2 for symmetric prec. A diagonal
+    precision may be given as its diagonal, (..., K, d): then only eta and the diagonal are packed.
     """
     eta = np.asarray(eta, dtype=float)
     prec = np.asarray(prec, dtype=float)
+    if prec.ndim == eta.ndim:
+        both = np.concatenate([eta, prec], axis=-1)
+        return both.reshape(*both.shape[:-2], both.shape[-2] * both.shape[-1])
     d = eta.shape[-1]
     iu = np.triu_indices(d, 1)
     diag = np.diagonal(prec, axis1=-2, axis2=-1)
@@ -101,10 +106,14 @@ def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
     return per_factor.reshape(*per_factor.shape[:-2], per_factor.shape[-2] * per_factor.shape[-1])
 
 
-def unpack(v: np.ndarray, n_factors: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`pack`: (..., K * P) -> eta (..., K, d), symmetric prec (..., K, d, d)."""
+def unpack(v: np.ndarray, n_factors: int, dim: int, diagonal: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`pack`: (..., K * P) -> eta (..., K, d), symmetric prec (..., K, d, d), or
+    with ``diagonal`` the precisions' diagonals (..., K, d)."""
     v = np.asarray(v, dtype=float)
     d = dim
+    if diagonal:
+        per = v.reshape(*v.shape[:-1], n_factors, 2 * d)
+        return per[..., :d].copy(), per[..., d:].copy()
     per = v.reshape(*v.shape[:-1], n_factors, d + d * (d + 1) // 2)
     eta = per[..., :d]
     prec = np.zeros(per.shape[:-1] + (d, d))
@@ -171,7 +180,10 @@ class SEPModel(DampedSite, Model):
       raised to floor_factor * sqrt(d) * (std of the noise on one diagonal entry of the posterior
       precision), about half the expected spectral norm of that noise matrix;
     - ``x_clip``: L2 bound the inputs x are clipped to (``None``: no clipping);
-    - ``max_abs``: records with a |coordinate| beyond it are rejected as out of range.
+    - ``max_abs``: records with a |coordinate| beyond it are rejected as out of range;
+    - ``diagonal``: factors with diagonal precisions (EP projects onto that family: the tilted
+      distribution's mean and marginal variances), so a site has 2d numbers per factor instead of
+      d + d(d+1)/2, and the release's noise falls on d precision entries, not d(d+1)/2.
     """
 
     def __init__(
@@ -188,6 +200,7 @@ class SEPModel(DampedSite, Model):
         floor_factor: float = 1.0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
+        diagonal: bool = False,
     ) -> None:
         self.n_factors = integer("n_factors", n_factors)
         self.dim = integer("dim", dim)
@@ -203,11 +216,13 @@ class SEPModel(DampedSite, Model):
         self.max_abs = positive("max_abs", max_abs)
         self.site_noise_std = 0.0  # public std of the noise on one coordinate of the released mean
         self._noise_var = 0.0  # variance of the noise carried by one packed coordinate of theta_f
+        self.diagonal = bool(diagonal)
         K, d = self.n_factors, self.dim
-        prior_prec = np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d))
+        prior_prec = np.full((K, d), 1.0 / self.prior_var) if self.diagonal else np.broadcast_to(
+            np.eye(d) / self.prior_var, (K, d, d))
         prior_eta = np.broadcast_to(self.prior_mean / self.prior_var, (K, d))
         self._prior = pack(prior_eta, prior_prec)
-        self._site = np.zeros(packed_size(K, d))
+        self._site = np.zeros(packed_size(K, d, self.diagonal))
 
     # -- protocol -----------------------------------------------------------------------------
 
@@ -223,7 +238,7 @@ class SEPModel(DampedSite, Model):
     def blocks(self) -> tuple[Block, ...]:
         """One block: the packed sum of clipped local sites (bound C; infinite for plain SEP)."""
         bound = math.inf if self.clip is None else self.clip
-        return (Block(SITE, (packed_size(self.n_factors, self.dim),), bound),)
+        return (Block(SITE, (packed_size(self.n_factors, self.dim, self.diagonal),), bound),)
 
     @abstractmethod
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -264,9 +279,12 @@ class SEPModel(DampedSite, Model):
         """Eigenvalue floor of the posterior precision: public constants and the noise level only.
 
         The averaged site carries noise of variance v = sum_t w_t^2 std^2 per coordinate (w_t the
-        blending weights of past steps), so each diagonal entry of N theta_f has noise std N sqrt(v).
+        blending weights of past steps), so each diagonal entry of N theta_f has noise std N sqrt(v)
+        and the floor is floor_factor * sqrt(d) N sqrt(v). A diagonal precision's entries are its
+        eigenvalues, each with its own noise, so there the floor is floor_factor * N sqrt(v).
         """
-        noise = self.dataset_size * math.sqrt(self.dim * self._noise_var)
+        spread = 1.0 if self.diagonal else math.sqrt(self.dim)
+        noise = self.dataset_size * spread * math.sqrt(self._noise_var)
         return max(self.precision_floor, self.floor_factor * noise)
 
     def update(self, noisy_mean: Mapping[str, np.ndarray], rho: float) -> None:
@@ -274,9 +292,9 @@ class SEPModel(DampedSite, Model):
         released = self.release(noisy_mean, rho)
         s = self.step_fraction(rho)
         self._noise_var = (1.0 - s) ** 2 * self._noise_var + s**2 * self.site_noise_std**2
-        eta, prec = unpack(released, self.n_factors, self.dim)
+        eta, prec = unpack(released, self.n_factors, self.dim, self.diagonal)
         floor = self.eigen_floor
-        prec = np.stack([project_pd(p, floor) for p in prec])
+        prec = np.maximum(prec, floor) if self.diagonal else np.stack([project_pd(p, floor) for p in prec])
         self._set_posterior(eta, prec)
 
     def _set_posterior(self, eta: np.ndarray, prec: np.ndarray) -> None:
@@ -297,23 +315,28 @@ class SEPModel(DampedSite, Model):
         return self._site.copy()
 
     def natural_parameters(self) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior natural parameters eta (K, d), prec (K, d, d) = theta_0 + N theta_f."""
-        return unpack(self._prior + self.dataset_size * self._site, self.n_factors, self.dim)
+        """Posterior natural parameters eta (K, d), prec (K, d, d) = theta_0 + N theta_f (prec (K, d),
+        the diagonals, with ``diagonal``)."""
+        return unpack(self._prior + self.dataset_size * self._site, self.n_factors, self.dim, self.diagonal)
 
     def cavity(self) -> tuple[np.ndarray, np.ndarray]:
-        """Cavity natural parameters theta_0 + (N - 1) theta_f (posterior minus one site)."""
-        return unpack(self._prior + (self.dataset_size - 1) * self._site, self.n_factors, self.dim)
+        """Cavity natural parameters theta_0 + (N - 1) theta_f (posterior minus one site), shaped as
+        :meth:`natural_parameters`."""
+        return unpack(self._prior + (self.dataset_size - 1) * self._site, self.n_factors, self.dim, self.diagonal)
 
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means (K, d) and covariances (K, d, d)."""
         eta, prec = self.natural_parameters()
+        if self.diagonal:
+            return eta / prec, _diag_matrices(1.0 / prec)
         cov = np.linalg.inv(prec)
         return np.einsum("kij,kj->ki", cov, eta), cov
 
     def state(self) -> dict[str, np.ndarray]:
-        """Posterior natural parameters: ``eta`` (K, d) and ``prec`` (K, d, d)."""
+        """Posterior natural parameters: ``eta`` (K, d) and ``prec`` (K, d, d) (diagonal matrices
+        with ``diagonal``: one message layout for both)."""
         eta, prec = self.natural_parameters()
-        return {"eta": eta, "prec": prec}
+        return {"eta": eta, "prec": _diag_matrices(prec) if self.diagonal else prec}
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore a published posterior (site re-derived and clipped as after an update)."""
@@ -329,6 +352,11 @@ class SEPModel(DampedSite, Model):
             raise ValueError("state contains NaN or infinity")
         if not np.allclose(prec, np.swapaxes(prec, -1, -2)) or np.any(np.linalg.eigvalsh(prec) <= 0):
             raise ValueError("state precision matrices must be symmetric positive definite")
+        if self.diagonal:
+            diag = np.diagonal(prec, axis1=-2, axis2=-1)
+            if np.any(prec != _diag_matrices(diag)):
+                raise ValueError("state precision matrices must be diagonal (the model's factors are)")
+            prec = diag.copy()
         self._set_posterior(eta, prec)
 
     def hyperparameters(self) -> dict[str, Any]:
@@ -344,6 +372,11 @@ class SEPModel(DampedSite, Model):
             "x_clip": self.x_clip,
             "max_abs": self.max_abs,
         }
+
+
+def _diag_matrices(diagonals: np.ndarray) -> np.ndarray:
+    """(K, d) diagonals -> (K, d, d) diagonal matrices."""
+    return diagonals[..., :, None] * np.eye(diagonals.shape[-1])
 
 
 def parse_vectors(objs: Sequence[Any], dim: int, x_clip: float | None, max_abs: float) -> tuple[FieldBatch, np.ndarray]:

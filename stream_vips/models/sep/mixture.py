@@ -34,7 +34,20 @@ with b = ``spread_bound`` (public, in the data's units). The bounds: r_j >= 0 an
 so ||r||_2 <= ||r||_1 = 1; and ||(r_j w_ji)||_F^2 = sum_j r_j^2 sum_i w_ji^2 <= sum_j r_j^2 d b^4
 <= d b^4 with w_ji = min(e_ji^2, b^2) <= b^2. Both are reached (one-hot r, every |e_ji| >= b), and
 both vectors are clipped to their bound again in :meth:`MixtureSEP.clipped_sum` (so rounding in
-the softmax cannot exceed them).
+the softmax cannot exceed them). With ``spreads="spherical"`` (one variance per component) the
+square is averaged over the coordinates,
+
+    square: (r_j (1/d) sum_i min(e_ji^2, b^2))_j        (J,)     bound C_q = b^2
+
+since each entry is at most r_j b^2 and ||r||_2 <= 1: the bound no longer grows with sqrt(d), so
+its noise, spread over J numbers instead of J d, is what a private fit in many dimensions can afford.
+
+Diagonal factors (``mean_covariance="diag"``). EP may project onto any exponential family; with
+diagonal precisions it keeps the tilted distribution's mean and marginal variances (the diagonal
+of cov_j above, with C_j and P_j diagonal), so a site is 2d numbers per component, each record's
+work is O(J d), and the release's noise falls on the d diagonal precisions only (its eigenvalue
+floor needs no sqrt(d): :meth:`SEPModel.eigen_floor`). The sensitivity argument is unchanged: the
+packed site is still clipped to C.
 
 Sensitivity of one step (replace-one, the engine's adjacency for every family; privacy rule 1).
 Responsibilities and residuals depend on the record and on public values only (the cavity,
@@ -148,6 +161,14 @@ class MixtureData(SyntheticData):
         return {"dim": self.dimension}
 
 
+#: The posterior factor families of a component mean: full or diagonal precision.
+MEAN_COVARIANCES = ("full", "diag")
+#: The components' spreads: one variance per coordinate, or one per component.
+SPREADS = ("diag", "spherical")
+
+#: From this many dimensions the fit rule takes diagonal factors and known spreads.
+RULE_MANY_DIMENSIONS = 8
+
 #: Components the fit rule gives when the caller names none (the number of clusters is the caller's choice).
 RULE_COMPONENTS = 3
 
@@ -176,7 +197,13 @@ class MixtureSEP(SEPModel):
     - ``sd_floor``: the least learnt sd (default noise_sd / 10);
     - ``spread_damping``: the statistics' averages step min(1, spread_damping * s), s the site's step
       (default 2: chosen on synthetic blobs among 1, 2 and 3);
-    - ``init_seed``: the public draw of the initial component means from the prior (default 0).
+    - ``init_seed``: the public draw of the initial component means from the prior (default 0);
+    - ``mean_covariance``: the posterior factor of each component mean, ``"full"`` (default) or
+      ``"diag"`` (diagonal precision: 2d released numbers per component instead of
+      d + d(d+1)/2, and O(d) work per record and component instead of O(d^3); module docstring);
+    - ``spreads``: ``"diag"`` (default), a variance per component and coordinate, or
+      ``"spherical"``, one per component (its statistic has bound b^2 instead of sqrt(d) b^2:
+      module docstring).
     """
 
     family: ClassVar[str] = "sep_mixture"
@@ -186,16 +213,29 @@ class MixtureSEP(SEPModel):
     @classmethod
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
         """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`)
-        with :data:`RULE_COMPONENTS` components; the spreads' prior guess, their bound and the mean prior
-        keep their defaults (their scale is the data's, which the rule may not read)."""
+        with :data:`RULE_COMPONENTS` components and, from :data:`RULE_MANY_DIMENSIONS` features,
+        diagonal factors and known spreads (chosen on synthetic mixtures:
+        benchmarks/sep_mixture_covariance.py); the spreads' prior guess, their bound and the mean
+        prior keep their defaults (their scale is the data's, which the rule may not read)."""
+        many = integer("d", d) >= RULE_MANY_DIMENSIONS
+        shape = {"mean_covariance": "diag", "learn_spreads": False} if many else {}
         why = {"n_components": (f"K = {RULE_COMPONENTS}: a default so that the rule runs; the number of clusters is "
                                 "the caller's modelling choice (--param n_components), not a public quantity"),
+               "mean_covariance": (f"d = {d} >= {RULE_MANY_DIMENSIONS}: diagonal factors (2d released numbers per "
+                                   "component, not d + d(d+1)/2) with the known spreads noise_sd and equal weights; "
+                                   "on synthetic mixtures (benchmarks/sep_mixture_covariance.py) learnt spreads, "
+                                   "per coordinate or per component, lost the clusters privately from d = 8 on, "
+                                   "while known ones kept them, and all were alike without noise"
+                                   if many else
+                                   f"d = {d} < {RULE_MANY_DIMENSIONS}: full factors and learnt diagonal spreads "
+                                   "(the model's defaults): as good as diagonal factors at d = 2 on synthetic "
+                                   "mixtures, and elongated clusters need a spread per coordinate"),
                "noise_sd": "the model's defaults (noise_sd 0.5 as the spreads' prior guess, spread_bound 2): "
                            "the clusters' spread is in the data's units, which the rule may not read "
                            "(--param noise_sd, spread_bound, prior_var for the data's scale)"}
         return settings_from_rule(cls.family, n, d, epsilon, delta, non_private,
                                   site_rule(n, d, None if non_private else epsilon, delta,
-                                            {"n_components": RULE_COMPONENTS}, why))
+                                            {"n_components": RULE_COMPONENTS, **shape}, why))
 
     def __init__(
         self,
@@ -219,17 +259,24 @@ class MixtureSEP(SEPModel):
         init_seed: int = 0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
+        mean_covariance: str = "full",
+        spreads: str = "diag",
     ) -> None:
+        if mean_covariance not in MEAN_COVARIANCES:
+            raise ValueError(f"mean_covariance must be one of {list(MEAN_COVARIANCES)}, got {mean_covariance!r}")
+        if spreads not in SPREADS:
+            raise ValueError(f"spreads must be one of {list(SPREADS)}, got {spreads!r}")
         super().__init__(
             n_factors=n_components, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
-            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs,
+            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs, diagonal=mean_covariance == "diag",
         )
         self.noise_sd = positive("noise_sd", noise_sd)
         if not isinstance(learn_spreads, bool | np.bool_):
             raise ValueError(f"learn_spreads must be true or false, got {learn_spreads!r}")
         self.learn_spreads = bool(learn_spreads)
         self.spread_bound = positive("spread_bound", spread_bound)
+        self.spreads = spreads
         self.spread_share = positive("spread_share", spread_share)
         if not self.spread_share < 1:
             raise ValueError(f"spread_share must be in (0, 1), got {spread_share!r}")
@@ -240,12 +287,14 @@ class MixtureSEP(SEPModel):
         self.init_seed = integer("init_seed", init_seed, minimum=0)
         K, d = self.n_factors, self.dim
         self._count = np.full(K, 1.0 / K)
-        self._square = np.full((K, d), self.noise_sd**2 / K)
+        self._square = np.full((K,) if spreads == "spherical" else (K, d), self.noise_sd**2 / K)
         self._stat_noise = np.zeros(2)  # noise std on one coordinate of the averaged count, square
         self._stat_step_std = np.zeros(2)  # the engine's noise std on one coordinate of a step's mean
         draws = np.random.default_rng(self.init_seed).standard_normal((K, d))
         start = self.prior_mean + np.sqrt(self.prior_var) * draws
-        self._set_posterior(start / self.prior_var, np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d)))
+        prec = np.full((K, d), 1.0 / self.prior_var) if self.diagonal else np.broadcast_to(
+            np.eye(d) / self.prior_var, (K, d, d))
+        self._set_posterior(start / self.prior_var, prec)
 
     @classmethod
     def audit(cls) -> FamilyAudit:
@@ -268,16 +317,16 @@ class MixtureSEP(SEPModel):
 
     @property
     def square_bound(self) -> float:
-        """C_q = sqrt(d) b^2: the L2 bound of one record's square contribution (module docstring)."""
-        return math.sqrt(self.dim) * self.spread_bound**2
+        """C_q: the L2 bound of one record's square contribution, sqrt(d) b^2, or b^2 with
+        spherical spreads (module docstring)."""
+        return (1.0 if self.spreads == "spherical" else math.sqrt(self.dim)) * self.spread_bound**2
 
     def blocks(self) -> tuple[Block, ...]:
         """The site (bound C), and with learnt spreads the counts (bound 1) and squares (bound C_q)."""
         site = super().blocks()
         if not self.learn_spreads:
             return site
-        return (*site, Block(COUNT, (self.n_factors,), 1.0),
-                Block(SQUARE, (self.n_factors, self.dim), self.square_bound))
+        return (*site, Block(COUNT, (self.n_factors,), 1.0), Block(SQUARE, self._square.shape, self.square_bound))
 
     def default_block_weights(self) -> dict[str, float] | None:
         """a_site^2 = 1 - spread_share, a_count^2 = a_square^2 = spread_share / 2 (public constants)."""
@@ -295,14 +344,17 @@ class MixtureSEP(SEPModel):
         return math.sqrt(4.0 * a[SITE] ** 2 + 2.0 * a[COUNT] ** 2 + 2.0 * a[SQUARE] ** 2)
 
     def spread_statistics(self, r: np.ndarray, diff: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-record count (B, K) and square (B, K, d) contributions, each clipped to its bound.
+        """Per-record count (B, K) and square (B, K, d) contributions, or (B, K) with spherical
+        spreads (the squares' mean over the coordinates), each clipped to its bound.
 
         r are responsibilities (rows sum to 1), diff the residuals x - c_j (B, K, d)."""
         r = np.where(np.isfinite(r), np.clip(r, 0.0, 1.0), 0.0)
         sq = r[..., None] * np.minimum(np.nan_to_num(diff, nan=np.inf) ** 2, self.spread_bound**2)
+        if self.spreads == "spherical":
+            sq = sq.mean(axis=2)
         count = r * clip_factors(np.linalg.norm(r, axis=1), 1.0)[:, None]
-        norms = np.sqrt(np.sum(sq**2, axis=(1, 2)))
-        sq = sq * clip_factors(norms, self.square_bound)[:, None, None]
+        norms = np.sqrt(np.sum(sq**2, axis=tuple(range(1, sq.ndim))))
+        sq = sq * clip_factors(norms, self.square_bound).reshape((-1,) + (1,) * (sq.ndim - 1))
         return count, sq
 
     def clipped_sum(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -310,10 +362,7 @@ class MixtureSEP(SEPModel):
         sums = super().clipped_sum(batch)
         if self.learn_spreads:
             X = np.asarray(batch["x"], dtype=float)
-            eta_c, prec_c = self.cavity()
-            C = np.linalg.inv(prec_c)
-            c = np.einsum("jde,je->jd", C, eta_c)
-            log_ev, diff = self._log_evidence(X, c, C)
+            log_ev, diff = self._log_evidence(X, *self._moments(*self.cavity()))
             count, sq = self.spread_statistics(softmax(log_ev, axis=1), diff)
             sums[COUNT], sums[SQUARE] = count.sum(axis=0), sq.sum(axis=0)
         return sums
@@ -355,8 +404,8 @@ class MixtureSEP(SEPModel):
         if not self.learn_spreads:
             return np.full((self.n_factors, self.dim), self.noise_sd**2)
         N, nu = self.dataset_size, self.prior_counts()[1]
-        v = ((N * np.maximum(self._square, 0.0) + nu * self.noise_sd**2)
-             / (N * np.maximum(self._count, 0.0) + nu)[:, None])
+        square = np.broadcast_to(np.maximum(self._square, 0.0).reshape(self.n_factors, -1), (self.n_factors, self.dim))
+        v = (N * square + nu * self.noise_sd**2) / (N * np.maximum(self._count, 0.0) + nu)[:, None]
         return np.clip(v, min(self.sd_floor, self.spread_bound) ** 2, self.spread_bound**2)
 
     def weights(self) -> np.ndarray:
@@ -368,25 +417,44 @@ class MixtureSEP(SEPModel):
 
     # -- the SEP site -------------------------------------------------------------------------
 
+    def _moments(self, eta: np.ndarray, prec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Means (J, d) and covariances (J, d, d), or with diagonal factors variances (J, d), of
+        natural parameters shaped as :meth:`natural_parameters` gives them."""
+        if self.diagonal:
+            return eta / prec, 1.0 / prec
+        cov = np.linalg.inv(prec)
+        return np.einsum("jde,je->jd", cov, eta), cov
+
     def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """log pi_j + log N(x; mean_j, cov_j + Sigma_j) (B, J) and the differences x - mean_j (B, J, d)."""
-        S = covs + np.einsum("jd,de->jde", self.variances(), np.eye(self.dim))
+        """log pi_j + log N(x; mean_j, cov_j + Sigma_j) (B, J) and the differences x - mean_j (B, J, d);
+        ``covs`` (J, d, d), or (J, d) diagonals."""
         diff = X[:, None, :] - means[None]
-        maha = np.einsum("bjd,jde,bje->bj", diff, np.linalg.inv(S), diff)
-        logdet = np.linalg.slogdet(S)[1]
+        if covs.ndim == 2:
+            S = covs + self.variances()
+            maha = np.einsum("bjd,jd->bj", diff**2, 1.0 / S)
+            logdet = np.log(S).sum(axis=1)
+        else:
+            S = covs + np.einsum("jd,de->jde", self.variances(), np.eye(self.dim))
+            maha = np.einsum("bjd,jde,bje->bj", diff, np.linalg.inv(S), diff)
+            logdet = np.linalg.slogdet(S)[1]
         log_pi = np.log(self.weights())
         return log_pi - 0.5 * (maha + logdet + self.dim * np.log(2.0 * np.pi)), diff
 
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Per-record, per-component sites proj[tilted] - cavity: (B, J, d), (B, J, d, d)."""
+        """Per-record, per-component sites proj[tilted] - cavity: (B, J, d), (B, J, d, d), or with
+        diagonal factors (B, J, d) twice (the projection keeps the tilted marginal variances)."""
         X = np.asarray(batch["x"], dtype=float)
         eta_c, prec_c = self.cavity()
-        C = np.linalg.inv(prec_c)
-        c = np.einsum("jde,je->jd", C, eta_c)
+        c, C = self._moments(eta_c, prec_c)
         inv_v = 1.0 / self.variances()
-        P = np.linalg.inv(prec_c + np.einsum("jd,de->jde", inv_v, np.eye(self.dim)))
         log_ev, diff = self._log_evidence(X, c, C)
         r = softmax(log_ev, axis=1)[..., None]
+        if self.diagonal:
+            P = 1.0 / (prec_c + inv_v)
+            delta = P * inv_v * diff
+            var = r * P + (1.0 - r) * C + r * (1.0 - r) * delta**2
+            return (c + r * delta) / var - eta_c, 1.0 / var - prec_c
+        P = np.linalg.inv(prec_c + np.einsum("jd,de->jde", inv_v, np.eye(self.dim)))
         delta = np.einsum("jde,bje->bjd", P * inv_v[:, None, :], diff)
         mean = c + r * delta
         rr = r[..., None]
@@ -397,8 +465,8 @@ class MixtureSEP(SEPModel):
 
     def responsibilities(self, X: np.ndarray) -> np.ndarray:
         """p(h = j | x) ∝ pi_j N(x; m_j, V_j + diag v_j), rows of X (the posterior predictive)."""
-        means, covs = self.posterior()
-        return softmax(self._log_evidence(np.atleast_2d(np.asarray(X, dtype=float)), means, covs)[0], axis=1)
+        moments = self._moments(*self.natural_parameters())
+        return softmax(self._log_evidence(np.atleast_2d(np.asarray(X, dtype=float)), *moments)[0], axis=1)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Most probable component per row of X."""
@@ -433,12 +501,14 @@ class MixtureSEP(SEPModel):
         k, d = integer("n_components", hyperparameters["n_components"]), integer("dim", hyperparameters["dim"])
         shapes: dict[str, tuple[int | None, ...]] = {"eta": (k, d), "prec": (k, d, d)}
         if hyperparameters.get("learn_spreads", False):  # absent: a message from before
-            shapes.update({COUNT: (k,), SQUARE: (k, d), STAT_NOISE: (2,)})
+            square = (k,) if hyperparameters.get("spreads") == "spherical" else (k, d)
+            shapes.update({COUNT: (k,), SQUARE: square, STAT_NOISE: (2,)})
         return shapes
 
     def state(self) -> dict[str, np.ndarray]:
         """Posterior natural parameters ``eta``, ``prec``; with learnt spreads the averaged
-        statistics ``count`` (K,) and ``square`` (K, d) and their public noise stds ``stat_noise`` (2,)."""
+        statistics ``count`` (K,) and ``square`` (K, d) ((K,) with spherical spreads) and their
+        public noise stds ``stat_noise`` (2,)."""
         out = super().state()
         if self.learn_spreads:
             out.update({COUNT: self._count.copy(), SQUARE: self._square.copy(), STAT_NOISE: self._stat_noise.copy()})
@@ -469,6 +539,7 @@ class MixtureSEP(SEPModel):
             "n_components": self.n_factors, "dim": self.dim, "noise_sd": self.noise_sd,
             "learn_spreads": self.learn_spreads, "spread_bound": self.spread_bound,
             "spread_share": self.spread_share, "prior_count": self.prior_count, "sd_floor": self.sd_floor,
-            "spread_damping": self.spread_damping,
+            "spread_damping": self.spread_damping, "spreads": self.spreads,
+            "mean_covariance": "diag" if self.diagonal else "full",
             "init_seed": self.init_seed, **super().hyperparameters(),
         }
