@@ -344,3 +344,16 @@ def test_an_empty_poisson_batch_still_releases(idx):
     before = model.site
     model.update({k: v + 0.01 for k, v in sums.items()}, 0.5)  # the noise alone still moves the release
     assert not np.allclose(model.site, before)
+
+
+def test_a_record_whose_site_is_not_finite_contributes_nothing_and_the_others_their_own():
+    # Reachable only through arrays that bypass parsing (parse_batch refuses |x| > max_abs), e.g. a
+    # corrupt checkpoint: the record drops out alone, and the release stays finite and bounded.
+    model = GaussianMeanSEP(dim=3, dataset_size=40, clip=1.0, noise_var=0.5)
+    x = np.random.default_rng(3).normal(0, 3, (4, 3))
+    x[2] = np.inf
+    total = model.clipped_sum({"x": x})[SITE]
+    others = sum(model.clipped_sum({"x": x[i:i + 1]})[SITE] for i in (0, 1, 3))
+    assert np.all(np.isfinite(total)) and np.any(others != 0)
+    np.testing.assert_allclose(total, others, rtol=1e-12, atol=1e-15)
+    assert not model.clipped_sum({"x": x[2:3]})[SITE].any()
