@@ -420,3 +420,53 @@ def test_noisy_means_enter_the_m_step_unprojected():
         states.append(m.state())
     for name in ("w_h", "c_h", "w_stat", "wc_stat", "c_prec"):
         np.testing.assert_allclose((states[1][name] + states[2][name]) / 2, states[0][name], rtol=1e-10, atol=1e-8)
+
+
+def _sums_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_a_batch_longer_than_one_e_step_chunk_sums_every_chunk():
+    from stream_vips.models.sbn import _E_STEP_ROWS
+
+    rng = np.random.default_rng(4)
+    model = SigmoidBeliefNetwork(6, 3, 100, seed=3, clip_units=0.3, clip_omega=0.5, clip_pixels=0.4)
+    random_state(model, rng)
+    Y = (rng.random((2 * _E_STEP_ROWS + 300, 6)) < 0.4).astype(np.float64)
+    whole = model.clipped_sum({"y": Y})
+    parts = [model.clipped_sum({"y": Y[i:i + 500]}) for i in range(0, len(Y), 500)]
+    _sums_close(whole, {name: sum(p[name] for p in parts) for name in whole})
+    assert whole["weight"][0] > _E_STEP_ROWS  # every row counted, each with a factor in (0, 1]
+
+
+@pytest.mark.parametrize("shape", [(4, 7), (4, 5), (24,), (4, 6, 1)])
+def test_a_batch_of_the_wrong_shape_is_refused_behind_the_wall(shape):
+    model = SigmoidBeliefNetwork(6, 3, 100, seed=3)
+    with pytest.raises(ValueError, match=r"batch must hold y of shape \(n, 6\)"):
+        model.clipped_sum({"y": np.zeros(shape)})
+
+
+def test_pixels_are_binarised_as_the_read_side_binarises_them():
+    # Rows come from the reservoir as bits; a corrupt one (NaN, 0.5) reads as the read side reads it.
+    model = SigmoidBeliefNetwork(6, 3, 100, seed=3)
+    Y = np.array([[np.nan, 0.5, 1.0, 0.0, 0.7, 0.5], [0.5, np.nan, 0.0, 1.0, np.nan, 0.2]])
+    _sums_close(model.clipped_sum({"y": Y}), model.clipped_sum({"y": model._binary(Y)}))
+    assert model._binary(Y).tolist() == [[0, 0, 1, 0, 1, 0], [0, 0, 0, 1, 0, 0]]
+
+
+def test_e_step_moments_are_kept_in_their_ranges_and_nan_reads_as_zero(monkeypatch):
+    # q(z) means lie in [0, 1] and E[omega] in [0, 1/4]; whatever the E-step returns (overflow, a
+    # corrupt state), the statistics use it clipped there, NaN as 0, so the bounds hold.
+    model = SigmoidBeliefNetwork(4, 2, 100, seed=3, clip_units=1.0, clip_omega=1.0, clip_pixels=1.0)
+    raw_pi = np.array([[np.nan, 1.5], [-0.5, 0.3]])
+    raw_xi = np.array([[np.nan, 2.0, -1.0, 0.1], [0.3, np.nan, 0.25, -0.2]])
+    monkeypatch.setattr(model, "_e_step", lambda y: (raw_pi.copy(), raw_xi.copy()))
+    Y = np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    got = model.clipped_sum({"y": Y})
+    pi, xi = np.array([[0.0, 1.0], [0.0, 0.3]]), np.array([[0.0, 0.25, 0.0, 0.1], [0.25, 0.0, 0.25, 0.0]])
+    monkeypatch.setattr(model, "_e_step", lambda y: (pi.copy(), xi.copy()))
+    _sums_close(got, model.clipped_sum({"y": Y}))
+    np.testing.assert_allclose(got["z"], pi.sum(axis=0))  # the worst-case bounds: nothing was clipped
+    np.testing.assert_allclose(got["xi"], xi.sum(axis=0))
