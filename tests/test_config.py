@@ -173,7 +173,7 @@ def test_file_errors_are_config_errors(tmp_path):
 def test_values_checked_only_when_parts_are_built_still_name_their_section(tmp_path):
     # A model parameter value the model rejects (a negative bound) fails at start, naming model.params.
     cfg = config_from_dict({"model": {"params": {"dim": 2, "x_bound": -1.0}},
-                            "metrics": {"enabled": False}}, env={})
+                            "privacy": {"ledger": {"type": "memory"}}, "metrics": {"enabled": False}}, env={})
     with pytest.raises(ConfigError, match=r"^model\.params:"):
         Application.from_config(cfg)
     # An accountant that cannot bound the configured sampling (PLD has no fixed-size sampling).
