@@ -12,10 +12,11 @@ means are then 4 noise sds apart on average at every d), noise sd 1, N = 3,000, 
 and clipped to +-3 as benchmarks/bench_estimators.py loads tables; tuning seeds 0-2. Variants,
 through the estimator with every other setting at the fit rule's: the full factor with learnt
 diagonal spreads (the rule before; at d = 32 seed 0 only and not at d = 64, where a fit takes
-minutes), and the diagonal factor with learnt diagonal, learnt spherical or known spreads
-(``learn_spreads=False``: sd ``noise_sd``, equal weights); each non-private and at epsilon 1 and 3
-(delta 1e-5), K the true number; scikit-learn's spherical GaussianMixture as the non-private
-reference. Score: the adjusted Rand index of the training rows.
+minutes), the diagonal factor with learnt diagonal, learnt spherical or known spreads
+(``learn_spreads=False``: sd ``noise_sd``, equal weights), and the isotropic factor
+(``mean_covariance="spherical"``: d + 1 released numbers per component) with known spreads;
+each non-private and at epsilon 1 and 3 (delta 1e-5), K the true number; scikit-learn's
+spherical GaussianMixture as the non-private reference. Score: the adjusted Rand index of the training rows.
 
 Run: ``python benchmarks/sep_mixture_covariance.py`` (about 15 minutes on one core; writes
 benchmarks/results/sep_mixture_covariance.json).
@@ -51,6 +52,7 @@ VARIANTS = {
     "diag factor, diag spreads": ({"mean_covariance": "diag", "learn_spreads": True, "spreads": "diag"}, {}),
     "diag factor, spherical spreads": ({"mean_covariance": "diag", "learn_spreads": True, "spreads": "spherical"}, {}),
     "diag factor, known spreads": ({"mean_covariance": "diag", "learn_spreads": False}, {}),
+    "spherical factor, known spreads": ({"mean_covariance": "spherical", "learn_spreads": False}, {}),
 }
 
 

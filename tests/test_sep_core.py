@@ -169,10 +169,13 @@ def _families(C):
          lambda r, n: {"x": r.normal(0, 3, (n, 3)), "y": r.integers(0, 2, n).astype(np.int8)}),
         (MixtureSEP(n_components=3, dim=2, dataset_size=40, clip=C, noise_sd=0.5, init_seed=3, mean_covariance="diag"),
          lambda r, n: {"x": r.normal(0, 2, (n, 2))}),
+        (MixtureSEP(n_components=3, dim=3, dataset_size=40, clip=C, noise_sd=0.5, init_seed=3,
+                    mean_covariance="spherical", learn_spreads=False),
+         lambda r, n: {"x": r.normal(0, 2, (n, 3))}),
     ]
 
 
-@pytest.mark.parametrize("idx", [0, 1, 2, 3])
+@pytest.mark.parametrize("idx", [0, 1, 2, 3, 4])
 def test_one_record_moves_the_release_by_at_most_twice_the_bound(idx):
     C, rho, Z = 1.0, 0.3, 20.0
     model, draw = _families(C)[idx]
@@ -191,7 +194,7 @@ def test_one_record_moves_the_release_by_at_most_twice_the_bound(idx):
     assert worst > 0.5  # the bound is not vacuous: clipped sites reach norm C
 
 
-@pytest.mark.parametrize("idx", [0, 1, 2, 3])
+@pytest.mark.parametrize("idx", [0, 1, 2, 3, 4])
 def test_every_local_update_and_every_site_is_clipped(idx):
     C = 0.8
     model, draw = _families(C)[idx]
@@ -214,7 +217,7 @@ def test_every_local_update_and_every_site_is_clipped(idx):
     assert hit > 0  # clipping was active
 
 
-@pytest.mark.parametrize("idx", [0, 1, 2, 3])
+@pytest.mark.parametrize("idx", [0, 1, 2, 3, 4])
 def test_published_precision_is_always_positive_definite(idx):
     # Tiny N and huge noise: the released precision is often indefinite before projection.
     model, draw = _families(4.0)[idx]
@@ -228,7 +231,7 @@ def test_published_precision_is_always_positive_definite(idx):
         assert np.all(np.linalg.eigvalsh(prec) >= model.precision_floor * (1 - 1e-9))
         cavity = model.cavity()[1]  # the diagonals themselves with diagonal factors
         assert np.all((cavity if model.diagonal else np.linalg.eigvalsh(cavity)) > 0)
-    released = unpack(np.array(spy.released), model.n_factors, model.dim, model.diagonal)[1]
+    released = unpack(np.array(spy.released), model.n_factors, model.dim, model.factor)[1]
     lowest = released.min() if model.diagonal else np.linalg.eigvalsh(released).min()
     assert lowest < 0  # the projection did real work
 
@@ -302,11 +305,11 @@ def test_diagonal_factors_pack_their_diagonals_and_floor_each_entry_at_its_own_n
     rng = np.random.default_rng(5)
     eta, diag = rng.normal(size=(2, 3, 4)), rng.uniform(0.5, 2.0, (2, 3, 4))
     v = pack(eta, diag)
-    assert v.shape == (2, packed_size(3, 4, diagonal=True)) == (2, 24)
+    assert v.shape == (2, packed_size(3, 4, factor="diag")) == (2, 24)
     # the packed norm is the norm of (eta, prec) with prec the diagonal matrices
     full = pack(eta, diag[..., :, None] * np.eye(4))
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), np.linalg.norm(full, axis=1), rtol=1e-12)
-    back_eta, back_diag = unpack(v, 3, 4, diagonal=True)
+    back_eta, back_diag = unpack(v, 3, 4, factor="diag")
     np.testing.assert_array_equal(back_eta, eta)
     np.testing.assert_array_equal(back_diag, diag)
     N, std, d = 100, 0.2, 3
@@ -320,7 +323,32 @@ def test_diagonal_factors_pack_their_diagonals_and_floor_each_entry_at_its_own_n
     assert np.all(np.diagonal(model.state()["prec"], axis1=1, axis2=2) >= model.eigen_floor * (1 - 1e-12))
 
 
-@pytest.mark.parametrize("idx", [0, 1, 2, 3])
+def test_isotropic_factors_pack_one_precision_and_floor_it_at_its_own_noise():
+    rng = np.random.default_rng(6)
+    eta, lam = rng.normal(size=(2, 3, 4)), rng.uniform(0.5, 2.0, (2, 3, 1))
+    v = pack(eta, lam)
+    assert v.shape == (2, packed_size(3, 4, factor="spherical")) == (2, 15)
+    # the released coordinates are eta and the one lambda per factor: their norm is what is clipped
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1) ** 2, (eta**2).sum(axis=(1, 2)) + (lam**2).sum(axis=(1, 2)))
+    back_eta, back_lam = unpack(v, 3, 4, factor="spherical")
+    np.testing.assert_array_equal(back_eta, eta)
+    np.testing.assert_array_equal(back_lam, lam)
+    with pytest.raises(ValueError, match="factor"):
+        packed_size(3, 4, factor="round")
+    N, std, d = 100, 0.2, 3
+    model = MixtureSEP(n_components=2, dim=d, dataset_size=N, clip=1.0, mean_covariance="spherical",
+                       learn_spreads=False, floor_factor=1.5)
+    model.set_noise_scale({SITE: std})
+    sums = model.clipped_sum({"x": rng.normal(size=(N, d))})
+    model.update({k: v / N for k, v in sums.items()}, 0.5)
+    # one step of weight s = 0.5: the one precision entry of N theta_f has noise std N * 0.5 * std
+    assert model.eigen_floor == pytest.approx(max(model.precision_floor, 1.5 * N * 0.5 * std), rel=1e-12)
+    prec = model.state()["prec"]
+    assert np.all(prec == np.diagonal(prec, axis1=1, axis2=2)[:, :1, None] * np.eye(d))
+    assert np.all(np.diagonal(prec, axis1=1, axis2=2) >= model.eigen_floor * (1 - 1e-12))
+
+
+@pytest.mark.parametrize("idx", [0, 1, 2, 3, 4])
 def test_hyperparameters_rebuild_the_model_for_a_reader(idx):
     import inspect
 
@@ -333,7 +361,7 @@ def test_hyperparameters_rebuild_the_model_for_a_reader(idx):
     np.testing.assert_allclose(rebuilt.site, model.site, atol=1e-12)
 
 
-@pytest.mark.parametrize("idx", [0, 1, 2, 3])
+@pytest.mark.parametrize("idx", [0, 1, 2, 3, 4])
 def test_an_empty_poisson_batch_still_releases(idx):
     model, draw = _families(1.0)[idx]
     empty = {k: v[:0] for k, v in draw(np.random.default_rng(0), 3).items()}

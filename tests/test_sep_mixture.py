@@ -260,6 +260,45 @@ def test_diagonal_factors_match_the_full_projection_mean_and_marginal_variances(
     assert diag.blocks()[0].shape == (K * 2 * d,) and full.blocks()[0].shape == (K * (d + d * (d + 1) // 2),)
 
 
+def test_the_isotropic_site_keeps_the_tilted_mean_and_the_mean_of_its_marginal_variances():
+    # EP onto N(m, sigma^2 I) matches E[mu] and E[||mu||^2]: the diagonal projection's mean, and
+    # sigma^2 the mean of its marginal variances, from the same isotropic cavity.
+    rng = np.random.default_rng(7)
+    K, d = 3, 4
+    lam = rng.uniform(0.5, 3.0, K)
+    state = {"eta": rng.normal(size=(K, d)), "prec": lam[:, None, None] * np.eye(d)}
+    diag, sph = (MixtureSEP(n_components=K, dim=d, dataset_size=50, clip=None, mean_covariance=c,
+                            learn_spreads=False) for c in ("diag", "spherical"))
+    for model in (diag, sph):
+        model.load_state(state)
+    X = rng.normal(size=(6, d))
+    eta_cd, prec_cd = diag.cavity()
+    eta_sd, prec_sd = diag.local_sites({"x": X})
+    eta_cs, prec_cs = sph.cavity()
+    eta_ss, prec_ss = sph.local_sites({"x": X})
+    assert prec_ss.shape == (6, K, 1) and eta_ss.shape == (6, K, d)
+    var_d = 1 / (prec_cd + prec_sd)
+    np.testing.assert_allclose(1 / (prec_cs + prec_ss), var_d.mean(axis=-1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose((eta_cs + eta_ss) / (prec_cs + prec_ss), (eta_cd + eta_sd) * var_d, rtol=1e-9,
+                               atol=1e-12)
+    np.testing.assert_allclose(sph.responsibilities(X), diag.responsibilities(X), rtol=1e-10)
+    assert sph.blocks()[0].shape == (K * (d + 1),)
+    assert sph.hyperparameters()["mean_covariance"] == "spherical"
+
+
+def test_an_isotropic_model_round_trips_its_state_and_refuses_a_diagonal_one():
+    model = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="spherical", init_seed=4,
+                       learn_spreads=False)
+    again = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="spherical",
+                       learn_spreads=False)
+    again.load_state(model.state())
+    np.testing.assert_allclose(again.site, model.site, atol=1e-15)
+    state = model.state()
+    state["prec"] = state["prec"] * np.array([1.0, 1.0, 1.5])
+    with pytest.raises(ValueError, match="isotropic"):
+        again.load_state(state)
+
+
 def test_a_diagonal_model_round_trips_its_state_and_refuses_a_full_one():
     model = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="diag", init_seed=4)
     again = MixtureSEP(n_components=2, dim=3, dataset_size=20, clip=1.0, mean_covariance="diag")
@@ -271,20 +310,20 @@ def test_a_diagonal_model_round_trips_its_state_and_refuses_a_full_one():
     with pytest.raises(ValueError, match="diagonal"):
         again.load_state(state)
     with pytest.raises(ValueError, match="mean_covariance"):
-        MixtureSEP(n_components=2, dim=3, dataset_size=20, mean_covariance="spherical")
+        MixtureSEP(n_components=2, dim=3, dataset_size=20, mean_covariance="round")
 
 
-def test_the_fit_rule_takes_diagonal_factors_and_known_spreads_from_eight_features():
+def test_the_fit_rule_takes_isotropic_factors_and_known_spreads_from_eight_features():
     from stream_vips.models.sep.mixture import RULE_MANY_DIMENSIONS
 
     assert RULE_MANY_DIMENSIONS == 8
     few = MixtureSEP.fit_rule(3000, 7, 1.0, 1e-5, False).model_params
     many = MixtureSEP.fit_rule(3000, 8, 1.0, 1e-5, False)
     assert "mean_covariance" not in few and "learn_spreads" not in few
-    assert many.model_params["mean_covariance"] == "diag" and many.model_params["learn_spreads"] is False
+    assert many.model_params["mean_covariance"] == "spherical" and many.model_params["learn_spreads"] is False
     assert "sep_mixture_covariance" in many.why["mean_covariance"]
     model = MixtureSEP(**{**many.model_params, "dataset_size": 3000})
-    assert model.diagonal and not model.learn_spreads and model.blocks()[0].shape == (3 * 16,)
+    assert model.factor == "spherical" and not model.learn_spreads and model.blocks()[0].shape == (3 * 9,)
 
 
 def test_a_spherical_model_learns_one_spread_per_component():
@@ -295,5 +334,7 @@ def test_a_spherical_model_learns_one_spread_per_component():
     model.update({k: v / 40 for k, v in sums.items()}, 0.5)
     v = model.variances()
     assert v.shape == (3, 2) and np.all(v[:, 0] == v[:, 1]) and not np.allclose(v, 0.25)
+    assert "spherical spreads learnt" in model.summary()["notes"][0]
+    assert "diagonal spreads learnt" in _spread_model().summary()["notes"][0]
     with pytest.raises(ValueError, match="spreads"):
         _spread_model(spreads="full")

@@ -32,8 +32,8 @@ class PrivateGaussianMixture(ClusterMixin, PrivateEstimator):
     - ``clip``: C, the public L2 bound on every site (``None``: the fit rule's, 1);
     - ``x_bound``: the L2 bound rows of X are clipped to (``None``: none; the sites' clip bounds
       the sensitivity either way);
-    - ``mean_covariance``: each component mean's posterior factor, ``"full"`` or ``"diag"``
-      (``None``: the fit rule's);
+    - ``mean_covariance``: each component mean's posterior factor, ``"full"``, ``"diag"`` or
+      ``"spherical"`` (``None``: the fit rule's: full below 8 features, spherical from 8);
     - ``spreads``: ``"diag"`` (a variance per coordinate) or ``"spherical"`` (one per component;
       ``None``: the fit rule's);
     - ``steps``, ``non_private``, ``random_state``: as in

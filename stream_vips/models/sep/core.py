@@ -80,18 +80,33 @@ from stream_vips.records import FieldBatch
 SITE = "site"
 
 
-def packed_size(n_factors: int, dim: int, diagonal: bool = False) -> int:
-    """Length of the packed natural parameters of ``n_factors`` d-dimensional Gaussians (with
-    ``diagonal``, of Gaussians with diagonal precisions)."""
-    return n_factors * (2 * dim if diagonal else dim + dim * (dim + 1) // 2)
+#: The Gaussian factor families: a full precision matrix, a diagonal one (d entries), or an
+#: isotropic one (lambda I: one entry).
+FACTORS = ("full", "diag", "spherical")
+
+
+def precision_width(dim: int, factor: str) -> int | None:
+    """Entries stored per factor for a vector precision: d (``"diag"``), 1 (``"spherical"``), or
+    None for a full matrix."""
+    if factor not in FACTORS:
+        raise ValueError(f"factor must be one of {list(FACTORS)}, got {factor!r}")
+    return None if factor == "full" else dim if factor == "diag" else 1
+
+
+def packed_size(n_factors: int, dim: int, factor: str = "full") -> int:
+    """Length of the packed natural parameters of ``n_factors`` d-dimensional Gaussians of the
+    ``factor`` family (:data:`FACTORS`)."""
+    width = precision_width(dim, factor)
+    return n_factors * (dim + (dim * (dim + 1) // 2 if width is None else width))
 
 
 def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
     """(..., K, d), (..., K, d, d) natural parameters -> (..., K * P) vectors with the norm of (eta, prec).
 
     Per factor: eta, then diag(prec), then sqrt(2) times the strict upper triangle (row-major), so
-    ||pack(eta, prec)||_2^2 = sum_k ||eta_k||^2 + ||prec_k||_F^2 for symmetric prec. A diagonal
-    precision may be given as its diagonal, (..., K, d): then only eta and the diagonal are packed.
+    ||pack(eta, prec)||_2^2 = sum_k ||eta_k||^2 + ||prec_k||_F^2 for symmetric prec. A vector
+    precision (..., K, w) (a diagonal, w = d, or an isotropic lambda, w = 1) is packed as it is
+    after eta: its norm is the norm of those w numbers (the released coordinates).
     """
     eta = np.asarray(eta, dtype=float)
     prec = np.asarray(prec, dtype=float)
@@ -106,13 +121,14 @@ def pack(eta: np.ndarray, prec: np.ndarray) -> np.ndarray:
     return per_factor.reshape(*per_factor.shape[:-2], per_factor.shape[-2] * per_factor.shape[-1])
 
 
-def unpack(v: np.ndarray, n_factors: int, dim: int, diagonal: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`pack`: (..., K * P) -> eta (..., K, d), symmetric prec (..., K, d, d), or
-    with ``diagonal`` the precisions' diagonals (..., K, d)."""
+def unpack(v: np.ndarray, n_factors: int, dim: int, factor: str = "full") -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`pack`: (..., K * P) -> eta (..., K, d) and a symmetric prec (..., K, d, d),
+    or for a ``"diag"`` or ``"spherical"`` factor the vector precision (..., K, d) or (..., K, 1)."""
     v = np.asarray(v, dtype=float)
     d = dim
-    if diagonal:
-        per = v.reshape(*v.shape[:-1], n_factors, 2 * d)
+    width = precision_width(dim, factor)
+    if width is not None:
+        per = v.reshape(*v.shape[:-1], n_factors, d + width)
         return per[..., :d].copy(), per[..., d:].copy()
     per = v.reshape(*v.shape[:-1], n_factors, d + d * (d + 1) // 2)
     eta = per[..., :d]
@@ -181,9 +197,12 @@ class SEPModel(DampedSite, Model):
       precision), about half the expected spectral norm of that noise matrix;
     - ``x_clip``: L2 bound the inputs x are clipped to (``None``: no clipping);
     - ``max_abs``: records with a |coordinate| beyond it are rejected as out of range;
-    - ``diagonal``: factors with diagonal precisions (EP projects onto that family: the tilted
-      distribution's mean and marginal variances), so a site has 2d numbers per factor instead of
-      d + d(d+1)/2, and the release's noise falls on d precision entries, not d(d+1)/2.
+    - ``factor``: the Gaussian family of every factor (:data:`FACTORS`): ``"full"`` precision
+      matrices, ``"diag"`` (EP projects onto diagonal precisions: the tilted distribution's mean
+      and marginal variances), so a site has 2d numbers per factor instead of d + d(d+1)/2 and the
+      release's noise falls on d precision entries, not d(d+1)/2, or ``"spherical"`` (lambda I:
+      the tilted mean and the mean of its marginal variances, whose sufficient statistics are mu
+      and ||mu||^2), d + 1 numbers per factor with the noise on one precision entry.
     """
 
     def __init__(
@@ -200,7 +219,7 @@ class SEPModel(DampedSite, Model):
         floor_factor: float = 1.0,
         x_clip: float | None = None,
         max_abs: float = 1e6,
-        diagonal: bool = False,
+        factor: str = "full",
     ) -> None:
         self.n_factors = integer("n_factors", n_factors)
         self.dim = integer("dim", dim)
@@ -216,13 +235,24 @@ class SEPModel(DampedSite, Model):
         self.max_abs = positive("max_abs", max_abs)
         self.site_noise_std = 0.0  # public std of the noise on one coordinate of the released mean
         self._noise_var = 0.0  # variance of the noise carried by one packed coordinate of theta_f
-        self.diagonal = bool(diagonal)
+        self.width = precision_width(self.dim, factor)
+        self.factor = factor
         K, d = self.n_factors, self.dim
-        prior_prec = np.full((K, d), 1.0 / self.prior_var) if self.diagonal else np.broadcast_to(
-            np.eye(d) / self.prior_var, (K, d, d))
         prior_eta = np.broadcast_to(self.prior_mean / self.prior_var, (K, d))
-        self._prior = pack(prior_eta, prior_prec)
-        self._site = np.zeros(packed_size(K, d, self.diagonal))
+        self._prior = pack(prior_eta, self.prior_precision())
+        self._site = np.zeros(packed_size(K, d, factor))
+
+    @property
+    def diagonal(self) -> bool:
+        """Whether the factors' precisions are vectors (``"diag"`` or ``"spherical"``), not matrices."""
+        return self.width is not None
+
+    def prior_precision(self) -> np.ndarray:
+        """The prior precision of every factor, shaped as :meth:`natural_parameters` gives it."""
+        K, d = self.n_factors, self.dim
+        if self.width is None:
+            return np.broadcast_to(np.eye(d) / self.prior_var, (K, d, d))
+        return np.full((K, self.width), 1.0 / self.prior_var)
 
     # -- protocol -----------------------------------------------------------------------------
 
@@ -238,7 +268,7 @@ class SEPModel(DampedSite, Model):
     def blocks(self) -> tuple[Block, ...]:
         """One block: the packed sum of clipped local sites (bound C; infinite for plain SEP)."""
         bound = math.inf if self.clip is None else self.clip
-        return (Block(SITE, (packed_size(self.n_factors, self.dim, self.diagonal),), bound),)
+        return (Block(SITE, (packed_size(self.n_factors, self.dim, self.factor),), bound),)
 
     @abstractmethod
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -280,8 +310,9 @@ class SEPModel(DampedSite, Model):
 
         The averaged site carries noise of variance v = sum_t w_t^2 std^2 per coordinate (w_t the
         blending weights of past steps), so each diagonal entry of N theta_f has noise std N sqrt(v)
-        and the floor is floor_factor * sqrt(d) N sqrt(v). A diagonal precision's entries are its
-        eigenvalues, each with its own noise, so there the floor is floor_factor * N sqrt(v).
+        and the floor is floor_factor * sqrt(d) N sqrt(v). A diagonal (or isotropic) precision's
+        entries are its eigenvalues, each with its own noise, so there the floor is
+        floor_factor * N sqrt(v).
         """
         spread = 1.0 if self.diagonal else math.sqrt(self.dim)
         noise = self.dataset_size * spread * math.sqrt(self._noise_var)
@@ -292,7 +323,7 @@ class SEPModel(DampedSite, Model):
         released = self.release(noisy_mean, rho)
         s = self.step_fraction(rho)
         self._noise_var = (1.0 - s) ** 2 * self._noise_var + s**2 * self.site_noise_std**2
-        eta, prec = unpack(released, self.n_factors, self.dim, self.diagonal)
+        eta, prec = unpack(released, self.n_factors, self.dim, self.factor)
         floor = self.eigen_floor
         prec = np.maximum(prec, floor) if self.diagonal else np.stack([project_pd(p, floor) for p in prec])
         self._set_posterior(eta, prec)
@@ -315,28 +346,28 @@ class SEPModel(DampedSite, Model):
         return self._site.copy()
 
     def natural_parameters(self) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior natural parameters eta (K, d), prec (K, d, d) = theta_0 + N theta_f (prec (K, d),
-        the diagonals, with ``diagonal``)."""
-        return unpack(self._prior + self.dataset_size * self._site, self.n_factors, self.dim, self.diagonal)
+        """Posterior natural parameters eta (K, d), prec (K, d, d) = theta_0 + N theta_f (the vector
+        precision (K, d) or (K, 1) of a ``"diag"`` or ``"spherical"`` factor)."""
+        return unpack(self._prior + self.dataset_size * self._site, self.n_factors, self.dim, self.factor)
 
     def cavity(self) -> tuple[np.ndarray, np.ndarray]:
         """Cavity natural parameters theta_0 + (N - 1) theta_f (posterior minus one site), shaped as
         :meth:`natural_parameters`."""
-        return unpack(self._prior + (self.dataset_size - 1) * self._site, self.n_factors, self.dim, self.diagonal)
+        return unpack(self._prior + (self.dataset_size - 1) * self._site, self.n_factors, self.dim, self.factor)
 
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means (K, d) and covariances (K, d, d)."""
         eta, prec = self.natural_parameters()
         if self.diagonal:
-            return eta / prec, _diag_matrices(1.0 / prec)
+            return eta / prec, _diag_matrices(np.broadcast_to(1.0 / prec, eta.shape))
         cov = np.linalg.inv(prec)
         return np.einsum("kij,kj->ki", cov, eta), cov
 
     def state(self) -> dict[str, np.ndarray]:
         """Posterior natural parameters: ``eta`` (K, d) and ``prec`` (K, d, d) (diagonal matrices
-        with ``diagonal``: one message layout for both)."""
+        for a diagonal or isotropic factor: one message layout for every factor)."""
         eta, prec = self.natural_parameters()
-        return {"eta": eta, "prec": _diag_matrices(prec) if self.diagonal else prec}
+        return {"eta": eta, "prec": _diag_matrices(np.broadcast_to(prec, eta.shape)) if self.diagonal else prec}
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore a published posterior (site re-derived and clipped as after an update)."""
@@ -356,7 +387,10 @@ class SEPModel(DampedSite, Model):
             diag = np.diagonal(prec, axis1=-2, axis2=-1)
             if np.any(prec != _diag_matrices(diag)):
                 raise ValueError("state precision matrices must be diagonal (the model's factors are)")
-            prec = diag.copy()
+            if self.factor == "spherical" and np.any(diag != diag[:, :1]):
+                raise ValueError("state precision matrices must be multiples of the identity (the model's "
+                                 "factors are isotropic)")
+            prec = diag[:, : self.width].copy()
         self._set_posterior(eta, prec)
 
     def hyperparameters(self) -> dict[str, Any]:

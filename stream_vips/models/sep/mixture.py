@@ -49,6 +49,15 @@ work is O(J d), and the release's noise falls on the d diagonal precisions only 
 floor needs no sqrt(d): :meth:`SEPModel.eigen_floor`). The sensitivity argument is unchanged: the
 packed site is still clipped to C.
 
+Isotropic factors (``mean_covariance="spherical"``). The family N(mu; m, sigma^2 I) has sufficient
+statistics mu and ||mu||^2, so EP keeps the tilted mean and sigma^2 = (1/d) tr cov_j, the mean of
+the diagonal projection's marginal variances; a site is (eta_j, lambda_j): d + 1 numbers per
+component. With known spreads the exact posterior of a mean given the assignments is itself
+isotropic, so nothing is lost; what is gained is the clip's budget: a record's site
+(r x / v, r / v) for component j has norm r sqrt(||x||^2 + 1) / v instead of r sqrt(||x||^2 + d) / v
+with a diagonal precision, whose d entries repeat one count; after clipping to C the mean's part,
+the signal, is that much larger against the same noise (sqrt(2) at ||x||^2 = d, standardised data).
+
 Sensitivity of one step (replace-one, the engine's adjacency for every family; privacy rule 1).
 Responsibilities and residuals depend on the record and on public values only (the cavity,
 spreads and weights come from earlier releases), so neighbouring batches differ in one record's
@@ -112,7 +121,7 @@ from stream_vips.models import summaries
 from stream_vips.models._validate import integer, optional_positive, positive
 from stream_vips.models.base import Block
 from stream_vips.models.fit_rule import Settings, settings_from_rule
-from stream_vips.models.sep.core import RULE_CLIP, SITE, SEPModel, public_vector, site_rule
+from stream_vips.models.sep.core import FACTORS, RULE_CLIP, SITE, SEPModel, public_vector, site_rule
 from stream_vips.models.synthetic import SyntheticData, check_dimension, malformed_vectors
 from stream_vips.privacy.mechanisms import clip_factors
 
@@ -161,8 +170,8 @@ class MixtureData(SyntheticData):
         return {"dim": self.dimension}
 
 
-#: The posterior factor families of a component mean: full or diagonal precision.
-MEAN_COVARIANCES = ("full", "diag")
+#: The posterior factor families of a component mean: full, diagonal or isotropic precision.
+MEAN_COVARIANCES = FACTORS
 #: The components' spreads: one variance per coordinate, or one per component.
 SPREADS = ("diag", "spherical")
 
@@ -198,9 +207,10 @@ class MixtureSEP(SEPModel):
     - ``spread_damping``: the statistics' averages step min(1, spread_damping * s), s the site's step
       (default 2: chosen on synthetic blobs among 1, 2 and 3);
     - ``init_seed``: the public draw of the initial component means from the prior (default 0);
-    - ``mean_covariance``: the posterior factor of each component mean, ``"full"`` (default) or
+    - ``mean_covariance``: the posterior factor of each component mean, ``"full"`` (default),
       ``"diag"`` (diagonal precision: 2d released numbers per component instead of
-      d + d(d+1)/2, and O(d) work per record and component instead of O(d^3); module docstring);
+      d + d(d+1)/2, and O(d) work per record and component instead of O(d^3)) or ``"spherical"``
+      (an isotropic precision: d + 1 numbers, the site's norm spent on the mean; module docstring);
     - ``spreads``: ``"diag"`` (default), a variance per component and coordinate, or
       ``"spherical"``, one per component (its statistic has bound b^2 instead of sqrt(d) b^2:
       module docstring).
@@ -214,18 +224,20 @@ class MixtureSEP(SEPModel):
     def fit_rule(cls, n: int, d: int, epsilon: float | None, delta: float, non_private: bool) -> Settings:
         """The SEP families' schedule and clip as they are (:func:`~stream_vips.models.sep.core.site_rule`)
         with :data:`RULE_COMPONENTS` components and, from :data:`RULE_MANY_DIMENSIONS` features,
-        diagonal factors and known spreads (chosen on synthetic mixtures:
+        isotropic factors and known spreads (chosen on synthetic mixtures:
         benchmarks/sep_mixture_covariance.py); the spreads' prior guess, their bound and the mean
         prior keep their defaults (their scale is the data's, which the rule may not read)."""
         many = integer("d", d) >= RULE_MANY_DIMENSIONS
-        shape = {"mean_covariance": "diag", "learn_spreads": False} if many else {}
+        shape = {"mean_covariance": "spherical", "learn_spreads": False} if many else {}
         why = {"n_components": (f"K = {RULE_COMPONENTS}: a default so that the rule runs; the number of clusters is "
                                 "the caller's modelling choice (--param n_components), not a public quantity"),
-               "mean_covariance": (f"d = {d} >= {RULE_MANY_DIMENSIONS}: diagonal factors (2d released numbers per "
-                                   "component, not d + d(d+1)/2) with the known spreads noise_sd and equal weights; "
-                                   "on synthetic mixtures (benchmarks/sep_mixture_covariance.py) learnt spreads, "
-                                   "per coordinate or per component, lost the clusters privately from d = 8 on, "
-                                   "while known ones kept them, and all were alike without noise"
+               "mean_covariance": (f"d = {d} >= {RULE_MANY_DIMENSIONS}: isotropic factors (d + 1 released numbers "
+                                   "per component, not d + d(d+1)/2) with the known spreads noise_sd and equal "
+                                   "weights; on synthetic mixtures (benchmarks/sep_mixture_covariance.py) learnt "
+                                   "spreads, per coordinate or per component, lost the clusters privately from "
+                                   "d = 8 on while known ones kept them, and an isotropic factor, whose site "
+                                   "spends its norm on the mean and not on d copies of one precision, kept more "
+                                   "than a diagonal one; all were alike without noise"
                                    if many else
                                    f"d = {d} < {RULE_MANY_DIMENSIONS}: full factors and learnt diagonal spreads "
                                    "(the model's defaults): as good as diagonal factors at d = 2 on synthetic "
@@ -269,7 +281,7 @@ class MixtureSEP(SEPModel):
         super().__init__(
             n_factors=n_components, dim=dim, dataset_size=dataset_size, clip=clip, damping=damping,
             prior_mean=prior_mean, prior_var=prior_var, precision_floor=precision_floor,
-            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs, diagonal=mean_covariance == "diag",
+            floor_factor=floor_factor, x_clip=x_clip, max_abs=max_abs, factor=mean_covariance,
         )
         self.noise_sd = positive("noise_sd", noise_sd)
         if not isinstance(learn_spreads, bool | np.bool_):
@@ -292,9 +304,7 @@ class MixtureSEP(SEPModel):
         self._stat_step_std = np.zeros(2)  # the engine's noise std on one coordinate of a step's mean
         draws = np.random.default_rng(self.init_seed).standard_normal((K, d))
         start = self.prior_mean + np.sqrt(self.prior_var) * draws
-        prec = np.full((K, d), 1.0 / self.prior_var) if self.diagonal else np.broadcast_to(
-            np.eye(d) / self.prior_var, (K, d, d))
-        self._set_posterior(start / self.prior_var, prec)
+        self._set_posterior(start / self.prior_var, self.prior_precision())
 
     @classmethod
     def audit(cls) -> FamilyAudit:
@@ -453,6 +463,8 @@ class MixtureSEP(SEPModel):
             P = 1.0 / (prec_c + inv_v)
             delta = P * inv_v * diff
             var = r * P + (1.0 - r) * C + r * (1.0 - r) * delta**2
+            if self.factor == "spherical":
+                var = var.mean(axis=-1, keepdims=True)
             return (c + r * delta) / var - eta_c, 1.0 / var - prec_c
         P = np.linalg.inv(prec_c + np.einsum("jd,de->jde", inv_v, np.eye(self.dim)))
         delta = np.einsum("jde,bje->bjd", P * inv_v[:, None, :], diff)
@@ -483,7 +495,8 @@ class MixtureSEP(SEPModel):
                           "is the most probable j",
             "noise_sd": self.noise_sd, "weights": self.weights().tolist(), "means": means.tolist(),
             "variances": self.variances().tolist(),
-            "notes": (["weights and diagonal spreads learnt from the released statistics (point estimates)"]
+            "notes": ([f"weights and {'spherical' if self.spreads == 'spherical' else 'diagonal'} spreads learnt "
+                       "from the released statistics (point estimates)"]
                       if self.learn_spreads else
                       ["the weights are equal and the spreads noise_sd^2 (fixed): the model learns the means only"]),
         }
@@ -540,6 +553,6 @@ class MixtureSEP(SEPModel):
             "learn_spreads": self.learn_spreads, "spread_bound": self.spread_bound,
             "spread_share": self.spread_share, "prior_count": self.prior_count, "sd_floor": self.sd_floor,
             "spread_damping": self.spread_damping, "spreads": self.spreads,
-            "mean_covariance": "diag" if self.diagonal else "full",
+            "mean_covariance": self.factor,
             "init_seed": self.init_seed, **super().hyperparameters(),
         }
