@@ -120,7 +120,7 @@ def main() -> dict:
         "benchmark": "sep_mixture_limit",
         "purpose": "diagnostic: whether the private mixture's gap to non-private is the noise or the search "
                    "(the oracle start uses the labels and is never a setting)",
-        "setup": {"data": list(rows[i]["data"] for i in range(len(rows))), "seeds": list(SEEDS),
+        "setup": {"data": [row["data"] for row in rows], "seeds": list(SEEDS),
                   "settings": [str(s) for s in SETTINGS], "delta": DELTA,
                   "ours": "PrivateGaussianMixture, every setting the fit rule's",
                   "starts": {"public": "the model's start: means drawn from the prior with init_seed",

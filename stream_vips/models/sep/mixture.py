@@ -3,9 +3,9 @@
 
 Model (after Li et al. 2015): mu_j ~ N(m0, prior_var I), h_n ~ Categorical(pi),
 x_n | h_n ~ N(mu_{h_n}, Sigma_{h_n}) with Sigma_j = diag(v_j). The posterior over the means is
-approximated by prod_j N(mu_j; m_j, V_j) (full covariances), learnt by DP-SEP; the spreads v_j and
-the weights pi_j are point estimates made, as post-processing, from privately released
-responsibility-weighted statistics (below). With ``learn_spreads=False`` every v_j is noise_sd^2
+approximated by prod_j N(mu_j; m_j, V_j) (full, diagonal or isotropic V_j: below), learnt by
+DP-SEP; the spreads v_j and the weights pi_j are point estimates made, as post-processing, from
+privately released responsibility-weighted statistics (below). With ``learn_spreads=False`` every v_j is noise_sd^2
 and pi is uniform (the paper's model with known covariance; only the site is released).
 
 Moment matching. With the cavity prod_j N(mu_j; c_j, C_j), the tilted distribution of a record x
@@ -183,8 +183,8 @@ RULE_COMPONENTS = 3
 
 
 class MixtureSEP(SEPModel):
-    """DP-SEP clustering: the posterior over the means of a mixture of Gaussians, one
-    full-covariance Gaussian factor per component, learnt by stochastic expectation propagation
+    """DP-SEP clustering: the posterior over the means of a mixture of Gaussians, one Gaussian
+    factor per component (full, diagonal or isotropic covariance), learnt by stochastic expectation propagation
     whose clipped local sites are released; each component's diagonal spread and weight are learnt
     from responsibility-weighted counts and clipped squared residuals released in the same Gaussian
     step (module docstring: the statistics, their bounds and the diameter).
@@ -428,7 +428,7 @@ class MixtureSEP(SEPModel):
     # -- the SEP site -------------------------------------------------------------------------
 
     def _moments(self, eta: np.ndarray, prec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Means (J, d) and covariances (J, d, d), or with diagonal factors variances (J, d), of
+        """Means (J, d) and covariances (J, d, d), or with vector factors variances (J, d) or (J, 1), of
         natural parameters shaped as :meth:`natural_parameters` gives them."""
         if self.diagonal:
             return eta / prec, 1.0 / prec
@@ -437,7 +437,7 @@ class MixtureSEP(SEPModel):
 
     def _log_evidence(self, X: np.ndarray, means: np.ndarray, covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log pi_j + log N(x; mean_j, cov_j + Sigma_j) (B, J) and the differences x - mean_j (B, J, d);
-        ``covs`` (J, d, d), or (J, d) diagonals."""
+        ``covs`` (J, d, d), or (J, d) diagonals, or (J, 1) isotropic variances."""
         diff = X[:, None, :] - means[None]
         if covs.ndim == 2:
             S = covs + self.variances()
@@ -452,7 +452,8 @@ class MixtureSEP(SEPModel):
 
     def local_sites(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Per-record, per-component sites proj[tilted] - cavity: (B, J, d), (B, J, d, d), or with
-        diagonal factors (B, J, d) twice (the projection keeps the tilted marginal variances)."""
+        diagonal factors (B, J, d) twice (the projection keeps the tilted marginal variances), or with
+        isotropic ones (B, J, d) and (B, J, 1) (it keeps their mean)."""
         X = np.asarray(batch["x"], dtype=float)
         eta_c, prec_c = self.cavity()
         c, C = self._moments(eta_c, prec_c)
